@@ -1,0 +1,67 @@
+"""Alembic environment for sessionrepo (SQLite and PostgreSQL).
+
+The URL comes from, in order: a connection handed in by sessionrepo
+(``config.attributes["connection"]``), ``-x url=...``, ``sqlalchemy.url`` in the config,
+``SESSIONREPO_DATABASE_URL``, the embedded SQLite default. Migrating takes a lock
+(PostgreSQL advisory lock, SQLite write lock) so several processes may start at once.
+"""
+
+from __future__ import annotations
+
+from alembic import context
+from sqlalchemy import Connection
+
+from models.tables import Base
+from repo._database import Database
+from repo._dialects import dialect_for, normalize_url
+
+config = context.config
+target_metadata = Base.metadata
+
+
+def _configured_url() -> str | None:
+    return context.get_x_argument(as_dictionary=True).get("url") or config.get_main_option(
+        "sqlalchemy.url"
+    )
+
+
+def _migrate(connection: Connection) -> None:
+    dialect_for(connection.dialect.name).lock_for_migration(connection)
+    context.configure(
+        connection=connection,
+        target_metadata=target_metadata,
+        render_as_batch=connection.dialect.name == "sqlite",
+        compare_type=True,
+    )
+    with context.begin_transaction():
+        context.run_migrations()
+
+
+def run_offline() -> None:
+    context.configure(
+        url=normalize_url(_configured_url()),
+        target_metadata=target_metadata,
+        literal_binds=True,
+        dialect_opts={"paramstyle": "named"},
+    )
+    with context.begin_transaction():
+        context.run_migrations()
+
+
+def run_online() -> None:
+    connection = config.attributes.get("connection")
+    if connection is not None:
+        _migrate(connection)
+        return
+    database = Database(_configured_url())
+    try:
+        with database.engine.begin() as connection:
+            _migrate(connection)
+    finally:
+        database.dispose()
+
+
+if context.is_offline_mode():
+    run_offline()
+else:
+    run_online()

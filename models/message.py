@@ -1,0 +1,259 @@
+"""The message wire format: one chat message, lossless to and from the OpenAI chat format."""
+
+from __future__ import annotations
+
+import copy
+import math
+import uuid
+from collections.abc import Mapping, MutableMapping
+from datetime import UTC, datetime
+from typing import Any, Final, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from models._limits import check_identifier, check_json, check_text
+
+try:  # Python 3.14 has it in the standard library.
+    from uuid import uuid7 as _uuid7  # type: ignore[attr-defined,unused-ignore]
+except ImportError:  # pragma: no cover - depends on the interpreter
+    from uuid_utils.compat import uuid7 as _uuid7
+
+Role = Literal["system", "user", "assistant", "tool"]
+
+#: The key a gateway stamps on its message dicts (see :func:`ensure_key`).
+KEY_FIELD: Final = "client_msg_uuid"
+
+#: Fields that :meth:`Message.from_openai` takes from a dict by name. Every other key of
+#: the dict goes to ``extra`` unchanged (``name``, ``refusal``, ``audio``, even a
+#: ``timestamp`` the gateway put there: ``Message.timestamp`` is ours, not the wire's).
+WIRE_FIELDS: Final = (
+    "role",
+    "content",
+    "tool_calls",
+    "tool_call_id",
+    "tool_name",
+    "reasoning",
+    "finish_reason",
+    "token_count",
+    "platform_message_id",
+)
+_WIRE_FIELD_SET: Final = frozenset(WIRE_FIELDS)
+_RESERVED_EXTRA_KEYS: Final = _WIRE_FIELD_SET | {KEY_FIELD}
+
+Content = str | list[Any] | dict[str, Any] | None
+
+
+def new_key() -> uuid.UUID:
+    """A fresh message key: a time-ordered UUIDv7."""
+    return uuid.UUID(str(_uuid7()))
+
+
+def ensure_key(message: MutableMapping[str, Any]) -> uuid.UUID:
+    """Stamp ``message`` with a ``client_msg_uuid`` once, when the message is made.
+
+    Call it where the gateway creates the dict. Later flushes of the same dict, and a
+    transcript loaded back with ``to_openai(include_key=True)``, then carry the same key,
+    so storing them again inserts nothing.
+
+    Returns:
+        The message's key (the existing one when the dict was already stamped).
+    """
+    existing = message.get(KEY_FIELD)
+    if existing is None:
+        key = new_key()
+        message[KEY_FIELD] = str(key)
+        return key
+    return existing if isinstance(existing, uuid.UUID) else uuid.UUID(str(existing))
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+def to_utc(value: Any, field: str) -> Any:
+    """Epoch seconds become aware UTC datetimes; aware datetimes are normalised to UTC."""
+    if isinstance(value, bool):
+        raise ValueError(f"{field}: a bool is not a time")
+    if isinstance(value, int | float):
+        if not math.isfinite(value):
+            raise ValueError(f"{field}: {value!r} is not a time")
+        try:
+            return datetime.fromtimestamp(value, UTC)
+        except (OverflowError, OSError, ValueError) as exc:
+            raise ValueError(f"{field}: {value!r} epoch seconds is out of range") from exc
+    if isinstance(value, datetime):
+        if value.tzinfo is None or value.utcoffset() is None:
+            raise ValueError(
+                f"{field}: naive datetime {value.isoformat()}; give it a timezone "
+                "(datetime.now(UTC), not datetime.now())"
+            )
+        return value.astimezone(UTC)
+    return value
+
+
+class Message(BaseModel):
+    """One chat message as a gateway hands it in and gets it back.
+
+    Identity is ``client_msg_uuid``: storing a message whose key is already stored in the
+    same session inserts nothing. Content never decides identity.
+
+    ``timestamp`` is when the message was made (now, unless given); it is stored but is
+    not part of the comparison that reports a re-sent key with different content.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid", validate_default=False)
+
+    client_msg_uuid: uuid.UUID = Field(default_factory=new_key)
+    role: Role
+    content: Content = None
+    tool_calls: list[Any] | None = None
+    tool_call_id: str | None = None
+    tool_name: str | None = None
+    reasoning: str | None = None
+    finish_reason: str | None = None
+    token_count: int | None = Field(default=None, ge=-(2**63), lt=2**63)
+    timestamp: datetime = Field(default_factory=utcnow)
+    platform_message_id: str | None = None
+    extra: dict[str, Any] = Field(default_factory=dict)
+    #: The keys, in order, of the OpenAI dict this message was made from, so that
+    #: :meth:`to_openai` gives that dict back exactly (``None`` when built directly).
+    openai_keys: tuple[str, ...] | None = None
+
+    @field_validator("client_msg_uuid", mode="before")
+    @classmethod
+    def _parse_key(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            try:
+                return uuid.UUID(value)
+            except ValueError:
+                raise ValueError(f"{KEY_FIELD}: {value[:64]!r} is not a UUID") from None
+        return value
+
+    @field_validator("timestamp", mode="before")
+    @classmethod
+    def _parse_timestamp(cls, value: Any) -> Any:
+        return to_utc(value, "timestamp")
+
+    @field_validator("timestamp")
+    @classmethod
+    def _aware_utc(cls, value: datetime) -> datetime:
+        return to_utc(value, "timestamp")  # type: ignore[no-any-return]
+
+    @field_validator("content")
+    @classmethod
+    def _check_content(cls, value: Content) -> Content:
+        if isinstance(value, str):
+            return check_text(value, "content")
+        return check_json(value, "content")  # type: ignore[no-any-return]
+
+    @field_validator("tool_calls", "extra")
+    @classmethod
+    def _check_json_fields(cls, value: Any, info: Any) -> Any:
+        return check_json(value, info.field_name)
+
+    @field_validator("reasoning")
+    @classmethod
+    def _check_free_text(cls, value: str | None) -> str | None:
+        return None if value is None else check_text(value, "reasoning")
+
+    @field_validator("tool_call_id", "tool_name", "finish_reason", "platform_message_id")
+    @classmethod
+    def _check_identifiers(cls, value: str | None, info: Any) -> str | None:
+        return None if value is None else check_identifier(value, info.field_name)
+
+    @model_validator(mode="after")
+    def _check_layout(self) -> Message:
+        reserved = _RESERVED_EXTRA_KEYS.intersection(self.extra)
+        if reserved:
+            raise ValueError(f"extra: {sorted(reserved)} are named fields, not extra keys")
+        keys = self.openai_keys
+        if keys is not None:
+            if len(set(keys)) != len(keys):
+                raise ValueError("openai_keys: a key is listed twice")
+            listed = set(keys)
+            for key in keys:
+                if key not in _WIRE_FIELD_SET and key not in self.extra:
+                    raise ValueError(f"openai_keys: {key!r} is neither a wire field nor in extra")
+            missing = [k for k in self.extra if k not in listed]
+            missing += [
+                f for f in WIRE_FIELDS if f not in listed and getattr(self, f) is not None
+            ]
+            if "role" not in listed:
+                missing.append("role")
+            if missing:
+                raise ValueError(f"openai_keys: {missing} would be dropped by to_openai()")
+        return self
+
+    @classmethod
+    def from_openai(cls, message: Mapping[str, Any], *, timestamp: Any = None) -> Message:
+        """Build a message from an OpenAI chat-format dict, keeping every key.
+
+        The named fields are taken by name, ``client_msg_uuid`` (when present) becomes the
+        key, and every other key goes to ``extra`` as it is. ``to_openai()`` gives the same
+        dict back: ``Message.from_openai(d).to_openai() == d`` for any ``d`` without a key.
+
+        Args:
+            message: the dict; it is not modified.
+            timestamp: when the message was made (aware datetime or epoch seconds);
+                defaults to now.
+
+        Raises:
+            pydantic.ValidationError: the dict cannot be stored faithfully; the error
+                names the field.
+        """
+        fields: dict[str, Any] = {}
+        extra: dict[str, Any] = {}
+        keys: list[str] = []
+        for key, value in message.items():
+            if key == KEY_FIELD:
+                fields[KEY_FIELD] = value
+                continue
+            keys.append(key)
+            if key in _WIRE_FIELD_SET:
+                fields[key] = value
+            else:
+                extra[key] = value
+        if timestamp is not None:
+            fields["timestamp"] = timestamp
+        return cls(**fields, extra=extra, openai_keys=tuple(keys))
+
+    def to_openai(self, *, include_key: bool = False) -> dict[str, Any]:
+        """The message as an OpenAI chat-format dict (a deep copy: yours to change).
+
+        Args:
+            include_key: add ``client_msg_uuid``, so that flushing the dict again later
+                (after a resume, say) is recognised as the same message.
+        """
+        out: dict[str, Any] = {}
+        if self.openai_keys is not None:
+            for key in self.openai_keys:
+                out[key] = getattr(self, key) if key in _WIRE_FIELD_SET else self.extra[key]
+        else:
+            out["role"] = self.role
+            out["content"] = self.content
+            for name in WIRE_FIELDS[2:]:
+                value = getattr(self, name)
+                if value is not None:
+                    out[name] = value
+            out.update(self.extra)
+        out = copy.deepcopy(out)
+        if include_key:
+            out[KEY_FIELD] = str(self.client_msg_uuid)
+        return out
+
+
+class StoredMessage(Message):
+    """A message as read back from the store: the message plus where it sits."""
+
+    session_id: str
+    #: Position in the session's transcript, assigned by the database at insert.
+    seq: int
+
+
+def coerce_message(value: Message | Mapping[str, Any]) -> Message:
+    """A :class:`Message` as it is, or one made from an OpenAI-format dict."""
+    if isinstance(value, Message):
+        return value
+    if isinstance(value, Mapping):
+        return Message.from_openai(value)
+    raise TypeError(f"expected a Message or an OpenAI-format dict, got {type(value).__name__}")

@@ -1,0 +1,104 @@
+"""Sessions (one per conversation) and the results the repository hands back."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from models._limits import check_identifier, check_json, check_text
+from models.message import to_utc, utcnow
+
+
+class Session(BaseModel):
+    """One conversation.
+
+    ``model_settings`` is the ``model_config`` column (Pydantic reserves that attribute
+    name); it is read and written under the alias ``model_config`` too.
+    """
+
+    model_config = ConfigDict(
+        frozen=True, extra="forbid", populate_by_name=True, protected_namespaces=()
+    )
+
+    id: str
+    source: str = "unknown"
+    user_id: str | None = None
+    title: str | None = None
+    model: str | None = None
+    model_settings: dict[str, Any] | None = Field(default=None, alias="model_config")
+    system_prompt: str | None = None
+    parent_session_id: str | None = None
+    started_at: datetime = Field(default_factory=utcnow)
+    ended_at: datetime | None = None
+    end_reason: str | None = None
+    message_count: int = 0
+    tool_call_count: int = 0
+    input_tokens: int = 0
+    output_tokens: int = 0
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    #: When a message was last inserted (the session's start until then).
+    last_active_at: datetime | None = None
+
+    @field_validator("id", "source", "parent_session_id", "user_id", "model")
+    @classmethod
+    def _check_identifiers(cls, value: str | None, info: Any) -> str | None:
+        return None if value is None else check_identifier(value, info.field_name)
+
+    @field_validator("end_reason")
+    @classmethod
+    def _check_reason(cls, value: str | None) -> str | None:
+        return None if value is None else check_identifier(value, "end_reason", 1024)
+
+    @field_validator("title", "system_prompt")
+    @classmethod
+    def _check_text(cls, value: str | None, info: Any) -> str | None:
+        return None if value is None else check_text(value, info.field_name)
+
+    @field_validator("model_settings", "metadata")
+    @classmethod
+    def _check_json(cls, value: Any, info: Any) -> Any:
+        return check_json(value, info.field_name)
+
+    @field_validator("started_at", "ended_at", "last_active_at", mode="before")
+    @classmethod
+    def _parse_time(cls, value: Any, info: Any) -> Any:
+        return None if value is None else to_utc(value, info.field_name)
+
+    @property
+    def is_open(self) -> bool:
+        return self.ended_at is None
+
+
+class SessionSummary(Session):
+    """A session as listed: the session plus a short preview of its first user message."""
+
+    preview: str | None = None
+
+
+class SessionPage(BaseModel):
+    """One page of :meth:`SessionRepository.list_sessions`."""
+
+    model_config = ConfigDict(frozen=True)
+
+    sessions: list[SessionSummary]
+    #: Pass it back as ``cursor=`` for the next page; ``None`` on the last page.
+    next_cursor: str | None = None
+
+
+class AppendResult(BaseModel):
+    """What one ``append`` did, by message key, in the order the batch gave them."""
+
+    model_config = ConfigDict(frozen=True)
+
+    session_id: str
+    #: Keys stored by this call.
+    inserted: list[uuid.UUID] = Field(default_factory=list)
+    #: Keys already stored with the same content (or repeated within the batch): skipped.
+    duplicates: list[uuid.UUID] = Field(default_factory=list)
+    #: Keys already stored with *different* content: skipped, the stored row unchanged.
+    conflicts: list[uuid.UUID] = Field(default_factory=list)
+    #: ``seq`` of the first inserted message, ``None`` when nothing was inserted.
+    first_seq: int | None = None

@@ -1,0 +1,208 @@
+"""The SQLAlchemy tables behind the models.
+
+The record is stored so that it reads back exactly, the same on SQLite and PostgreSQL:
+
+- JSON fields are compact JSON *text* (PostgreSQL ``jsonb`` would reorder keys and
+  rewrite numbers); cast to ``jsonb`` in queries when you need operators.
+- Free text (``content``, ``reasoning``, ``title``, ``system_prompt``) is stored as is,
+  except a string holding NUL (which PostgreSQL text cannot hold), a string starting with
+  U+FDD0, and non-string content (a list of parts, a dict): those are stored as U+FDD0
+  followed by their JSON. U+FDD0 is a Unicode noncharacter, so readers can tell.
+- Times are timezone-aware UTC on both backends (SQLite keeps them as UTC text).
+
+Alembic migrations are the schema's only source; these classes must match them
+(``alembic check`` proves it).
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from datetime import UTC, datetime
+from typing import Any, Final
+
+from sqlalchemy import (
+    BigInteger,
+    CheckConstraint,
+    DateTime,
+    Dialect,
+    ForeignKey,
+    Index,
+    LargeBinary,
+    MetaData,
+    PrimaryKeyConstraint,
+    String,
+    Text,
+    UniqueConstraint,
+    Uuid,
+    text,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+from sqlalchemy.types import TypeDecorator
+
+#: Marks a stored text value that is JSON (see the module docstring).
+ENCODED_MARK: Final = "\ufdd0"
+
+NAMING_CONVENTION: Final = {
+    "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+    "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+ID_LENGTH: Final = 255
+
+
+def dump_json(value: Any) -> str:
+    """Compact JSON text that reads back to an equal value with the same key order."""
+    return json.dumps(value, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+
+
+def encode_text(value: Any) -> str:
+    """Free text as stored: plain when that is safe, else the mark followed by JSON."""
+    if type(value) is str and "\x00" not in value and not value.startswith(ENCODED_MARK):
+        return value
+    return ENCODED_MARK + dump_json(value)
+
+
+def decode_text(stored: str) -> Any:
+    if stored.startswith(ENCODED_MARK):
+        return json.loads(stored[len(ENCODED_MARK) :])
+    return stored
+
+
+class JSONText(TypeDecorator[Any]):
+    """JSON kept as text, so it comes back with the same key order and numbers."""
+
+    impl = Text
+    cache_ok = True
+
+    def process_bind_param(self, value: Any, dialect: Dialect) -> str | None:
+        return None if value is None else dump_json(value)
+
+    def process_result_value(self, value: Any, dialect: Dialect) -> Any:
+        return None if value is None else json.loads(value)
+
+
+class LosslessText(TypeDecorator[Any]):
+    """Text that may hold NUL, or a JSON value (content parts); see the module docstring."""
+
+    impl = Text
+    cache_ok = True
+
+    def process_bind_param(self, value: Any, dialect: Dialect) -> str | None:
+        return None if value is None else encode_text(value)
+
+    def process_result_value(self, value: Any, dialect: Dialect) -> Any:
+        return None if value is None else decode_text(value)
+
+
+class UTCDateTime(TypeDecorator[datetime]):
+    """An aware datetime stored as UTC and read back as aware UTC, on every backend."""
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise ValueError("naive datetime reached the database layer")
+        value = value.astimezone(UTC)
+        # SQLite stores text without an offset: store the UTC wall time.
+        return value.replace(tzinfo=None) if dialect.name == "sqlite" else value
+
+    def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            return value.replace(tzinfo=UTC)
+        return value.astimezone(UTC)
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING_CONVENTION)
+    type_annotation_map = {
+        str: String(ID_LENGTH),
+        int: BigInteger(),
+        datetime: UTCDateTime(),
+        uuid.UUID: Uuid(),
+        dict[str, Any]: JSONText(),
+        list[Any]: JSONText(),
+    }
+
+
+class SessionRow(Base):
+    __tablename__ = "sessions"
+    __table_args__ = (
+        PrimaryKeyConstraint("id"),
+        Index("ix_sessions_last_active_at_id", "last_active_at", "id"),
+        Index("ix_sessions_source_last_active_at_id", "source", "last_active_at", "id"),
+        Index("ix_sessions_user_id_last_active_at_id", "user_id", "last_active_at", "id"),
+        Index(
+            "ix_sessions_open_last_active_at_id",
+            "last_active_at",
+            "id",
+            sqlite_where=text("ended_at IS NULL"),
+            postgresql_where=text("ended_at IS NULL"),
+        ),
+        Index("ix_sessions_parent_session_id", "parent_session_id"),
+        Index("ix_sessions_ended_at", "ended_at"),
+    )
+
+    id: Mapped[str]
+    source: Mapped[str]
+    user_id: Mapped[str | None]
+    title: Mapped[str | None] = mapped_column(LosslessText())
+    model: Mapped[str | None]
+    model_config_: Mapped[dict[str, Any] | None] = mapped_column("model_config")
+    system_prompt: Mapped[str | None] = mapped_column(LosslessText())
+    # No foreign key: a parent may be pruned or not imported yet, and a self-reference
+    # would keep the table from being distributed by session id.
+    parent_session_id: Mapped[str | None]
+    started_at: Mapped[datetime]
+    ended_at: Mapped[datetime | None]
+    end_reason: Mapped[str | None] = mapped_column(String(1024))
+    message_count: Mapped[int] = mapped_column(server_default=text("0"))
+    tool_call_count: Mapped[int] = mapped_column(server_default=text("0"))
+    input_tokens: Mapped[int] = mapped_column(server_default=text("0"))
+    output_tokens: Mapped[int] = mapped_column(server_default=text("0"))
+    metadata_: Mapped[dict[str, Any] | None] = mapped_column("metadata")
+    #: The ``seq`` the next inserted message gets; moved under the session's row lock.
+    next_seq: Mapped[int] = mapped_column(server_default=text("1"))
+    last_active_at: Mapped[datetime]
+
+
+class MessageRow(Base):
+    __tablename__ = "messages"
+    __table_args__ = (
+        PrimaryKeyConstraint("session_id", "seq"),
+        UniqueConstraint("session_id", "client_msg_uuid"),
+        CheckConstraint("role IN ('system', 'user', 'assistant', 'tool')", name="role"),
+    )
+
+    session_id: Mapped[str] = mapped_column(
+        ForeignKey("sessions.id", ondelete="CASCADE"),
+    )
+    seq: Mapped[int]
+    client_msg_uuid: Mapped[uuid.UUID]
+    role: Mapped[str] = mapped_column(String(16))
+    content: Mapped[Any | None] = mapped_column(LosslessText())
+    tool_calls: Mapped[list[Any] | None]
+    tool_call_id: Mapped[str | None]
+    tool_name: Mapped[str | None]
+    reasoning: Mapped[str | None] = mapped_column(LosslessText())
+    finish_reason: Mapped[str | None]
+    token_count: Mapped[int | None]
+    timestamp: Mapped[datetime]
+    platform_message_id: Mapped[str | None]
+    extra: Mapped[dict[str, Any] | None]
+    openai_keys: Mapped[list[Any] | None]
+    #: 16 bytes of SHA-256 over the message's content (not its key or timestamp): how
+    #: a re-sent key with different content is told from a plain re-send.
+    content_hash: Mapped[bytes] = mapped_column(LargeBinary(16))
+
+
+sessions_table = SessionRow.__table__
+messages_table = MessageRow.__table__

@@ -1,0 +1,81 @@
+"""An engine plus the one place where transactions run and errors are translated."""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from sqlalchemy import Connection, Engine
+from sqlalchemy import exc as sa_exc
+from sqlalchemy.engine import URL
+
+from repo._dialects import READ_ONLY, BackendDialect, dialect_for, normalize_url, safe_url
+from repo.errors import BackendUnavailable, RepoError
+
+T = TypeVar("T")
+
+#: How many times a transaction that lost a lock race is run before giving up.
+DEFAULT_ATTEMPTS = 8
+
+
+class Database:
+    """Runs units of work in transactions: all or nothing, retried on lock contention.
+
+    Each ``work`` callable gets a connection inside a fresh transaction; it commits when
+    ``work`` returns and rolls back when it raises. A transaction that lost a lock race
+    (SQLite busy, PostgreSQL serialization failure or deadlock) is run again from the
+    start, a bounded number of times, so ``work`` must be safe to rerun: it is, because
+    every write is keyed.
+    """
+
+    def __init__(
+        self,
+        url: str | URL | None = None,
+        *,
+        attempts: int = DEFAULT_ATTEMPTS,
+        **engine_options: Any,
+    ) -> None:
+        self.url = normalize_url(url)
+        self.dialect: BackendDialect = dialect_for(self.url.get_backend_name())
+        self.engine: Engine = self.dialect.create_engine(self.url, dict(engine_options))
+        self._read_engine = self.engine.execution_options(**{READ_ONLY: True})
+        self._attempts = attempts
+
+    @property
+    def backend(self) -> str:
+        return self.dialect.name
+
+    @property
+    def display_url(self) -> str:
+        return safe_url(self.url)
+
+    def write(self, work: Callable[[Connection], T]) -> T:
+        """Run ``work`` in a write transaction (SQLite: ``BEGIN IMMEDIATE``)."""
+        return self._run(self.engine, work)
+
+    def read(self, work: Callable[[Connection], T]) -> T:
+        """Run ``work`` in a read transaction (SQLite: deferred, never blocks writers)."""
+        return self._run(self._read_engine, work)
+
+    def _run(self, engine: Engine, work: Callable[[Connection], T]) -> T:
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                with engine.begin() as connection:
+                    return work(connection)
+            except sa_exc.DBAPIError as exc:
+                if attempt < self._attempts and self.dialect.is_retryable(exc):
+                    # Full jitter, capped: contenders spread out instead of colliding again.
+                    time.sleep(random.uniform(0, min(1.0, 0.01 * 2**attempt)))
+                    continue
+                raise self.dialect.translate(exc) from exc
+            except sa_exc.TimeoutError as exc:
+                raise BackendUnavailable(f"no database connection free: {exc}") from exc
+            except sa_exc.SQLAlchemyError as exc:
+                raise RepoError(f"{type(exc).__name__}: {exc}") from exc
+
+    def dispose(self) -> None:
+        self.engine.dispose()

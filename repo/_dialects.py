@@ -1,0 +1,242 @@
+"""Everything that differs between SQLite and PostgreSQL, in one place.
+
+Repository code asks :func:`dialect_for` for the backend's :class:`BackendDialect` and
+never branches on the dialect name itself. Another engine is not supported: asking for
+one raises, naming it.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, ClassVar, Final
+
+from sqlalchemy import Connection, Engine, Insert, Table, create_engine, event, text
+from sqlalchemy import exc as sa_exc
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.engine import URL, make_url
+from sqlalchemy.pool import ConnectionPoolEntry
+
+from repo.errors import BackendUnavailable, RepoError, WriteRejected
+
+#: Key of the PostgreSQL advisory lock held while migrating ("sessrepo" in ASCII).
+MIGRATION_LOCK_KEY: Final = 0x7365737372657070 & 0x7FFFFFFFFFFFFFFF
+
+#: Execution option that marks a connection's transactions as read-only, so that
+#: SQLite begins them DEFERRED instead of IMMEDIATE.
+READ_ONLY: Final = "sessionrepo_read_only"
+
+
+def default_database_path() -> Path:
+    """Where the embedded SQLite store lives when no URL is configured."""
+    base = os.environ.get("XDG_DATA_HOME") or os.path.join(Path.home(), ".local", "share")
+    return Path(base) / "sessionrepo" / "sessionrepo.db"
+
+
+def normalize_url(url: str | URL | None) -> URL:
+    """A SQLAlchemy URL with the driver sessionrepo uses for that database.
+
+    ``None`` means ``SESSIONREPO_DATABASE_URL``, else the embedded SQLite file. A bare
+    file path is a SQLite file. ``postgresql://`` and ``postgres://`` use psycopg 3.
+    """
+    if url is None:
+        url = os.environ.get("SESSIONREPO_DATABASE_URL") or None
+    if url is None:
+        path = default_database_path()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return URL.create("sqlite+pysqlite", database=str(path))
+    if isinstance(url, str):
+        if "://" not in url:
+            return URL.create("sqlite+pysqlite", database=url)
+        url = make_url(url)
+    name = url.get_backend_name()
+    if name in ("postgresql", "postgres"):
+        return url.set(drivername="postgresql+psycopg")
+    if name == "sqlite":
+        return url.set(drivername="sqlite+pysqlite")
+    raise RepoError(f"unsupported database {name!r}: sessionrepo runs on SQLite and PostgreSQL")
+
+
+def safe_url(url: str | URL | None) -> str:
+    """The URL with any password masked, for messages and logs."""
+    if url is None:
+        return "(default)"
+    try:
+        parsed = make_url(url) if isinstance(url, str) else url
+    except sa_exc.ArgumentError:
+        return "(unparseable URL)"
+    return parsed.render_as_string(hide_password=True)
+
+
+class BackendDialect:
+    """What one backend does its own way. Subclasses register by SQLAlchemy dialect name."""
+
+    name: ClassVar[str]
+    _registry: ClassVar[dict[str, type[BackendDialect]]] = {}
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        BackendDialect._registry[cls.name] = cls
+
+    def create_engine(self, url: URL, options: dict[str, Any]) -> Engine:
+        raise NotImplementedError
+
+    def insert_ignoring(self, table: Table, conflict_columns: Sequence[str]) -> Insert:
+        """``INSERT ... ON CONFLICT (conflict_columns) DO NOTHING``: only that key may be
+        skipped; any other constraint violation still raises."""
+        raise NotImplementedError
+
+    def lock_for_migration(self, connection: Connection) -> None:
+        """Serialise concurrent migrators for the rest of the current transaction."""
+
+    def translate(self, exc: sa_exc.DBAPIError) -> RepoError:
+        """Turn a driver error into sessionrepo's error, by error code, not by class."""
+        raise NotImplementedError
+
+    def is_retryable(self, exc: sa_exc.DBAPIError) -> bool:
+        """Whether rerunning the whole transaction at once may succeed (lock contention)."""
+        return False
+
+
+def dialect_for(name: str) -> BackendDialect:
+    try:
+        return BackendDialect._registry[name]()
+    except KeyError:
+        raise RepoError(
+            f"unsupported database dialect {name!r}: sessionrepo runs on SQLite and PostgreSQL"
+        ) from None
+
+
+class SQLiteDialect(BackendDialect):
+    """SQLite in WAL mode: writes begin IMMEDIATE (take the write lock up front, which
+    makes the busy timeout apply); reads begin DEFERRED and never block writers."""
+
+    name = "sqlite"
+
+    # Primary result codes of errors that come from the file's state, not the data.
+    _TRANSIENT: Final = {
+        sqlite3.SQLITE_BUSY,
+        sqlite3.SQLITE_LOCKED,
+        sqlite3.SQLITE_IOERR,
+        sqlite3.SQLITE_FULL,
+        sqlite3.SQLITE_CANTOPEN,
+        sqlite3.SQLITE_PROTOCOL,
+        sqlite3.SQLITE_READONLY,
+        sqlite3.SQLITE_CORRUPT,
+        sqlite3.SQLITE_NOTADB,
+        sqlite3.SQLITE_NOLFS,
+        sqlite3.SQLITE_PERM,
+    }
+    _REJECTS: Final = {
+        sqlite3.SQLITE_TOOBIG,
+        sqlite3.SQLITE_MISMATCH,
+        sqlite3.SQLITE_RANGE,
+    }
+
+    def create_engine(self, url: URL, options: dict[str, Any]) -> Engine:
+        busy_timeout = float(options.pop("busy_timeout", 10.0))
+        synchronous = str(options.pop("sqlite_synchronous", "FULL")).upper()
+        if synchronous not in ("OFF", "NORMAL", "FULL", "EXTRA"):
+            raise ValueError(f"sqlite_synchronous: {synchronous!r} is not a SQLite level")
+        if url.database and url.database != ":memory:":
+            Path(url.database).parent.mkdir(parents=True, exist_ok=True)
+        engine = create_engine(
+            url,
+            connect_args={"timeout": busy_timeout, "check_same_thread": False},
+            **options,
+        )
+
+        @event.listens_for(engine, "connect")
+        def _configure(dbapi_connection: Any, record: ConnectionPoolEntry) -> None:
+            # Take transaction control from the driver: we issue BEGIN ourselves.
+            dbapi_connection.isolation_level = None
+            cursor = dbapi_connection.cursor()
+            cursor.execute("PRAGMA journal_mode=WAL")
+            cursor.execute(f"PRAGMA synchronous={synchronous}")
+            cursor.execute("PRAGMA foreign_keys=ON")
+            cursor.execute(f"PRAGMA busy_timeout={int(busy_timeout * 1000)}")
+            cursor.close()
+
+        @event.listens_for(engine, "begin")
+        def _begin(connection: Connection) -> None:
+            read_only = connection.get_execution_options().get(READ_ONLY, False)
+            connection.exec_driver_sql("BEGIN" if read_only else "BEGIN IMMEDIATE")
+
+        return engine
+
+    def insert_ignoring(self, table: Table, conflict_columns: Sequence[str]) -> Insert:
+        return sqlite.insert(table).on_conflict_do_nothing(index_elements=list(conflict_columns))
+
+    @staticmethod
+    def _code(exc: sa_exc.DBAPIError) -> int | None:
+        code = getattr(exc.orig, "sqlite_errorcode", None)
+        return None if code is None else int(code) & 0xFF
+
+    def translate(self, exc: sa_exc.DBAPIError) -> RepoError:
+        code = self._code(exc)
+        name = getattr(exc.orig, "sqlite_errorname", None)
+        detail = f"SQLite: {exc.orig}"
+        if code in self._TRANSIENT or (code is None and exc.connection_invalidated):
+            return BackendUnavailable(detail, code=name)
+        if code in self._REJECTS:
+            return WriteRejected(detail, code=name)
+        return RepoError(detail)
+
+    def is_retryable(self, exc: sa_exc.DBAPIError) -> bool:
+        return self._code(exc) in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
+
+
+class PostgresDialect(BackendDialect):
+    """PostgreSQL through psycopg 3: a pre-pinged pool, every session in UTC."""
+
+    name = "postgresql"
+
+    # SQLSTATE classes and codes that describe the server's state, not the data.
+    _TRANSIENT_CLASSES: Final = ("08", "53", "57", "58", "40")
+    _TRANSIENT_CODES: Final = {
+        "55P03",  # lock_not_available (lock_timeout)
+        "55006",  # object_in_use
+        "25006",  # read_only_sql_transaction (a standby, or default_transaction_read_only)
+        "XX001",  # data_corrupted
+        "XX002",  # index_corrupted
+    }
+    _REJECT_CLASSES: Final = ("22", "54")  # data_exception, program_limit_exceeded
+
+    def create_engine(self, url: URL, options: dict[str, Any]) -> Engine:
+        connect_args: dict[str, Any] = {"options": "-c timezone=UTC"}
+        connect_timeout = options.pop("connect_timeout", 10)
+        if connect_timeout is not None:
+            connect_args["connect_timeout"] = int(connect_timeout)
+        options.setdefault("pool_pre_ping", True)
+        return create_engine(url, connect_args=connect_args, **options)
+
+    def insert_ignoring(self, table: Table, conflict_columns: Sequence[str]) -> Insert:
+        return postgresql.insert(table).on_conflict_do_nothing(
+            index_elements=list(conflict_columns)
+        )
+
+    def lock_for_migration(self, connection: Connection) -> None:
+        connection.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": MIGRATION_LOCK_KEY})
+
+    @staticmethod
+    def _sqlstate(exc: sa_exc.DBAPIError) -> str | None:
+        return getattr(exc.orig, "sqlstate", None)
+
+    def translate(self, exc: sa_exc.DBAPIError) -> RepoError:
+        state = self._sqlstate(exc)
+        detail = f"PostgreSQL{f' [{state}]' if state else ''}: {str(exc.orig).strip()}"
+        if state is None:
+            # No SQLSTATE: the connection failed before the server could answer.
+            if isinstance(exc, sa_exc.OperationalError | sa_exc.InterfaceError):
+                return BackendUnavailable(detail)
+            return RepoError(detail)
+        if state[:2] in self._TRANSIENT_CLASSES or state in self._TRANSIENT_CODES:
+            return BackendUnavailable(detail, code=state)
+        if state[:2] in self._REJECT_CLASSES:
+            return WriteRejected(detail, code=state)
+        return RepoError(detail)
+
+    def is_retryable(self, exc: sa_exc.DBAPIError) -> bool:
+        return self._sqlstate(exc) in ("40001", "40P01")

@@ -1,0 +1,423 @@
+"""The synchronous repository: SQLAlchemy Core on the hot paths."""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import Iterable, Mapping
+from datetime import datetime
+from typing import Any, Literal
+
+from sqlalchemy import Connection, Text, and_, func, select, tuple_, update
+from sqlalchemy.engine import URL
+
+from models import AppendResult, Message, Session, SessionPage, SessionSummary, StoredMessage
+from models.message import utcnow
+from models.tables import ENCODED_MARK, decode_text, messages_table, sessions_table
+from repo import _codec, schema
+from repo._database import Database
+from repo.errors import InvalidMessage, NotFound, RepoError
+
+S = sessions_table.c
+M = messages_table.c
+
+#: Keys per ``IN (...)`` list when looking up which of a batch are already stored.
+_LOOKUP_CHUNK = 500
+#: Characters of the first user message shown by ``list_sessions``.
+PREVIEW_LENGTH = 120
+#: A continuation chain longer than this is treated as a cycle.
+_MAX_CHAIN = 10_000
+
+_FILLABLE = (
+    "user_id",
+    "title",
+    "model",
+    "model_config",
+    "system_prompt",
+    "parent_session_id",
+    "metadata",
+)
+
+
+class SessionRepository:
+    """Sessions and their transcripts on SQLite or PostgreSQL.
+
+    Implements :class:`repo.contract.SessionStore`; its docstrings state the guarantees.
+    Thread-safe: every call runs in its own transaction on a pooled connection.
+    """
+
+    def __init__(self, database: Database) -> None:
+        self._db = database
+        dialect = database.dialect
+        self._insert_messages = dialect.insert_ignoring(
+            messages_table, ["session_id", "client_msg_uuid"]
+        )
+        self._insert_session = dialect.insert_ignoring(sessions_table, ["id"])
+        self._message_columns = [
+            M.session_id,
+            M.seq,
+            *(M[name] for name in _codec.MESSAGE_COLUMNS),
+        ]
+
+    @property
+    def backend(self) -> str:
+        return self._db.backend
+
+    @property
+    def database(self) -> Database:
+        return self._db
+
+    def __enter__(self) -> SessionRepository:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"SessionRepository({self._db.display_url})"
+
+    # -- sessions -------------------------------------------------------------------
+
+    def create_session(self, session_id: str, **fields: Any) -> Session:
+        sid = _codec.check_session_id(session_id)
+        row = _codec.session_row(_codec.build_session(sid, fields, "session"))
+
+        def work(conn: Connection) -> Session:
+            inserted = conn.execute(self._insert_session.values(**row)).rowcount
+            if not inserted:
+                fill: dict[str, Any] = {
+                    name: func.coalesce(S[name], row[name])
+                    for name in _FILLABLE
+                    if row[name] is not None
+                }
+                if row["source"] != "unknown":
+                    fill["source"] = func.coalesce(
+                        func.nullif(S.source, "unknown"), row["source"]
+                    )
+                if fill:
+                    conn.execute(update(sessions_table).where(S.id == sid).values(**fill))
+            return self._get(conn, sid)
+
+        return self._db.write(work)
+
+    def get_session(self, session_id: str) -> Session:
+        sid = _codec.check_session_id(session_id)
+        return self._db.read(lambda conn: self._get(conn, sid))
+
+    def _get(self, conn: Connection, sid: str) -> Session:
+        row = conn.execute(select(sessions_table).where(S.id == sid)).first()
+        if row is None:
+            raise NotFound(f"no session {sid!r}")
+        return Session.model_construct(**_codec.session_from_row(row))
+
+    def list_sessions(
+        self,
+        *,
+        source: str | None = None,
+        user_id: str | None = None,
+        status: Literal["open", "ended"] | None = None,
+        limit: int = 50,
+        cursor: str | None = None,
+    ) -> SessionPage:
+        if not 1 <= limit <= 1000:
+            raise InvalidMessage("limit", "must be between 1 and 1000")
+        first_user_message = (
+            select(func.substr(M.content, 1, PREVIEW_LENGTH + 1, type_=Text))
+            .where(M.session_id == S.id, M.role == "user")
+            .order_by(M.seq)
+            .limit(1)
+            .scalar_subquery()
+        )
+        query = select(sessions_table, first_user_message.label("preview"))
+        if source is not None:
+            query = query.where(S.source == source)
+        if user_id is not None:
+            query = query.where(S.user_id == user_id)
+        if status == "open":
+            query = query.where(S.ended_at.is_(None))
+        elif status == "ended":
+            query = query.where(S.ended_at.is_not(None))
+        elif status is not None:
+            raise InvalidMessage("status", "must be 'open', 'ended' or None")
+        if cursor is not None:
+            last_active, last_id = _decode_cursor(cursor)
+            query = query.where(tuple_(S.last_active_at, S.id) < tuple_(last_active, last_id))
+        query = query.order_by(S.last_active_at.desc(), S.id.desc()).limit(limit + 1)
+
+        rows = self._db.read(lambda conn: conn.execute(query).all())
+        items = [
+            SessionSummary.model_construct(
+                **_codec.session_from_row(row, preview=_preview(row.preview))
+            )
+            for row in rows[:limit]
+        ]
+        next_cursor = None
+        if len(rows) > limit:
+            last = items[-1]
+            assert last.last_active_at is not None
+            next_cursor = _encode_cursor(last.last_active_at, last.id)
+        return SessionPage(sessions=items, next_cursor=next_cursor)
+
+    def end_session(self, session_id: str, reason: str) -> bool:
+        sid = _codec.check_session_id(session_id)
+        _codec.build_session(sid, {"end_reason": reason}, "end_session")
+
+        def work(conn: Connection) -> bool:
+            ended = conn.execute(
+                update(sessions_table)
+                .where(S.id == sid, S.ended_at.is_(None))
+                .values(ended_at=utcnow(), end_reason=reason)
+            ).rowcount
+            if not ended:
+                self._get(conn, sid)  # NotFound, or already ended
+            return bool(ended)
+
+        return self._db.write(work)
+
+    def reopen_session(self, session_id: str) -> bool:
+        sid = _codec.check_session_id(session_id)
+
+        def work(conn: Connection) -> bool:
+            reopened = conn.execute(
+                update(sessions_table)
+                .where(S.id == sid, S.ended_at.is_not(None))
+                .values(ended_at=None, end_reason=None)
+            ).rowcount
+            if not reopened:
+                self._get(conn, sid)
+            return bool(reopened)
+
+        return self._db.write(work)
+
+    def resolve_tip(self, session_id: str) -> Session:
+        sid = _codec.check_session_id(session_id)
+        newest_child = (
+            select(sessions_table)
+            .order_by(S.last_active_at.desc(), S.id.desc())
+            .limit(1)
+        )
+
+        def work(conn: Connection) -> Session:
+            tip = self._get(conn, sid)
+            seen = {tip.id}
+            while True:
+                row = conn.execute(newest_child.where(S.parent_session_id == tip.id)).first()
+                if row is None or row.id in seen or len(seen) > _MAX_CHAIN:
+                    return tip
+                seen.add(row.id)
+                tip = Session.model_construct(**_codec.session_from_row(row))
+
+        return self._db.read(work)
+
+    def session_chain(self, session_id: str) -> list[Session]:
+        sid = _codec.check_session_id(session_id)
+        return self._db.read(lambda conn: self._chain(conn, sid))
+
+    def _chain(self, conn: Connection, sid: str) -> list[Session]:
+        chain = [self._get(conn, sid)]
+        seen = {sid}
+        while (parent := chain[-1].parent_session_id) is not None and len(chain) < _MAX_CHAIN:
+            if parent in seen:
+                raise RepoError(f"session {sid!r}: continuation chain loops at {parent!r}")
+            seen.add(parent)
+            try:
+                chain.append(self._get(conn, parent))
+            except NotFound:
+                break  # the ancestor was pruned: the chain starts here now
+        chain.reverse()
+        return chain
+
+    # -- messages -------------------------------------------------------------------
+
+    def append(
+        self,
+        session_id: str,
+        messages: Iterable[Message | Mapping[str, Any]],
+        **session_defaults: Any,
+    ) -> AppendResult:
+        sid = _codec.check_session_id(session_id)
+        rows = _codec.prepare_messages(messages)
+        new_session = _codec.session_row(
+            _codec.build_session(sid, session_defaults, "session_defaults")
+        )
+        if not rows:
+            return AppendResult(session_id=sid)
+        return self._db.write(lambda conn: self._append(conn, sid, rows, new_session))
+
+    def _append(
+        self,
+        conn: Connection,
+        sid: str,
+        rows: list[dict[str, Any]],
+        new_session: dict[str, Any],
+    ) -> AppendResult:
+        lock = select(S.next_seq).where(S.id == sid).with_for_update()
+        next_seq = conn.execute(lock).scalar()
+        if next_seq is None:
+            conn.execute(self._insert_session.values(**new_session))
+            next_seq = conn.execute(lock).scalar_one()
+
+        # The session row is locked: nobody else can add to this session until we
+        # commit, so what is stored now is what the insert below would collide with.
+        keys = list({row["client_msg_uuid"]: None for row in rows})
+        stored: dict[Any, bytes] = {}
+        for start in range(0, len(keys), _LOOKUP_CHUNK):
+            chunk = keys[start : start + _LOOKUP_CHUNK]
+            stored.update(
+                conn.execute(
+                    select(M.client_msg_uuid, M.content_hash).where(
+                        M.session_id == sid, M.client_msg_uuid.in_(chunk)
+                    )
+                ).tuples().all()
+            )
+
+        inserted, duplicates, conflicts = [], [], []
+        new_rows: list[dict[str, Any]] = []
+        tool_calls = 0
+        for row in rows:
+            key = row["client_msg_uuid"]
+            known = stored.get(key)
+            if known is not None:
+                (duplicates if known == row["content_hash"] else conflicts).append(key)
+                continue
+            stored[key] = row["content_hash"]
+            tool_calls += row["tool_call_total"]
+            new_rows.append(
+                {k: v for k, v in row.items() if k != "tool_call_total"}
+                | {"session_id": sid, "seq": next_seq + len(new_rows)}
+            )
+            inserted.append(key)
+
+        if new_rows:
+            result = conn.execute(self._insert_messages, new_rows)
+            if result.rowcount not in (-1, len(new_rows)):
+                # Only an appender that bypasses the session lock could cause this.
+                raise RepoError(
+                    f"session {sid!r}: {len(new_rows) - result.rowcount} keys appeared "
+                    "while the session was locked; nothing was written"
+                )
+            count = len(new_rows)
+            conn.execute(
+                update(sessions_table)
+                .where(S.id == sid)
+                .values(
+                    next_seq=S.next_seq + count,
+                    message_count=S.message_count + count,
+                    tool_call_count=S.tool_call_count + tool_calls,
+                    last_active_at=utcnow(),
+                )
+            )
+        return AppendResult(
+            session_id=sid,
+            inserted=inserted,
+            duplicates=duplicates,
+            conflicts=conflicts,
+            first_seq=next_seq if new_rows else None,
+        )
+
+    def load_transcript(
+        self,
+        session_id: str,
+        *,
+        after_seq: int | None = None,
+        before_seq: int | None = None,
+        limit: int | None = None,
+        include_ancestors: bool = False,
+    ) -> list[StoredMessage]:
+        sid = _codec.check_session_id(session_id)
+        if limit is not None and limit < 1:
+            raise InvalidMessage("limit", "must be at least 1")
+        if include_ancestors and (after_seq, before_seq, limit) != (None, None, None):
+            raise InvalidMessage("include_ancestors", "cannot be combined with a cursor")
+
+        transcript = select(*self._message_columns).order_by(M.seq)
+        query = transcript.where(M.session_id == sid)
+        if after_seq is not None:
+            query = query.where(M.seq > after_seq)
+        if before_seq is not None:
+            query = query.where(M.seq < before_seq)
+        backwards = before_seq is not None and after_seq is None and limit is not None
+        if backwards:
+            query = query.order_by(None).order_by(M.seq.desc())
+        if limit is not None:
+            query = query.limit(limit)
+
+        def work(conn: Connection) -> list[StoredMessage]:
+            ancestors: list[StoredMessage] = []
+            if include_ancestors:
+                for session in self._chain(conn, sid)[:-1]:
+                    ancestors += self._messages(conn, transcript.where(M.session_id == session.id))
+            messages = self._messages(conn, query)
+            if not messages:
+                self._get(conn, sid)  # an empty transcript, or NotFound
+            if backwards:
+                messages.reverse()
+            return ancestors + messages
+
+        return self._db.read(work)
+
+    def _messages(self, conn: Connection, query: Any) -> list[StoredMessage]:
+        return [_codec.stored_message(row) for row in conn.execute(query)]
+
+    def close(self) -> None:
+        self._db.dispose()
+
+
+def _encode_cursor(last_active_at: datetime, session_id: str) -> str:
+    raw = json.dumps([last_active_at.isoformat(), session_id]).encode()
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def _decode_cursor(cursor: str) -> tuple[datetime, str]:
+    try:
+        padded = cursor + "=" * (-len(cursor) % 4)
+        when, sid = json.loads(base64.urlsafe_b64decode(padded))
+        return datetime.fromisoformat(when), str(sid)
+    except (ValueError, TypeError) as exc:
+        raise InvalidMessage("cursor", "not a cursor returned by list_sessions") from exc
+
+
+def _preview(stored: str | None) -> str | None:
+    if stored is None:
+        return None
+    if stored.startswith(ENCODED_MARK):
+        try:
+            value = decode_text(stored)
+            stored = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+        except ValueError:
+            stored = stored[len(ENCODED_MARK) :]
+    text = " ".join(stored.split())
+    return text if len(text) <= PREVIEW_LENGTH else text[: PREVIEW_LENGTH - 1] + "…"
+
+
+def open_repository(
+    url: str | URL | None = None,
+    *,
+    auto_migrate: bool | None = None,
+    **options: Any,
+) -> SessionRepository:
+    """Open the store at ``url``.
+
+    Args:
+        url: a SQLAlchemy URL (``postgresql://…``, ``sqlite:///path.db``) or a file path;
+            defaults to ``SESSIONREPO_DATABASE_URL``, else an embedded SQLite file under
+            ``$XDG_DATA_HOME/sessionrepo/``.
+        auto_migrate: upgrade an out-of-date schema instead of refusing. Defaults to
+            ``True`` on SQLite (an embedded store looks after itself) and ``False`` on
+            PostgreSQL, where migrating is the operator's step (``sessionrepo migrate``).
+        **options: engine options: ``pool_size``, ``max_overflow``, ``busy_timeout``
+            (SQLite, seconds), ``sqlite_synchronous`` (default ``"FULL"``),
+            ``connect_timeout`` (PostgreSQL, seconds), ``attempts`` (lock-race retries).
+
+    Raises:
+        SchemaOutOfDate: the database is not at this code's schema revision.
+        BackendUnavailable: the database cannot be reached.
+    """
+    database = Database(url, **options)
+    try:
+        migrate = database.backend == "sqlite" if auto_migrate is None else auto_migrate
+        schema.ensure_current(database, auto_migrate=migrate)
+    except BaseException:
+        database.dispose()
+        raise
+    return SessionRepository(database)

@@ -1,0 +1,99 @@
+"""Alembic, driven from code: the schema's only source, on both backends."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Final
+
+from alembic import command
+from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from alembic.util.exc import CommandError
+from sqlalchemy import Connection
+
+from repo._database import Database
+from repo.errors import RepoError, SchemaOutOfDate
+
+#: The Alembic environment ships beside the ``repo`` package (source tree and wheel).
+MIGRATIONS_DIR: Final = Path(__file__).resolve().parent.parent / "migrations"
+
+
+def alembic_config(connection: Connection | None = None) -> Config:
+    """An Alembic config for sessionrepo's migrations, optionally bound to a connection."""
+    config = Config()
+    config.set_main_option("script_location", str(MIGRATIONS_DIR))
+    if connection is not None:
+        config.attributes["connection"] = connection
+    return config
+
+
+def head_revision() -> str:
+    head = ScriptDirectory.from_config(alembic_config()).get_current_head()
+    if head is None:  # pragma: no cover - the package always ships a revision
+        raise RepoError("sessionrepo ships no migrations")
+    return head
+
+
+def current_revision(database: Database) -> str | None:
+    """The revision the database is at; ``None`` for an empty database."""
+    return database.read(lambda conn: MigrationContext.configure(conn).get_current_revision())
+
+
+def upgrade(database: Database, revision: str = "head") -> None:
+    """Migrate to ``revision``. Safe when several processes do it at once: PostgreSQL
+    takes an advisory lock, SQLite the write lock, and the loser finds nothing to do."""
+
+    def work(connection: Connection) -> None:
+        command.upgrade(alembic_config(connection), revision)
+
+    try:
+        database.write(work)
+    except CommandError as exc:
+        raise RepoError(f"migration failed: {exc}") from exc
+
+
+def downgrade(database: Database, revision: str) -> None:
+    def work(connection: Connection) -> None:
+        command.downgrade(alembic_config(connection), revision)
+
+    try:
+        database.write(work)
+    except CommandError as exc:
+        raise RepoError(f"migration failed: {exc}") from exc
+
+
+def ensure_current(database: Database, *, auto_migrate: bool) -> None:
+    """Refuse (or, with ``auto_migrate``, upgrade) a database not at this code's head.
+
+    Raises:
+        SchemaOutOfDate: the revision differs and may not (or cannot) be fixed here.
+    """
+    head = head_revision()
+    current = current_revision(database)
+    if current == head:
+        return
+    scripts = ScriptDirectory.from_config(alembic_config())
+    known = current is None or _is_known(scripts, current)
+    if not known:
+        raise SchemaOutOfDate(
+            f"database {database.display_url} is at revision {current}, which this version "
+            f"of sessionrepo does not know (its newest is {head}): a newer sessionrepo "
+            "migrated it; upgrade sessionrepo"
+        )
+    if auto_migrate:
+        upgrade(database)
+        return
+    at = "empty (no schema)" if current is None else f"at revision {current}"
+    raise SchemaOutOfDate(
+        f"database {database.display_url} is {at}; this sessionrepo needs revision {head}. "
+        "Run `sessionrepo migrate` (with SESSIONREPO_DATABASE_URL or --url set to this "
+        "database) to upgrade it"
+    )
+
+
+def _is_known(scripts: ScriptDirectory, revision: str) -> bool:
+    try:
+        return scripts.get_revision(revision) is not None
+    except CommandError:
+        return False
