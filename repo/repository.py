@@ -263,13 +263,12 @@ class SessionRepository:
         stored: dict[Any, bytes] = {}
         for start in range(0, len(keys), _LOOKUP_CHUNK):
             chunk = keys[start : start + _LOOKUP_CHUNK]
-            stored.update(
-                conn.execute(
-                    select(M.client_msg_uuid, M.content_hash).where(
-                        M.session_id == sid, M.client_msg_uuid.in_(chunk)
-                    )
-                ).tuples().all()
+            found = conn.execute(
+                select(M.client_msg_uuid, M.content_hash).where(
+                    M.session_id == sid, M.client_msg_uuid.in_(chunk)
+                )
             )
+            stored.update((key, digest) for key, digest in found)
 
         inserted, duplicates, conflicts = [], [], []
         new_rows: list[dict[str, Any]] = []

@@ -1,0 +1,165 @@
+"""One contract suite, every backend.
+
+The ``backend`` fixture is parametrized ``sqlite`` / ``postgres`` (with the matching
+markers); every test that uses ``database_url`` or ``repo`` runs on both, each on a fresh
+database whose schema came from ``alembic upgrade head``.
+
+PostgreSQL comes from ``SESSIONREPO_TEST_POSTGRES_URL`` (a server where the tests may
+create and drop databases); where that is unset and a Docker engine answers, from
+testcontainers; otherwise the PostgreSQL tests are skipped, with the reason shown, unless
+``SESSIONREPO_REQUIRE_POSTGRES=1`` (CI sets it), which turns the skip into a failure.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+from sqlalchemy.engine import make_url
+
+from repo import SessionRepository, open_repository
+from repo._database import Database
+from repo.schema import upgrade
+
+BACKENDS = [
+    pytest.param("sqlite", marks=pytest.mark.sqlite),
+    pytest.param("postgres", marks=pytest.mark.postgres),
+]
+
+
+def _require_postgres() -> bool:
+    return os.environ.get("SESSIONREPO_REQUIRE_POSTGRES") == "1"
+
+
+def _docker_answers() -> bool:
+    try:
+        import docker  # testcontainers' dependency
+
+        docker.from_env(timeout=3).ping()
+    except Exception:
+        return False
+    return True
+
+
+class PostgresServer:
+    """A server on which each test gets its own database, cloned from a migrated template."""
+
+    def __init__(self, admin_url: str) -> None:
+        url = make_url(admin_url).set(drivername="postgresql")
+        self.admin_url = url
+        self._conninfo = url.render_as_string(hide_password=False)
+        self.template = f"sessionrepo_template_{os.getpid()}"
+        self._admin(f'DROP DATABASE IF EXISTS "{self.template}" WITH (FORCE)')
+        self._admin(f'CREATE DATABASE "{self.template}"')
+        database = Database(self.url_for(self.template))
+        try:
+            upgrade(database)
+        finally:
+            database.dispose()
+
+    def _admin(self, sql: str) -> None:
+        with psycopg.connect(self._conninfo, autocommit=True) as conn:
+            conn.execute(sql)  # type: ignore[arg-type]
+
+    def url_for(self, name: str) -> str:
+        return self.admin_url.set(database=name).render_as_string(hide_password=False)
+
+    def new_database(self, *, migrated: bool = True) -> str:
+        name = f"sessionrepo_test_{uuid.uuid4().hex[:12]}"
+        template = f' TEMPLATE "{self.template}"' if migrated else ""
+        self._admin(f'CREATE DATABASE "{name}"{template}')
+        return name
+
+    def drop(self, name: str) -> None:
+        self._admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+    def close(self) -> None:
+        self.drop(self.template)
+
+
+@pytest.fixture(scope="session")
+def postgres_server() -> Iterator[PostgresServer]:
+    url = os.environ.get("SESSIONREPO_TEST_POSTGRES_URL")
+    container = None
+    if not url and _docker_answers():
+        from testcontainers.postgres import PostgresContainer
+
+        container = PostgresContainer("postgres:15-alpine", driver=None).start()
+        url = container.get_connection_url()
+    if not url:
+        reason = (
+            "PostgreSQL tests need SESSIONREPO_TEST_POSTGRES_URL "
+            "(e.g. postgresql://postgres@127.0.0.1:5432/postgres) or a Docker engine"
+        )
+        if _require_postgres():
+            pytest.fail(f"SESSIONREPO_REQUIRE_POSTGRES=1 but: {reason}")
+        pytest.skip(reason)
+    try:
+        server = PostgresServer(url)
+    except psycopg.Error as exc:
+        message = f"PostgreSQL at {make_url(url).render_as_string()} is unusable: {exc}"
+        if _require_postgres():
+            pytest.fail(message)
+        pytest.skip(message)
+    yield server
+    server.close()
+    if container is not None:
+        container.stop()
+
+
+@pytest.fixture(scope="session")
+def sqlite_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("template") / "template.db"
+    database = Database(f"sqlite:///{path}")
+    try:
+        upgrade(database)
+    finally:
+        database.dispose()
+    return path
+
+
+@pytest.fixture(params=BACKENDS)
+def backend(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture
+def database_url(
+    backend: str, request: pytest.FixtureRequest, tmp_path: Path
+) -> Iterator[str]:
+    """A fresh database at the schema's head, on the test's backend."""
+    if backend == "sqlite":
+        path = tmp_path / "store.db"
+        shutil.copyfile(request.getfixturevalue("sqlite_template"), path)
+        yield f"sqlite:///{path}"
+        return
+    server: PostgresServer = request.getfixturevalue("postgres_server")
+    name = server.new_database()
+    yield server.url_for(name)
+    server.drop(name)
+
+
+@pytest.fixture
+def empty_database_url(
+    backend: str, request: pytest.FixtureRequest, tmp_path: Path
+) -> Iterator[str]:
+    """A fresh database with no schema at all, on the test's backend."""
+    if backend == "sqlite":
+        yield f"sqlite:///{tmp_path / 'empty.db'}"
+        return
+    server: PostgresServer = request.getfixturevalue("postgres_server")
+    name = server.new_database(migrated=False)
+    yield server.url_for(name)
+    server.drop(name)
+
+
+@pytest.fixture
+def repo(database_url: str) -> Iterator[SessionRepository]:
+    repository = open_repository(database_url)
+    yield repository
+    repository.close()
