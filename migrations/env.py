@@ -38,9 +38,11 @@ def _migrate(connection: Connection) -> None:
 
 
 def run_offline() -> None:
+    url = normalize_url(_configured_url())
     context.configure(
-        url=normalize_url(_configured_url()),
+        url=url,
         target_metadata=target_metadata,
+        render_as_batch=url.get_backend_name() == "sqlite",
         literal_binds=True,
         dialect_opts={"paramstyle": "named"},
     )

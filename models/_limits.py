@@ -43,7 +43,7 @@ def check_identifier(value: str, field: str, max_length: int = MAX_ID_LENGTH) ->
     if len(value) > max_length:
         raise ValueError(f"{field}: {len(value)} characters, the limit is {max_length}")
     for position, char in enumerate(value):
-        if char < " " or char == "\x7f":
+        if char < " " or "\x7f" <= char <= "\x9f":
             raise ValueError(
                 f"{field}: control character {char!r} at position {position} "
                 "is not allowed in an identifier"
@@ -56,39 +56,45 @@ def check_json(value: Any, field: str) -> Any:
 
     Allowed: ``None``, ``bool``, ``int`` (up to 256 bits), finite ``float``, ``str``
     (valid Unicode), ``list`` and ``dict`` with ``str`` keys, nested at most 64 deep.
-    Tuples are refused because they would come back as lists.
+    Tuples, sets, bytes and subclasses of the JSON types are refused because they would
+    come back as something else.
+
+    Returns:
+        A deep copy of ``value``, so that a caller who changes its own lists and dicts
+        afterwards does not change what was validated.
     """
-    _walk(value, field, 0)
-    return value
+    return _copy(value, field, 0)
 
 
-def _walk(value: Any, path: str, depth: int) -> None:
+def _copy(value: Any, path: str, depth: int) -> Any:
     if value is None or value is True or value is False:
-        return
+        return value
     kind = type(value)
     if kind is str:
-        check_text(value, path)
-    elif kind is int:
+        return check_text(value, path)
+    if kind is int:
         if value.bit_length() > MAX_JSON_INT_BITS:
             raise ValueError(f"{path}: integer wider than {MAX_JSON_INT_BITS} bits")
-    elif kind is float:
+        return value
+    if kind is float:
         if not math.isfinite(value):
             raise ValueError(f"{path}: {value!r} is not valid JSON (NaN and Infinity are refused)")
-    elif kind is list:
+        return value
+    if kind is list:
         if depth >= MAX_JSON_DEPTH:
             raise ValueError(f"{path}: nested deeper than {MAX_JSON_DEPTH} levels")
-        for index, item in enumerate(value):
-            _walk(item, f"{path}[{index}]", depth + 1)
-    elif kind is dict:
+        return [_copy(item, f"{path}[{index}]", depth + 1) for index, item in enumerate(value)]
+    if kind is dict:
         if depth >= MAX_JSON_DEPTH:
             raise ValueError(f"{path}: nested deeper than {MAX_JSON_DEPTH} levels")
+        copied = {}
         for key, item in value.items():
             if type(key) is not str:
                 raise ValueError(f"{path}: key {key!r} is not a string")
             check_text(key, f"{path}.<key>")
-            _walk(item, f"{path}.{key}", depth + 1)
-    else:
-        raise ValueError(
-            f"{path}: {kind.__name__} is not a JSON type "
-            "(use None, bool, int, float, str, list or dict)"
-        )
+            copied[key] = _copy(item, f"{path}.{key}", depth + 1)
+        return copied
+    raise ValueError(
+        f"{path}: {kind.__name__} is not a JSON type "
+        "(use None, bool, int, float, str, list or dict)"
+    )

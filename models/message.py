@@ -87,7 +87,10 @@ def to_utc(value: Any, field: str) -> Any:
                 f"{field}: naive datetime {value.isoformat()}; give it a timezone "
                 "(datetime.now(UTC), not datetime.now())"
             )
-        return value.astimezone(UTC)
+        try:
+            return value.astimezone(UTC)
+        except OverflowError as exc:
+            raise ValueError(f"{field}: {value.isoformat()} is out of range in UTC") from exc
     return value
 
 
@@ -107,13 +110,15 @@ class Message(BaseModel):
     role: Role
     content: Content = None
     tool_calls: list[Any] | None = None
-    tool_call_id: str | None = None
-    tool_name: str | None = None
-    reasoning: str | None = None
-    finish_reason: str | None = None
-    token_count: int | None = Field(default=None, ge=-(2**63), lt=2**63)
+    # Strict: a lax model would turn b"x" into "x", True or "5" into an int, and so
+    # give back a different dict than it was given.
+    tool_call_id: str | None = Field(default=None, strict=True)
+    tool_name: str | None = Field(default=None, strict=True)
+    reasoning: str | None = Field(default=None, strict=True)
+    finish_reason: str | None = Field(default=None, strict=True)
+    token_count: int | None = Field(default=None, strict=True, ge=-(2**63), lt=2**63)
     timestamp: datetime = Field(default_factory=utcnow)
-    platform_message_id: str | None = None
+    platform_message_id: str | None = Field(default=None, strict=True)
     extra: dict[str, Any] = Field(default_factory=dict)
     #: The keys, in order, of the OpenAI dict this message was made from, so that
     #: :meth:`to_openai` gives that dict back exactly (``None`` when built directly).
@@ -139,17 +144,47 @@ class Message(BaseModel):
     def _aware_utc(cls, value: datetime) -> datetime:
         return to_utc(value, "timestamp")  # type: ignore[no-any-return]
 
-    @field_validator("content")
+    # The JSON fields are checked before Pydantic sees them, by exact type: Pydantic
+    # alone would turn a tuple or a set into a list and bytes into a str (lossy), and
+    # would name a union member ("content.str") instead of the field in its errors.
+    @field_validator("content", mode="before")
     @classmethod
-    def _check_content(cls, value: Content) -> Content:
-        if isinstance(value, str):
+    def _check_content(cls, value: Any) -> Any:
+        if value is None:
+            return None
+        kind = type(value)
+        if kind is str:
             return check_text(value, "content")
-        return check_json(value, "content")  # type: ignore[no-any-return]
+        if kind is list or kind is dict:
+            return check_json(value, "content")
+        raise ValueError(
+            f"content: {kind.__name__} is not a content type "
+            "(use str, a list of content parts, a dict or None)"
+        )
 
-    @field_validator("tool_calls", "extra")
+    @field_validator("tool_calls", mode="before")
     @classmethod
-    def _check_json_fields(cls, value: Any, info: Any) -> Any:
-        return check_json(value, info.field_name)
+    def _check_tool_calls(cls, value: Any) -> Any:
+        if value is None:
+            return None
+        if type(value) is not list:
+            raise ValueError(f"tool_calls: {type(value).__name__} is not a list")
+        return check_json(value, "tool_calls")
+
+    @field_validator("extra", mode="before")
+    @classmethod
+    def _check_extra(cls, value: Any) -> Any:
+        if type(value) is not dict:
+            raise ValueError(f"extra: {type(value).__name__} is not a dict")
+        extra: dict[str, Any] = {}
+        for key, item in value.items():
+            if type(key) is not str:
+                raise ValueError(f"extra: key {key!r} is not a string")
+            check_text(key, "extra.<key>")
+            # Each extra key is a top-level field of the message dict, like "content":
+            # its value gets the same nesting depth.
+            extra[key] = check_json(item, f"extra.{key}")
+        return extra
 
     @field_validator("reasoning")
     @classmethod
@@ -175,9 +210,7 @@ class Message(BaseModel):
                 if key not in _WIRE_FIELD_SET and key not in self.extra:
                     raise ValueError(f"openai_keys: {key!r} is neither a wire field nor in extra")
             missing = [k for k in self.extra if k not in listed]
-            missing += [
-                f for f in WIRE_FIELDS if f not in listed and getattr(self, f) is not None
-            ]
+            missing += [f for f in WIRE_FIELDS if f not in listed and getattr(self, f) is not None]
             if "role" not in listed:
                 missing.append("role")
             if missing:

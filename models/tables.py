@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import uuid
 from datetime import UTC, datetime
-from typing import Any, Final
+from typing import Any, ClassVar, Final
 
 from sqlalchemy import (
     BigInteger,
@@ -32,6 +32,7 @@ from sqlalchemy import (
     MetaData,
     PrimaryKeyConstraint,
     String,
+    Table,
     Text,
     UniqueConstraint,
     Uuid,
@@ -123,7 +124,7 @@ class UTCDateTime(TypeDecorator[datetime]):
 
 class Base(DeclarativeBase):
     metadata = MetaData(naming_convention=NAMING_CONVENTION)
-    type_annotation_map = {
+    type_annotation_map: ClassVar[dict[Any, Any]] = {
         str: String(ID_LENGTH),
         int: BigInteger(),
         datetime: UTCDateTime(),
@@ -204,5 +205,5 @@ class MessageRow(Base):
     content_hash: Mapped[bytes] = mapped_column(LargeBinary(16))
 
 
-sessions_table = SessionRow.__table__
-messages_table = MessageRow.__table__
+sessions_table: Table = SessionRow.__table__  # type: ignore[assignment]
+messages_table: Table = MessageRow.__table__  # type: ignore[assignment]

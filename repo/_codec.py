@@ -47,6 +47,9 @@ def invalid_from_validation(exc: ValidationError, prefix: str) -> InvalidMessage
     reason = error["msg"].removeprefix("Value error, ")
     if reason.startswith(f"{loc}: "):
         reason = reason[len(loc) + 2 :]
+    elif loc and reason.startswith((f"{loc}.", f"{loc}[")):
+        # A path inside the field ("extra.audio[0]: ..."): keep it, under the prefix.
+        reason = f"{prefix}.{reason}"
     return InvalidMessage(field, reason)
 
 
@@ -73,18 +76,22 @@ def message_row(message: Message, field: str) -> dict[str, Any]:
     Raises:
         InvalidMessage: the message is larger than ``MAX_MESSAGE_BYTES`` once stored.
     """
-    size = 0
+    sizes: dict[str, int] = {}
     for name in ("content", "reasoning"):
         value = getattr(message, name)
         if value is not None:
-            size += len(encode_text(value).encode("utf-8"))
+            sizes[name] = len(encode_text(value).encode("utf-8"))
     for name in ("tool_calls", "extra"):
         value = getattr(message, name)
         if value:
-            size += len(dump_json(value).encode("utf-8"))
+            sizes[name] = len(dump_json(value).encode("utf-8"))
+    size = sum(sizes.values())
     if size > MAX_MESSAGE_BYTES:
+        # Name the field when one field alone is too large, else the whole message.
+        largest = max(sizes, key=sizes.__getitem__)
+        where = f"{field}.{largest}" if sizes[largest] > MAX_MESSAGE_BYTES else field
         raise InvalidMessage(
-            field, f"{size} bytes once stored; the limit is {MAX_MESSAGE_BYTES} bytes"
+            where, f"{size} bytes once stored; the limit is {MAX_MESSAGE_BYTES} bytes"
         )
     return {
         "client_msg_uuid": message.client_msg_uuid,
@@ -106,14 +113,22 @@ def message_row(message: Message, field: str) -> dict[str, Any]:
 
 
 def prepare_messages(messages: Iterable[Message | Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """Validate and encode a batch before anything is written."""
+    """Validate and encode a batch before anything is written.
+
+    ``Message`` instances are validated again: ``model_copy(update=...)`` and
+    ``model_construct`` skip Pydantic's validators, and what they let through (a naive
+    timestamp, a lone surrogate, NaN) must be refused here, not by the database.
+    """
     if isinstance(messages, Message | Mapping | str | bytes):
         raise InvalidMessage("messages", "expected a list of messages, got a single one")
     rows = []
     for index, item in enumerate(messages):
         field = f"messages[{index}]"
         try:
-            message = coerce_message(item)
+            if isinstance(item, Message):
+                message = type(item).model_validate(dict(item.__dict__))
+            else:
+                message = coerce_message(item)
         except ValidationError as exc:
             raise invalid_from_validation(exc, field) from exc
         except TypeError as exc:

@@ -41,16 +41,21 @@ def normalize_url(url: str | URL | None) -> URL:
     ``None`` means ``SESSIONREPO_DATABASE_URL``, else the embedded SQLite file. A bare
     file path is a SQLite file. ``postgresql://`` and ``postgres://`` use psycopg 3.
     """
-    if url is None:
+    if not url:
         url = os.environ.get("SESSIONREPO_DATABASE_URL") or None
     if url is None:
-        path = default_database_path()
-        path.parent.mkdir(parents=True, exist_ok=True)
-        return URL.create("sqlite+pysqlite", database=str(path))
+        return URL.create("sqlite+pysqlite", database=str(default_database_path()))
     if isinstance(url, str):
         if "://" not in url:
             return URL.create("sqlite+pysqlite", database=url)
-        url = make_url(url)
+        try:
+            url = make_url(url)
+        except (sa_exc.ArgumentError, ValueError):
+            # Not echoed: a URL that does not parse may still hold a password.
+            raise RepoError(
+                "not a database URL; expected postgresql://user@host/dbname, "
+                "sqlite:///path/to/file.db or a file path"
+            ) from None
     name = url.get_backend_name()
     if name in ("postgresql", "postgres"):
         return url.set(drivername="postgresql+psycopg")
@@ -90,6 +95,9 @@ class BackendDialect:
 
     def lock_for_migration(self, connection: Connection) -> None:
         """Serialise concurrent migrators for the rest of the current transaction."""
+
+    def lock_outbox_session(self, connection: Connection, session_id: str) -> None:
+        """Serialise parkers of one session for the rest of the current transaction."""
 
     def translate(self, exc: sa_exc.DBAPIError) -> RepoError:
         """Turn a driver error into sessionrepo's error, by error code, not by class."""
@@ -219,6 +227,12 @@ class PostgresDialect(BackendDialect):
 
     def lock_for_migration(self, connection: Connection) -> None:
         connection.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": MIGRATION_LOCK_KEY})
+
+    def lock_outbox_session(self, connection: Connection, session_id: str) -> None:
+        connection.execute(
+            text("SELECT pg_advisory_xact_lock(hashtextextended(:key, 0))"),
+            {"key": f"sessionrepo.outbox:{session_id}"},
+        )
 
     @staticmethod
     def _sqlstate(exc: sa_exc.DBAPIError) -> str | None:

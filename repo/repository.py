@@ -8,7 +8,7 @@ from collections.abc import Iterable, Mapping
 from datetime import datetime
 from typing import Any, Literal
 
-from sqlalchemy import Connection, Text, and_, func, select, tuple_, update
+from sqlalchemy import Connection, Text, func, literal, select, tuple_, update
 from sqlalchemy.engine import URL
 
 from models import AppendResult, Message, Session, SessionPage, SessionSummary, StoredMessage
@@ -83,17 +83,15 @@ class SessionRepository:
         row = _codec.session_row(_codec.build_session(sid, fields, "session"))
 
         def work(conn: Connection) -> Session:
-            inserted = conn.execute(self._insert_session.values(**row)).rowcount
-            if not inserted:
+            created = conn.execute(self._insert_session.values(**row).returning(S.id)).first()
+            if created is None:
                 fill: dict[str, Any] = {
-                    name: func.coalesce(S[name], row[name])
+                    name: func.coalesce(S[name], literal(row[name], S[name].type))
                     for name in _FILLABLE
                     if row[name] is not None
                 }
                 if row["source"] != "unknown":
-                    fill["source"] = func.coalesce(
-                        func.nullif(S.source, "unknown"), row["source"]
-                    )
+                    fill["source"] = func.coalesce(func.nullif(S.source, "unknown"), row["source"])
                 if fill:
                     conn.execute(update(sessions_table).where(S.id == sid).values(**fill))
             return self._get(conn, sid)
@@ -192,9 +190,7 @@ class SessionRepository:
     def resolve_tip(self, session_id: str) -> Session:
         sid = _codec.check_session_id(session_id)
         newest_child = (
-            select(sessions_table)
-            .order_by(S.last_active_at.desc(), S.id.desc())
-            .limit(1)
+            select(sessions_table).order_by(S.last_active_at.desc(), S.id.desc()).limit(1)
         )
 
         def work(conn: Connection) -> Session:
@@ -270,7 +266,9 @@ class SessionRepository:
             )
             stored.update((key, digest) for key, digest in found)
 
-        inserted, duplicates, conflicts = [], [], []
+        inserted: list[Any] = []
+        duplicates: list[Any] = []
+        conflicts: list[Any] = []
         new_rows: list[dict[str, Any]] = []
         tool_calls = 0
         for row in rows:
@@ -288,8 +286,10 @@ class SessionRepository:
             inserted.append(key)
 
         if new_rows:
-            result = conn.execute(self._insert_messages, new_rows)
-            if result.rowcount not in (-1, len(new_rows)):
+            result = conn.execute(
+                self._insert_messages, new_rows, execution_options={"preserve_rowcount": True}
+            )
+            if result.rowcount != len(new_rows):
                 # Only an appender that bypasses the session lock could cause this.
                 raise RepoError(
                     f"session {sid!r}: {len(new_rows) - result.rowcount} keys appeared "

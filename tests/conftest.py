@@ -129,9 +129,7 @@ def backend(request: pytest.FixtureRequest) -> str:
 
 
 @pytest.fixture
-def database_url(
-    backend: str, request: pytest.FixtureRequest, tmp_path: Path
-) -> Iterator[str]:
+def database_url(backend: str, request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
     """A fresh database at the schema's head, on the test's backend."""
     if backend == "sqlite":
         path = tmp_path / "store.db"

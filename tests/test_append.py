@@ -43,9 +43,9 @@ def test_a_resumed_transcript_plus_two_new_messages_inserts_exactly_two(
 
 
 def test_two_messages_with_equal_content_are_two_rows(repo: SessionRepository) -> None:
-    result = repo.append("s1", [Message(role="user", content="ok")] * 1 + [
-        Message(role="user", content="ok")
-    ])
+    result = repo.append(
+        "s1", [Message(role="user", content="ok")] * 1 + [Message(role="user", content="ok")]
+    )
     assert len(result.inserted) == 2
     assert [m.content for m in repo.load_transcript("s1")] == ["ok", "ok"]
 
@@ -81,7 +81,10 @@ def test_the_same_key_in_two_sessions_is_two_messages(repo: SessionRepository) -
 
 
 def test_an_invalid_message_anywhere_in_a_batch_writes_nothing(repo: SessionRepository) -> None:
-    batch: list[object] = [{"role": "user", "content": "fine"}, {"role": "user", "content": "\ud800"}]
+    batch: list[object] = [
+        {"role": "user", "content": "fine"},
+        {"role": "user", "content": "\ud800"},
+    ]
     with pytest.raises(InvalidMessage) as raised:
         repo.append("s1", batch)  # type: ignore[arg-type]
     assert raised.value.field == "messages[1].content"

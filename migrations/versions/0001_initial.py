@@ -36,9 +36,7 @@ def upgrade() -> None:
         sa.Column("ended_at", TIME, nullable=True),
         sa.Column("end_reason", sa.String(1024), nullable=True),
         sa.Column("message_count", sa.BigInteger(), server_default=sa.text("0"), nullable=False),
-        sa.Column(
-            "tool_call_count", sa.BigInteger(), server_default=sa.text("0"), nullable=False
-        ),
+        sa.Column("tool_call_count", sa.BigInteger(), server_default=sa.text("0"), nullable=False),
         sa.Column("input_tokens", sa.BigInteger(), server_default=sa.text("0"), nullable=False),
         sa.Column("output_tokens", sa.BigInteger(), server_default=sa.text("0"), nullable=False),
         sa.Column("metadata", sa.Text(), nullable=True),

@@ -1,0 +1,34 @@
+# sessionrepo: every target sets itself up (venv + install) on a fresh machine.
+#   make demo   three gateway processes flush overlapping transcripts; verified summary
+#   make test   the contract suite on SQLite and PostgreSQL
+#               (PostgreSQL from SESSIONREPO_TEST_POSTGRES_URL, see README)
+#   make lint   ruff + mypy --strict on models/ and repo/
+
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed-stamp
+
+.PHONY: demo test lint check clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/sessionrepo demo
+
+test: $(STAMP)
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+lint: $(STAMP)
+	$(BIN)/ruff check models repo migrations tests
+	$(BIN)/ruff format --check models repo migrations tests
+	$(BIN)/mypy models repo
+
+check: lint test
+
+clean:
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis
