@@ -37,13 +37,20 @@ def _require_postgres() -> bool:
 
 
 def _docker_answers() -> bool:
-    try:
-        import docker  # testcontainers' dependency
+    if not os.environ.get("DOCKER_HOST") and not Path("/var/run/docker.sock").exists():
+        return False
+    import docker  # testcontainers' dependency
 
-        docker.from_env(timeout=3).ping()
+    try:
+        client = docker.from_env(timeout=3)
     except Exception:
         return False
-    return True
+    try:
+        return bool(client.ping())
+    except Exception:
+        return False
+    finally:
+        client.close()
 
 
 class PostgresServer:
