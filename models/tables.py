@@ -205,5 +205,37 @@ class MessageRow(Base):
     content_hash: Mapped[bytes] = mapped_column(LargeBinary(16))
 
 
+class OutboxRow(Base):
+    """A message the primary store could not take yet (see ``repo/outbox.py``)."""
+
+    __tablename__ = "pending_outbox"
+    __table_args__ = (
+        PrimaryKeyConstraint("session_id", "position"),
+        UniqueConstraint("session_id", "client_msg_uuid"),
+        Index("ix_pending_outbox_state_next_attempt_at", "state", "next_attempt_at"),
+        CheckConstraint("state IN ('pending', 'dead')", name="state"),
+    )
+
+    session_id: Mapped[str]
+    #: Per-session FIFO position: replay order.
+    position: Mapped[int]
+    client_msg_uuid: Mapped[uuid.UUID]
+    #: The message exactly as validated (``Message.model_dump(mode="json")``).
+    message: Mapped[dict[str, Any]]
+    #: What ``append`` needs to create the session if it does not exist yet.
+    session_defaults: Mapped[dict[str, Any] | None]
+    reason: Mapped[str] = mapped_column(Text)
+    state: Mapped[str] = mapped_column(String(16))
+    attempts: Mapped[int] = mapped_column(server_default=text("0"))
+    last_error: Mapped[str | None] = mapped_column(Text)
+    #: SQLSTATE (PostgreSQL), SQLite error name, or ``deadline``.
+    last_error_code: Mapped[str | None] = mapped_column(String(32))
+    next_attempt_at: Mapped[datetime]
+    claimed_by: Mapped[str | None] = mapped_column(String(128))
+    claimed_until: Mapped[datetime | None]
+    created_at: Mapped[datetime]
+
+
 sessions_table: Table = SessionRow.__table__  # type: ignore[assignment]
 messages_table: Table = MessageRow.__table__  # type: ignore[assignment]
+outbox_table: Table = OutboxRow.__table__  # type: ignore[assignment]

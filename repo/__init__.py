@@ -14,17 +14,24 @@ from repo.errors import (
     SchemaOutOfDate,
     WriteRejected,
 )
+from repo.outbox import OutboxStatus, SessionBacklog
 from repo.repository import SessionRepository, open_repository
+from repo.writer import DrainReport, TranscriptWriter, WriteResult
 
 __all__ = [
     "BackendUnavailable",
     "ConflictError",
+    "DrainReport",
     "InvalidMessage",
     "NotFound",
+    "OutboxStatus",
     "RepoError",
     "SchemaOutOfDate",
+    "SessionBacklog",
     "SessionRepository",
     "SessionStore",
+    "TranscriptWriter",
     "WriteRejected",
+    "WriteResult",
     "open_repository",
 ]

@@ -112,29 +112,40 @@ def message_row(message: Message, field: str) -> dict[str, Any]:
     }
 
 
-def prepare_messages(messages: Iterable[Message | Mapping[str, Any]]) -> list[dict[str, Any]]:
+def prepare_messages(
+    messages: Iterable[Message | Mapping[str, Any]],
+) -> tuple[list[Message], list[dict[str, Any]]]:
     """Validate and encode a batch before anything is written.
 
     ``Message`` instances are validated again: ``model_copy(update=...)`` and
     ``model_construct`` skip Pydantic's validators, and what they let through (a naive
-    timestamp, a lone surrogate, NaN) must be refused here, not by the database.
+    timestamp, a lone surrogate, NaN) must be refused here, not by the database. A
+    ``StoredMessage`` becomes a plain ``Message`` (its place is the store's to give).
+
+    Returns:
+        The validated messages and their column values, in batch order.
     """
     if isinstance(messages, Message | Mapping | str | bytes):
         raise InvalidMessage("messages", "expected a list of messages, got a single one")
+    validated: list[Message] = []
     rows = []
     for index, item in enumerate(messages):
         field = f"messages[{index}]"
         try:
             if isinstance(item, Message):
-                message = type(item).model_validate(dict(item.__dict__))
+                message = Message.model_validate({name: getattr(item, name) for name in _FIELDS})
             else:
                 message = coerce_message(item)
         except ValidationError as exc:
             raise invalid_from_validation(exc, field) from exc
         except TypeError as exc:
             raise InvalidMessage(field, str(exc)) from exc
+        validated.append(message)
         rows.append(message_row(message, field))
-    return rows
+    return validated, rows
+
+
+_FIELDS = tuple(Message.model_fields)
 
 
 def stored_message(row: Row[Any]) -> StoredMessage:

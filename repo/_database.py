@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import threading
 import time
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -42,6 +43,13 @@ class Database:
         self.engine: Engine = self.dialect.create_engine(self.url, dict(engine_options))
         self._read_engine = self.engine.execution_options(**{READ_ONLY: True})
         self._attempts = attempts
+        self._first_use: Callable[[], None] | None = None
+        self._first_use_lock = threading.RLock()
+
+    def check_on_first_use(self, check: Callable[[], None]) -> None:
+        """Run ``check`` before the first unit of work that finds the database up (a
+        schema check deferred because the database was unreachable at open)."""
+        self._first_use = check
 
     @property
     def backend(self) -> str:
@@ -60,6 +68,15 @@ class Database:
         return self._run(self._read_engine, work)
 
     def _run(self, engine: Engine, work: Callable[[Connection], T]) -> T:
+        if self._first_use is not None:
+            with self._first_use_lock:
+                check, self._first_use = self._first_use, None
+                if check is not None:
+                    try:
+                        check()
+                    except BaseException:
+                        self._first_use = check
+                        raise
         attempt = 0
         while True:
             attempt += 1

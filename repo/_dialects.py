@@ -99,6 +99,11 @@ class BackendDialect:
     def lock_outbox_session(self, connection: Connection, session_id: str) -> None:
         """Serialise parkers of one session for the rest of the current transaction."""
 
+    def limit_transaction_time(self, connection: Connection, seconds: float) -> None:
+        """Make the server give up on the current transaction's statements (and lock
+        waits) after ``seconds``. SQLite has nothing to give up on: its busy timeout
+        bounds lock waits already."""
+
     def translate(self, exc: sa_exc.DBAPIError) -> RepoError:
         """Turn a driver error into sessionrepo's error, by error code, not by class."""
         raise NotImplementedError
@@ -227,6 +232,12 @@ class PostgresDialect(BackendDialect):
 
     def lock_for_migration(self, connection: Connection) -> None:
         connection.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": MIGRATION_LOCK_KEY})
+
+    def limit_transaction_time(self, connection: Connection, seconds: float) -> None:
+        milliseconds = max(1, int(seconds * 1000))
+        connection.exec_driver_sql(
+            f"SET LOCAL statement_timeout = {milliseconds}; SET LOCAL lock_timeout = {milliseconds}"
+        )
 
     def lock_outbox_session(self, connection: Connection, session_id: str) -> None:
         connection.execute(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import json
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
 
@@ -16,7 +17,7 @@ from models.message import utcnow
 from models.tables import ENCODED_MARK, decode_text, messages_table, sessions_table
 from repo import _codec, schema
 from repo._database import Database
-from repo.errors import InvalidMessage, NotFound, RepoError
+from repo.errors import BackendUnavailable, InvalidMessage, NotFound, RepoError
 
 S = sessions_table.c
 M = messages_table.c
@@ -37,6 +38,16 @@ _FILLABLE = (
     "parent_session_id",
     "metadata",
 )
+
+
+@dataclass(frozen=True)
+class PreparedBatch:
+    """A validated, encoded batch: what ``append`` writes and the outbox parks."""
+
+    session_id: str
+    messages: list[Message]
+    rows: list[dict[str, Any]]
+    session: Session
 
 
 class SessionRepository:
@@ -231,14 +242,43 @@ class SessionRepository:
         messages: Iterable[Message | Mapping[str, Any]],
         **session_defaults: Any,
     ) -> AppendResult:
+        return self.append_prepared(self.prepare(session_id, messages, **session_defaults))
+
+    def prepare(
+        self,
+        session_id: str,
+        messages: Iterable[Message | Mapping[str, Any]],
+        **session_defaults: Any,
+    ) -> PreparedBatch:
+        """Validate and encode a batch for :meth:`append_prepared`; nothing is written.
+
+        Raises:
+            InvalidMessage: the batch cannot be stored faithfully.
+        """
         sid = _codec.check_session_id(session_id)
-        rows = _codec.prepare_messages(messages)
-        new_session = _codec.session_row(
-            _codec.build_session(sid, session_defaults, "session_defaults")
-        )
-        if not rows:
-            return AppendResult(session_id=sid)
-        return self._db.write(lambda conn: self._append(conn, sid, rows, new_session))
+        validated, rows = _codec.prepare_messages(messages)
+        session = _codec.build_session(sid, session_defaults, "session_defaults")
+        return PreparedBatch(sid, validated, rows, session)
+
+    def append_prepared(
+        self, batch: PreparedBatch, *, timeout: float | None = None
+    ) -> AppendResult:
+        """:meth:`append` for a batch :meth:`prepare` made.
+
+        Args:
+            timeout: seconds the database may spend on it (PostgreSQL enforces it on the
+                server: statement and lock timeouts); ``None`` for no limit.
+        """
+        if not batch.rows:
+            return AppendResult(session_id=batch.session_id)
+        new_session = _codec.session_row(batch.session)
+
+        def work(conn: Connection) -> AppendResult:
+            if timeout is not None:
+                self._db.dialect.limit_transaction_time(conn, timeout)
+            return self._append(conn, batch.session_id, batch.rows, new_session)
+
+        return self._db.write(work)
 
     def _append(
         self,
@@ -393,6 +433,7 @@ def open_repository(
     url: str | URL | None = None,
     *,
     auto_migrate: bool | None = None,
+    require_connection: bool = True,
     **options: Any,
 ) -> SessionRepository:
     """Open the store at ``url``.
@@ -404,6 +445,10 @@ def open_repository(
         auto_migrate: upgrade an out-of-date schema instead of refusing. Defaults to
             ``True`` on SQLite (an embedded store looks after itself) and ``False`` on
             PostgreSQL, where migrating is the operator's step (``sessionrepo migrate``).
+        require_connection: with ``False``, a database that cannot be reached now is
+            not an error: the schema is checked on the first call that reaches it. A
+            gateway writing through ``TranscriptWriter`` wants this, so that it starts
+            (and parks messages in its outbox) while the primary is down.
         **options: engine options: ``pool_size``, ``max_overflow``, ``busy_timeout``
             (SQLite, seconds), ``sqlite_synchronous`` (default ``"FULL"``),
             ``connect_timeout`` (PostgreSQL, seconds), ``attempts`` (lock-race retries).
@@ -413,9 +458,18 @@ def open_repository(
         BackendUnavailable: the database cannot be reached.
     """
     database = Database(url, **options)
-    try:
-        migrate = database.backend == "sqlite" if auto_migrate is None else auto_migrate
+    migrate = database.backend == "sqlite" if auto_migrate is None else auto_migrate
+
+    def check() -> None:
         schema.ensure_current(database, auto_migrate=migrate)
+
+    try:
+        check()
+    except BackendUnavailable:
+        if require_connection:
+            database.dispose()
+            raise
+        database.check_on_first_use(check)
     except BaseException:
         database.dispose()
         raise

@@ -1,0 +1,382 @@
+"""The pending outbox: messages the primary store could not take, kept until it can.
+
+A table (``pending_outbox``) in the primary database or in a small local SQLite file.
+Rows are keyed like messages, ``(session_id, client_msg_uuid)``, so parking a message
+twice is a no-op, and ordered per session by ``position``, so replay keeps each
+transcript's order. A row leaves only after the primary has committed its message.
+
+Claims: a drainer takes a session's oldest rows under a lease (``claimed_by``,
+``claimed_until``) set in a short write transaction. On PostgreSQL that transaction
+first locks the session's head row ``FOR UPDATE SKIP LOCKED``, so concurrent drainers
+skip a session being claimed instead of waiting; on SQLite the write lock serialises
+claims. A crashed drainer's lease simply expires; its rows are replayed again, and the
+message key makes that replay a no-op.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any, Final
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+from sqlalchemy import Connection, case, delete, func, select, update
+
+from models import Message, Session
+from models.message import utcnow
+from models.tables import outbox_table
+from repo._database import Database
+from repo.errors import RepoError
+
+O = outbox_table.c  # noqa: E741
+
+PENDING: Final = "pending"
+DEAD: Final = "dead"
+
+
+@dataclass(frozen=True)
+class ClaimedBatch:
+    """Rows of one session, oldest first, leased to this drainer."""
+
+    session_id: str
+    positions: list[int]
+    messages: list[Message]
+    #: Row positions whose payload no longer validates (kept apart, never replayed).
+    unreadable: list[int]
+    session_defaults: dict[str, Any]
+    attempts: list[int]
+
+
+class SessionBacklog(BaseModel):
+    """The outbox's view of one session."""
+
+    model_config = ConfigDict(frozen=True)
+
+    session_id: str
+    pending: int
+    dead: int
+    oldest: datetime
+    next_attempt_at: datetime | None
+    last_error: str | None
+
+
+class OutboxStatus(BaseModel):
+    """What the outbox holds: the health view operators and ``doctor`` read."""
+
+    model_config = ConfigDict(frozen=True)
+
+    pending: int
+    dead: int
+    #: Age in seconds of the oldest pending row (0 when there is none).
+    oldest_pending_age: float
+    sessions: list[SessionBacklog]
+
+
+def drainer_id() -> str:
+    """Who holds a claim: host, process and a random part (threads, forks)."""
+    return f"{socket.gethostname()[:40]}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+
+class Outbox:
+    """The ``pending_outbox`` table and the operations on it."""
+
+    def __init__(self, database: Database) -> None:
+        self.database = database
+        self._insert = database.dialect.insert_ignoring(
+            outbox_table, ["session_id", "client_msg_uuid"]
+        )
+
+    def has_pending(self, session_id: str) -> bool:
+        """Whether the session has parked messages a new write must queue behind."""
+        query = select(O.position).where(O.session_id == session_id, O.state == PENDING).limit(1)
+        return self.database.read(lambda conn: conn.execute(query).first() is not None)
+
+    def park(
+        self,
+        session_id: str,
+        messages: Sequence[Message],
+        session: Session,
+        *,
+        reason: str,
+        error_code: str | None = None,
+    ) -> int:
+        """Store messages for later replay, after any the session already has parked.
+
+        Returns:
+            How many rows were added (a message already parked is not added twice).
+        """
+        now = utcnow()
+        defaults = session.model_dump(mode="json", by_alias=True, exclude_defaults=True)
+        defaults.pop("id", None)
+
+        def work(conn: Connection) -> int:
+            self.database.dialect.lock_outbox_session(conn, session_id)
+            last, backoff = conn.execute(
+                select(
+                    func.max(O.position), func.max(case((O.state == PENDING, O.next_attempt_at)))
+                ).where(O.session_id == session_id)
+            ).one()
+            start = (last or 0) + 1
+            # Behind a session that is backing off, new rows wait with it.
+            retry_at = max(now, _aware(backoff)) if backoff is not None else now
+            rows = [
+                {
+                    "session_id": session_id,
+                    "position": start + index,
+                    "client_msg_uuid": message.client_msg_uuid,
+                    "message": message.model_dump(mode="json"),
+                    "session_defaults": defaults or None,
+                    "reason": reason[:2000],
+                    "state": PENDING,
+                    "attempts": 0,
+                    "last_error": None,
+                    "last_error_code": error_code,
+                    "next_attempt_at": retry_at,
+                    "created_at": now,
+                }
+                for index, message in enumerate(messages)
+            ]
+            result = conn.execute(self._insert, rows, execution_options={"preserve_rowcount": True})
+            return int(result.rowcount)
+
+        return self.database.write(work)
+
+    def claim(
+        self,
+        owner: str,
+        *,
+        limit: int,
+        lease: float,
+        session_id: str | None = None,
+        skip: frozenset[str] = frozenset(),
+    ) -> ClaimedBatch | None:
+        """Lease the oldest due rows of one session that nobody else holds."""
+        now = utcnow()
+        leased_now = func.max(case((O.claimed_until > now, 1), else_=0))
+        candidates = (
+            select(O.session_id)
+            .where(O.state == PENDING)
+            .group_by(O.session_id)
+            .having(leased_now == 0)
+            .having(func.min(O.next_attempt_at) <= now)
+            .order_by(func.min(O.created_at))
+            .limit(len(skip) + 16)
+        )
+        if session_id is not None:
+            candidates = candidates.where(O.session_id == session_id)
+
+        def work(conn: Connection) -> ClaimedBatch | None:
+            for sid in conn.execute(candidates).scalars():
+                if sid in skip:
+                    continue
+                claimed = self._claim_session(
+                    conn, sid, owner=owner, now=now, limit=limit, lease=lease
+                )
+                if claimed is not None:
+                    return claimed
+            return None
+
+        return self.database.write(work)
+
+    def _claim_session(
+        self, conn: Connection, sid: str, *, owner: str, now: datetime, limit: int, lease: float
+    ) -> ClaimedBatch | None:
+        # Every claimer of a session locks its head row first: SKIP LOCKED makes a
+        # concurrent claimer move on to another session instead of queueing here.
+        head = conn.execute(
+            select(O.position, O.next_attempt_at, O.claimed_until)
+            .where(O.session_id == sid, O.state == PENDING)
+            .order_by(O.position)
+            .limit(1)
+            .with_for_update(skip_locked=True)
+        ).first()
+        if head is None or head.next_attempt_at > now:
+            return None
+        leased = conn.execute(
+            select(func.count())
+            .select_from(outbox_table)
+            .where(O.session_id == sid, O.claimed_until > now)
+        ).scalar_one()
+        if leased:
+            return None
+        rows = conn.execute(
+            select(O.position, O.message, O.session_defaults, O.attempts)
+            .where(O.session_id == sid, O.state == PENDING)
+            .order_by(O.position)
+            .limit(limit)
+        ).all()
+        positions = [row.position for row in rows]
+        conn.execute(
+            update(outbox_table)
+            .where(O.session_id == sid, O.position.in_(positions))
+            .values(claimed_by=owner, claimed_until=now + timedelta(seconds=lease))
+        )
+        messages: list[Message] = []
+        unreadable: list[int] = []
+        for row in rows:
+            try:
+                messages.append(Message.model_validate(row.message))
+            except ValidationError:
+                unreadable.append(row.position)
+        readable = [row for row in rows if row.position not in unreadable]
+        return ClaimedBatch(
+            session_id=sid,
+            positions=[row.position for row in readable],
+            messages=messages,
+            unreadable=unreadable,
+            session_defaults=rows[0].session_defaults or {},
+            attempts=[row.attempts for row in readable],
+        )
+
+    def complete(self, session_id: str, positions: Sequence[int]) -> None:
+        """Remove rows whose messages the primary has committed."""
+        if not positions:
+            return
+        self.database.write(
+            lambda conn: conn.execute(
+                delete(outbox_table).where(
+                    O.session_id == session_id, O.position.in_(list(positions))
+                )
+            )
+        )
+
+    def fail(
+        self,
+        session_id: str,
+        positions: Sequence[int],
+        *,
+        error: str,
+        code: str | None,
+        retry_at: datetime,
+        dead: bool,
+    ) -> None:
+        """Record a failed replay: count the attempt, release the lease, and either
+        schedule the next try or set the rows aside as dead."""
+        if not positions:
+            return
+        values: dict[str, Any] = {
+            "attempts": O.attempts + 1,
+            "last_error": error[:2000],
+            "last_error_code": code,
+            "next_attempt_at": retry_at,
+            "claimed_by": None,
+            "claimed_until": None,
+        }
+        if dead:
+            values["state"] = DEAD
+
+        def work(conn: Connection) -> None:
+            conn.execute(
+                update(outbox_table)
+                .where(O.session_id == session_id, O.position.in_(list(positions)))
+                .values(**values)
+            )
+            # The whole session backs off: its later rows must not overtake these.
+            conn.execute(
+                update(outbox_table)
+                .where(O.session_id == session_id, O.state == PENDING)
+                .values(next_attempt_at=retry_at)
+            )
+
+        self.database.write(work)
+
+    def release(self, session_id: str, positions: Sequence[int]) -> None:
+        """Give a claim back untouched (for rows not tried in this round)."""
+        if not positions:
+            return
+        self.database.write(
+            lambda conn: conn.execute(
+                update(outbox_table)
+                .where(O.session_id == session_id, O.position.in_(list(positions)))
+                .values(claimed_by=None, claimed_until=None)
+            )
+        )
+
+    def count(self, session_id: str | None = None, *, state: str = PENDING) -> int:
+        query = select(func.count()).select_from(outbox_table).where(O.state == state)
+        if session_id is not None:
+            query = query.where(O.session_id == session_id)
+        return int(self.database.read(lambda conn: conn.execute(query).scalar_one()))
+
+    def next_due(self) -> datetime | None:
+        """When the earliest pending row may be tried (``None``: nothing pending)."""
+        query = select(func.min(O.next_attempt_at)).where(O.state == PENDING)
+        due: datetime | None = self.database.read(lambda conn: conn.execute(query).scalar())
+        return due
+
+    def retry_dead(self, session_id: str | None = None) -> int:
+        """Put dead rows back in line (attempts reset). Returns how many."""
+        query = (
+            update(outbox_table)
+            .where(O.state == DEAD)
+            .values(state=PENDING, attempts=0, next_attempt_at=utcnow())
+        )
+        if session_id is not None:
+            query = query.where(O.session_id == session_id)
+        return int(self.database.write(lambda conn: conn.execute(query).rowcount))
+
+    def status(self, *, limit: int = 100) -> OutboxStatus:
+        """Pending and dead counts, overall and for the sessions with the oldest rows."""
+        is_pending = case((O.state == PENDING, 1), else_=0)
+        is_dead = case((O.state == DEAD, 1), else_=0)
+        per_session = (
+            select(
+                O.session_id,
+                func.sum(is_pending).label("pending"),
+                func.sum(is_dead).label("dead"),
+                func.min(O.created_at).label("oldest"),
+                func.min(case((O.state == PENDING, O.next_attempt_at))).label("next_attempt"),
+            )
+            .group_by(O.session_id)
+            .order_by(func.min(O.created_at))
+            .limit(limit)
+        )
+        totals = select(
+            func.coalesce(func.sum(is_pending), 0),
+            func.coalesce(func.sum(is_dead), 0),
+            func.min(case((O.state == PENDING, O.created_at))),
+        )
+
+        def work(conn: Connection) -> OutboxStatus:
+            pending, dead, oldest = conn.execute(totals).one()
+            sessions = []
+            for row in conn.execute(per_session):
+                last_error = conn.execute(
+                    select(O.last_error)
+                    .where(O.session_id == row.session_id, O.last_error.is_not(None))
+                    .order_by(O.position)
+                    .limit(1)
+                ).scalar()
+                sessions.append(
+                    SessionBacklog(
+                        session_id=row.session_id,
+                        pending=int(row.pending),
+                        dead=int(row.dead),
+                        oldest=_aware(row.oldest),
+                        next_attempt_at=_aware(row.next_attempt) if row.next_attempt else None,
+                        last_error=last_error,
+                    )
+                )
+            age = (utcnow() - _aware(oldest)).total_seconds() if oldest is not None else 0.0
+            return OutboxStatus(
+                pending=int(pending),
+                dead=int(dead),
+                oldest_pending_age=max(age, 0.0),
+                sessions=sessions,
+            )
+
+        return self.database.read(work)
+
+
+def _aware(value: Any) -> datetime:
+    """Aggregates bypass column types on SQLite: turn stored UTC text back into time."""
+    if isinstance(value, datetime):
+        return value if value.tzinfo else value.replace(tzinfo=utcnow().tzinfo)
+    if isinstance(value, str):
+        parsed = datetime.fromisoformat(value)
+        return parsed if parsed.tzinfo else parsed.replace(tzinfo=utcnow().tzinfo)
+    raise RepoError(f"unexpected time value {value!r} in pending_outbox")
