@@ -7,9 +7,9 @@ import math
 import uuid
 from collections.abc import Mapping, MutableMapping
 from datetime import UTC, datetime
-from typing import Any, Final, Literal
+from typing import Any, Final, Literal, Self
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
 from models._limits import check_identifier, check_json, check_text
 
@@ -124,6 +124,10 @@ class Message(BaseModel):
     #: :meth:`to_openai` gives that dict back exactly (``None`` when built directly).
     openai_keys: tuple[str, ...] | None = None
 
+    # Set by validation only: model_construct() and model_copy(update=...) bypass the
+    # validators, and the store validates such instances again before writing them.
+    _validated: bool = PrivateAttr(default=False)
+
     @field_validator("client_msg_uuid", mode="before")
     @classmethod
     def _parse_key(cls, value: Any) -> Any:
@@ -215,7 +219,15 @@ class Message(BaseModel):
                 missing.append("role")
             if missing:
                 raise ValueError(f"openai_keys: {missing} would be dropped by to_openai()")
+        self._validated = True
         return self
+
+    def model_copy(self, *, update: Mapping[str, Any] | None = None, deep: bool = False) -> Self:
+        """Pydantic's copy; with ``update``, the copy is no longer known to be valid."""
+        copied = super().model_copy(update=update, deep=deep)
+        if update:
+            copied._validated = False
+        return copied
 
     @classmethod
     def from_openai(cls, message: Mapping[str, Any], *, timestamp: Any = None) -> Message:
@@ -281,6 +293,17 @@ class StoredMessage(Message):
     session_id: str
     #: Position in the session's transcript, assigned by the database at insert.
     seq: int
+
+
+def is_validated(message: Message) -> bool:
+    """Whether every field of ``message`` went through validation (see ``_validated``)."""
+    return message._validated
+
+
+def mark_validated(message: Message) -> Message:
+    """Vouch for a message built from already-validated data (a stored row)."""
+    message._validated = True
+    return message
 
 
 def coerce_message(value: Message | Mapping[str, Any]) -> Message:

@@ -3,21 +3,21 @@
 from __future__ import annotations
 
 import hashlib
-import json
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 from pydantic import ValidationError
-from sqlalchemy import Row
+from sqlalchemy import BigInteger, LargeBinary, Row, String, Text, Uuid, column, table
 
 from models import MAX_MESSAGE_BYTES, Message, Session, StoredMessage
 from models._limits import check_identifier
-from models.message import coerce_message
-from models.tables import dump_json, encode_text
+from models.message import coerce_message, is_validated, mark_validated
+from models.tables import UTCDateTime, dump_json, encode_text
 from repo.errors import InvalidMessage
 
 #: The message fields that make up its content: the hash over them tells a plain re-send
-#: (same key, same content) from a conflict. The key and the timestamp are not content.
+#: (same key, same content) from a conflict. The key, the timestamp and the key order of
+#: the wire dict are not content.
 HASHED_FIELDS = (
     "role",
     "content",
@@ -31,11 +31,51 @@ HASHED_FIELDS = (
     "extra",
 )
 
+#: Columns of an encoded row (see :func:`message_row`), in insert order.
+ROW_COLUMNS = (
+    "client_msg_uuid",
+    "role",
+    "content",
+    "tool_calls",
+    "tool_call_id",
+    "tool_name",
+    "reasoning",
+    "finish_reason",
+    "token_count",
+    "timestamp",
+    "platform_message_id",
+    "extra",
+    "openai_keys",
+    "content_hash",
+)
+
 MESSAGE_COLUMNS = (
     "client_msg_uuid",
     *HASHED_FIELDS,
     "timestamp",
     "openai_keys",
+)
+
+#: ``messages`` for rows that :func:`message_row` already encoded: the text and JSON
+#: columns take the stored strings as they are (the mapped table would encode again).
+encoded_messages = table(
+    "messages",
+    column("session_id", String),
+    column("seq", BigInteger),
+    column("client_msg_uuid", Uuid),
+    column("role", String),
+    column("content", Text),
+    column("tool_calls", Text),
+    column("tool_call_id", String),
+    column("tool_name", String),
+    column("reasoning", Text),
+    column("finish_reason", String),
+    column("token_count", BigInteger),
+    column("timestamp", UTCDateTime),
+    column("platform_message_id", String),
+    column("extra", Text),
+    column("openai_keys", Text),
+    column("content_hash", LargeBinary),
 )
 
 
@@ -62,29 +102,32 @@ def check_session_id(session_id: Any, field: str = "session_id") -> str:
         raise InvalidMessage(field, str(exc).removeprefix(f"{field}: ")) from None
 
 
-def content_hash(message: Message) -> bytes:
-    """16 bytes of SHA-256 over the content fields, canonically serialised."""
-    payload = [getattr(message, name) for name in HASHED_FIELDS]
-    payload[HASHED_FIELDS.index("extra")] = message.extra or None
-    canonical = json.dumps(payload, ensure_ascii=False, sort_keys=True, separators=(",", ":"))
-    return hashlib.sha256(canonical.encode("utf-8")).digest()[:16]
-
-
 def message_row(message: Message, field: str) -> dict[str, Any]:
-    """Column values for one message (without ``session_id`` and ``seq``).
+    """The stored form of one message (without ``session_id`` and ``seq``): text and
+    JSON fields encoded as the tables store them, plus ``content_hash`` and
+    ``tool_call_total`` (for the session counter).
 
     Raises:
-        InvalidMessage: the message is larger than ``MAX_MESSAGE_BYTES`` once stored.
+        InvalidMessage: a field cannot be encoded (a nested value changed after
+            validation), or the message is larger than ``MAX_MESSAGE_BYTES`` once stored.
     """
-    sizes: dict[str, int] = {}
-    for name in ("content", "reasoning"):
-        value = getattr(message, name)
-        if value is not None:
-            sizes[name] = len(encode_text(value).encode("utf-8"))
-    for name in ("tool_calls", "extra"):
-        value = getattr(message, name)
-        if value:
-            sizes[name] = len(dump_json(value).encode("utf-8"))
+    try:
+        content = None if message.content is None else encode_text(message.content)
+        reasoning = None if message.reasoning is None else encode_text(message.reasoning)
+        tool_calls = None if message.tool_calls is None else dump_json(message.tool_calls)
+        extra = dump_json(message.extra) if message.extra else None
+        sizes = {
+            name: len(value.encode("utf-8"))
+            for name, value in (
+                ("content", content),
+                ("reasoning", reasoning),
+                ("tool_calls", tool_calls),
+                ("extra", extra),
+            )
+            if value is not None
+        }
+    except (ValueError, TypeError) as exc:  # UnicodeEncodeError is a ValueError
+        raise InvalidMessage(field, f"cannot be stored faithfully: {exc}") from exc
     size = sum(sizes.values())
     if size > MAX_MESSAGE_BYTES:
         # Name the field when one field alone is too large, else the whole message.
@@ -93,23 +136,40 @@ def message_row(message: Message, field: str) -> dict[str, Any]:
         raise InvalidMessage(
             where, f"{size} bytes once stored; the limit is {MAX_MESSAGE_BYTES} bytes"
         )
-    return {
+    row: dict[str, Any] = {
         "client_msg_uuid": message.client_msg_uuid,
         "role": message.role,
-        "content": message.content,
-        "tool_calls": message.tool_calls,
+        "content": content,
+        "tool_calls": tool_calls,
         "tool_call_id": message.tool_call_id,
         "tool_name": message.tool_name,
-        "reasoning": message.reasoning,
+        "reasoning": reasoning,
         "finish_reason": message.finish_reason,
         "token_count": message.token_count,
-        "platform_message_id": message.platform_message_id,
-        "extra": message.extra or None,
         "timestamp": message.timestamp,
-        "openai_keys": list(message.openai_keys) if message.openai_keys is not None else None,
-        "content_hash": content_hash(message),
-        "tool_call_total": len(message.tool_calls or ()),
+        "platform_message_id": message.platform_message_id,
+        "extra": extra,
+        "openai_keys": (
+            dump_json(list(message.openai_keys)) if message.openai_keys is not None else None
+        ),
     }
+    row["content_hash"] = content_hash(row)
+    row["tool_call_total"] = len(message.tool_calls or ())
+    return row
+
+
+def content_hash(row: Mapping[str, Any]) -> bytes:
+    """16 bytes of SHA-256 over the encoded content fields of a row."""
+    digest = hashlib.sha256()
+    for name in HASHED_FIELDS:
+        value = row[name]
+        # A tag per field tells None from "" and keeps fields from running together.
+        if value is None:
+            digest.update(b"\x00")
+        else:
+            data = str(value).encode("utf-8")
+            digest.update(b"\x01" + len(data).to_bytes(8, "big") + data)
+    return digest.digest()[:16]
 
 
 def prepare_messages(
@@ -132,7 +192,9 @@ def prepare_messages(
     for index, item in enumerate(messages):
         field = f"messages[{index}]"
         try:
-            if isinstance(item, Message):
+            if isinstance(item, Message) and is_validated(item):
+                message = item if type(item) is Message else _plain(item)
+            elif isinstance(item, Message):
                 message = Message.model_validate({name: getattr(item, name) for name in _FIELDS})
             else:
                 message = coerce_message(item)
@@ -148,10 +210,17 @@ def prepare_messages(
 _FIELDS = tuple(Message.model_fields)
 
 
+def _plain(message: Message) -> Message:
+    """A validated ``StoredMessage`` (or other subclass) as a plain ``Message``."""
+    return mark_validated(
+        Message.model_construct(**{name: getattr(message, name) for name in _FIELDS})
+    )
+
+
 def stored_message(row: Row[Any]) -> StoredMessage:
     """A row read from ``messages`` as a ``StoredMessage``: trusted, so not revalidated."""
     keys = row.openai_keys
-    return StoredMessage.model_construct(
+    message = StoredMessage.model_construct(
         session_id=row.session_id,
         seq=row.seq,
         client_msg_uuid=row.client_msg_uuid,
@@ -168,6 +237,8 @@ def stored_message(row: Row[Any]) -> StoredMessage:
         extra=row.extra or {},
         openai_keys=tuple(keys) if keys is not None else None,
     )
+    mark_validated(message)  # it was validated before it was stored
+    return message
 
 
 SESSION_FIELDS = (

@@ -10,15 +10,28 @@ from __future__ import annotations
 import os
 import sqlite3
 from collections.abc import Sequence
+from datetime import datetime
 from pathlib import Path
 from typing import Any, ClassVar, Final
 
-from sqlalchemy import Connection, Engine, Insert, Table, create_engine, event, text
+from sqlalchemy import (
+    Connection,
+    Engine,
+    Insert,
+    Table,
+    create_engine,
+    event,
+    select,
+    text,
+    update,
+)
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.pool import ConnectionPoolEntry
 
+from models.tables import messages_table, sessions_table
+from repo._codec import ROW_COLUMNS, encoded_messages
 from repo.errors import BackendUnavailable, RepoError, WriteRejected
 
 #: Key of the PostgreSQL advisory lock held while migrating ("sessrepo" in ASCII).
@@ -27,6 +40,74 @@ MIGRATION_LOCK_KEY: Final = 0x7365737372657070 & 0x7FFFFFFFFFFFFFFF
 #: Execution option that marks a connection's transactions as read-only, so that
 #: SQLite begins them DEFERRED instead of IMMEDIATE.
 READ_ONLY: Final = "sessionrepo_read_only"
+
+
+_M = messages_table.c
+_S = sessions_table.c
+#: Keys per ``IN (...)`` list when looking up which of a batch are already stored.
+_LOOKUP_CHUNK = 500
+
+_PG_INSERT_NEW = """
+WITH input AS (
+    SELECT * FROM unnest(
+        %(client_msg_uuid)b::uuid[], %(role)b::text[], %(content)b::text[],
+        %(tool_calls)b::text[], %(tool_call_id)b::text[], %(tool_name)b::text[],
+        %(reasoning)b::text[], %(finish_reason)b::text[], %(token_count)b::bigint[],
+        %(timestamp)b::timestamptz[], %(platform_message_id)b::text[], %(extra)b::text[],
+        %(openai_keys)b::text[], %(content_hash)b::bytea[], %(tool_call_total)b::bigint[]
+    ) WITH ORDINALITY AS i(
+        client_msg_uuid, role, content, tool_calls, tool_call_id, tool_name, reasoning,
+        finish_reason, token_count, "timestamp", platform_message_id, extra, openai_keys,
+        content_hash, tool_call_total, ord
+    )
+),
+existing AS (
+    SELECT m.client_msg_uuid, m.content_hash
+    FROM input i
+    JOIN messages m ON m.session_id = %(sid)s AND m.client_msg_uuid = i.client_msg_uuid
+),
+fresh AS (
+    SELECT i.*, %(next_seq)s::bigint + row_number() OVER (ORDER BY i.ord) - 1 AS seq
+    FROM input i
+    WHERE NOT EXISTS (SELECT 1 FROM existing e WHERE e.client_msg_uuid = i.client_msg_uuid)
+),
+inserted AS (
+    INSERT INTO messages (
+        session_id, seq, client_msg_uuid, role, content, tool_calls, tool_call_id,
+        tool_name, reasoning, finish_reason, token_count, "timestamp",
+        platform_message_id, extra, openai_keys, content_hash
+    )
+    SELECT %(sid)s, seq, client_msg_uuid, role, content, tool_calls, tool_call_id,
+        tool_name, reasoning, finish_reason, token_count, "timestamp",
+        platform_message_id, extra, openai_keys, content_hash
+    FROM fresh
+    ORDER BY seq
+    ON CONFLICT (session_id, client_msg_uuid) DO NOTHING
+    RETURNING client_msg_uuid
+),
+counted AS (
+    UPDATE sessions SET
+        next_seq = next_seq + (SELECT count(*) FROM inserted),
+        message_count = message_count + (SELECT count(*) FROM inserted),
+        tool_call_count = tool_call_count + (
+            SELECT coalesce(sum(f.tool_call_total), 0)
+            FROM fresh f JOIN inserted USING (client_msg_uuid)
+        ),
+        last_active_at = %(now)s
+    WHERE id = %(sid)s AND EXISTS (SELECT 1 FROM inserted)
+)
+SELECT client_msg_uuid, NULL::bytea AS content_hash FROM inserted
+UNION ALL
+SELECT client_msg_uuid, content_hash FROM existing
+"""
+
+
+def _lock_bypassed(session_id: str, missing: int) -> RepoError:
+    # Only an appender that bypasses the session row lock could cause this.
+    return RepoError(
+        f"session {session_id!r}: {missing} keys appeared while the session was locked; "
+        "nothing was written"
+    )
 
 
 def default_database_path() -> Path:
@@ -95,6 +176,57 @@ class BackendDialect:
 
     def lock_for_migration(self, connection: Connection) -> None:
         """Serialise concurrent migrators for the rest of the current transaction."""
+
+    def insert_new_messages(
+        self,
+        connection: Connection,
+        session_id: str,
+        next_seq: int,
+        rows: Sequence[dict[str, Any]],
+        now: datetime,
+    ) -> dict[Any, bytes]:
+        """Insert the rows whose key the session does not have yet, numbered from
+        ``next_seq`` in order, and move the session's counters for them.
+
+        The caller holds the session row's lock and passes rows with distinct keys,
+        encoded by ``repo._codec.message_row``.
+
+        Returns:
+            ``{key: content_hash}`` of the rows that were already stored (not inserted).
+        """
+        stored: dict[Any, bytes] = {}
+        keys = [row["client_msg_uuid"] for row in rows]
+        for start in range(0, len(keys), _LOOKUP_CHUNK):
+            found = connection.execute(
+                select(_M.client_msg_uuid, _M.content_hash).where(
+                    _M.session_id == session_id,
+                    _M.client_msg_uuid.in_(keys[start : start + _LOOKUP_CHUNK]),
+                )
+            )
+            stored.update((key, digest) for key, digest in found)
+        fresh = [row for row in rows if row["client_msg_uuid"] not in stored]
+        if not fresh:
+            return stored
+        values = [
+            {name: row[name] for name in ROW_COLUMNS}
+            | {"session_id": session_id, "seq": next_seq + index}
+            for index, row in enumerate(fresh)
+        ]
+        insert = self.insert_ignoring(encoded_messages, ["session_id", "client_msg_uuid"])  # type: ignore[arg-type]
+        result = connection.execute(insert, values, execution_options={"preserve_rowcount": True})
+        if result.rowcount != len(fresh):
+            raise _lock_bypassed(session_id, len(fresh) - result.rowcount)
+        connection.execute(
+            update(sessions_table)
+            .where(_S.id == session_id)
+            .values(
+                next_seq=_S.next_seq + len(fresh),
+                message_count=_S.message_count + len(fresh),
+                tool_call_count=_S.tool_call_count + sum(row["tool_call_total"] for row in fresh),
+                last_active_at=now,
+            )
+        )
+        return stored
 
     def lock_outbox_session(self, connection: Connection, session_id: str) -> None:
         """Serialise parkers of one session for the rest of the current transaction."""
@@ -232,6 +364,29 @@ class PostgresDialect(BackendDialect):
 
     def lock_for_migration(self, connection: Connection) -> None:
         connection.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": MIGRATION_LOCK_KEY})
+
+    def insert_new_messages(
+        self,
+        connection: Connection,
+        session_id: str,
+        next_seq: int,
+        rows: Sequence[dict[str, Any]],
+        now: datetime,
+    ) -> dict[Any, bytes]:
+        # One statement, one round trip: the batch travels as binary arrays (no text
+        # quoting of each element), and the lookup,
+        # the insert and the counters happen on the server. Its snapshot is taken after
+        # the caller locked the session row, so the lookup sees every committed row.
+        params: dict[str, Any] = {
+            name: [row[name] for row in rows] for name in (*ROW_COLUMNS, "tool_call_total")
+        }
+        params |= {"sid": session_id, "next_seq": next_seq, "now": now}
+        found = connection.exec_driver_sql(_PG_INSERT_NEW, params).all()
+        stored = {key: digest for key, digest in found if digest is not None}
+        inserted = len(found) - len(stored)
+        if inserted != len(rows) - len(stored):
+            raise _lock_bypassed(session_id, len(rows) - len(stored) - inserted)
+        return stored
 
     def limit_transaction_time(self, connection: Connection, seconds: float) -> None:
         milliseconds = max(1, int(seconds * 1000))

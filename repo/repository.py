@@ -22,8 +22,6 @@ from repo.errors import BackendUnavailable, InvalidMessage, NotFound, RepoError
 S = sessions_table.c
 M = messages_table.c
 
-#: Keys per ``IN (...)`` list when looking up which of a batch are already stored.
-_LOOKUP_CHUNK = 500
 #: Characters of the first user message shown by ``list_sessions``.
 PREVIEW_LENGTH = 120
 #: A continuation chain longer than this is treated as a cycle.
@@ -60,9 +58,6 @@ class SessionRepository:
     def __init__(self, database: Database) -> None:
         self._db = database
         dialect = database.dialect
-        self._insert_messages = dialect.insert_ignoring(
-            messages_table, ["session_id", "client_msg_uuid"]
-        )
         self._insert_session = dialect.insert_ignoring(sessions_table, ["id"])
         self._message_columns = [
             M.session_id,
@@ -294,64 +289,30 @@ class SessionRepository:
             next_seq = conn.execute(lock).scalar_one()
 
         # The session row is locked: nobody else can add to this session until we
-        # commit, so what is stored now is what the insert below would collide with.
-        keys = list({row["client_msg_uuid"]: None for row in rows})
-        stored: dict[Any, bytes] = {}
-        for start in range(0, len(keys), _LOOKUP_CHUNK):
-            chunk = keys[start : start + _LOOKUP_CHUNK]
-            found = conn.execute(
-                select(M.client_msg_uuid, M.content_hash).where(
-                    M.session_id == sid, M.client_msg_uuid.in_(chunk)
-                )
-            )
-            stored.update((key, digest) for key, digest in found)
+        # commit, so what is stored now is what the insert would collide with.
+        unique: dict[Any, dict[str, Any]] = {}
+        for row in rows:
+            unique.setdefault(row["client_msg_uuid"], row)
+        stored = self._db.dialect.insert_new_messages(
+            conn, sid, next_seq, list(unique.values()), utcnow()
+        )
 
         inserted: list[Any] = []
         duplicates: list[Any] = []
         conflicts: list[Any] = []
-        new_rows: list[dict[str, Any]] = []
-        tool_calls = 0
         for row in rows:
             key = row["client_msg_uuid"]
-            known = stored.get(key)
-            if known is not None:
-                (duplicates if known == row["content_hash"] else conflicts).append(key)
+            if unique.pop(key, None) is row and key not in stored:
+                inserted.append(key)
+                stored[key] = row["content_hash"]
                 continue
-            stored[key] = row["content_hash"]
-            tool_calls += row["tool_call_total"]
-            new_rows.append(
-                {k: v for k, v in row.items() if k != "tool_call_total"}
-                | {"session_id": sid, "seq": next_seq + len(new_rows)}
-            )
-            inserted.append(key)
-
-        if new_rows:
-            result = conn.execute(
-                self._insert_messages, new_rows, execution_options={"preserve_rowcount": True}
-            )
-            if result.rowcount != len(new_rows):
-                # Only an appender that bypasses the session lock could cause this.
-                raise RepoError(
-                    f"session {sid!r}: {len(new_rows) - result.rowcount} keys appeared "
-                    "while the session was locked; nothing was written"
-                )
-            count = len(new_rows)
-            conn.execute(
-                update(sessions_table)
-                .where(S.id == sid)
-                .values(
-                    next_seq=S.next_seq + count,
-                    message_count=S.message_count + count,
-                    tool_call_count=S.tool_call_count + tool_calls,
-                    last_active_at=utcnow(),
-                )
-            )
+            (duplicates if stored[key] == row["content_hash"] else conflicts).append(key)
         return AppendResult(
             session_id=sid,
             inserted=inserted,
             duplicates=duplicates,
             conflicts=conflicts,
-            first_seq=next_seq if new_rows else None,
+            first_seq=next_seq if inserted else None,
         )
 
     def load_transcript(
