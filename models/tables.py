@@ -226,7 +226,11 @@ class OutboxRow(Base):
     session_defaults: Mapped[dict[str, Any] | None]
     reason: Mapped[str] = mapped_column(Text)
     state: Mapped[str] = mapped_column(String(16))
+    #: Replays tried (any failure); drives the backoff.
     attempts: Mapped[int] = mapped_column(server_default=text("0"))
+    #: Replays the primary refused for the message itself; ``max_attempts`` of them
+    #: make the row dead. Outages never count here.
+    rejections: Mapped[int] = mapped_column(server_default=text("0"))
     last_error: Mapped[str | None] = mapped_column(Text)
     #: SQLSTATE (PostgreSQL), SQLite error name, or ``deadline``.
     last_error_code: Mapped[str | None] = mapped_column(String(32))

@@ -281,6 +281,7 @@ class SQLiteDialect(BackendDialect):
     }
 
     def create_engine(self, url: URL, options: dict[str, Any]) -> Engine:
+        options.pop("connect_timeout", None)  # PostgreSQL's; a file has nothing to connect
         busy_timeout = float(options.pop("busy_timeout", 10.0))
         synchronous = str(options.pop("sqlite_synchronous", "FULL")).upper()
         if synchronous not in ("OFF", "NORMAL", "FULL", "EXTRA"):
@@ -350,6 +351,9 @@ class PostgresDialect(BackendDialect):
     _REJECT_CLASSES: Final = ("22", "54")  # data_exception, program_limit_exceeded
 
     def create_engine(self, url: URL, options: dict[str, Any]) -> Engine:
+        # SQLite's options: they mean nothing to a server (one URL, one set of options).
+        options.pop("busy_timeout", None)
+        options.pop("sqlite_synchronous", None)
         connect_args: dict[str, Any] = {"options": "-c timezone=UTC"}
         connect_timeout = options.pop("connect_timeout", 10)
         if connect_timeout is not None:

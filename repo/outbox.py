@@ -49,6 +49,7 @@ class ClaimedBatch:
     unreadable: list[int]
     session_defaults: dict[str, Any]
     attempts: list[int]
+    rejections: list[int]
 
 
 class SessionBacklog(BaseModel):
@@ -133,6 +134,7 @@ class Outbox:
                     "reason": reason[:2000],
                     "state": PENDING,
                     "attempts": 0,
+                    "rejections": 0,
                     "last_error": None,
                     "last_error_code": error_code,
                     "next_attempt_at": retry_at,
@@ -153,16 +155,19 @@ class Outbox:
         lease: float,
         session_id: str | None = None,
         skip: frozenset[str] = frozenset(),
+        ignore_backoff: bool = False,
     ) -> ClaimedBatch | None:
-        """Lease the oldest due rows of one session that nobody else holds."""
+        """Lease the oldest due rows of one session that nobody else holds
+        (``ignore_backoff``: rows waiting for their next retry count as due)."""
         now = utcnow()
+        due_by = now + timedelta(days=36500) if ignore_backoff else now
         leased_now = func.max(case((O.claimed_until > now, 1), else_=0))
         candidates = (
             select(O.session_id)
             .where(O.state == PENDING)
             .group_by(O.session_id)
             .having(leased_now == 0)
-            .having(func.min(O.next_attempt_at) <= now)
+            .having(func.min(O.next_attempt_at) <= due_by)
             .order_by(func.min(O.created_at))
             .limit(len(skip) + 16)
         )
@@ -174,7 +179,7 @@ class Outbox:
                 if sid in skip:
                     continue
                 claimed = self._claim_session(
-                    conn, sid, owner=owner, now=now, limit=limit, lease=lease
+                    conn, sid, owner=owner, now=now, due_by=due_by, limit=limit, lease=lease
                 )
                 if claimed is not None:
                     return claimed
@@ -183,18 +188,31 @@ class Outbox:
         return self.database.write(work)
 
     def _claim_session(
-        self, conn: Connection, sid: str, *, owner: str, now: datetime, limit: int, lease: float
+        self,
+        conn: Connection,
+        sid: str,
+        *,
+        owner: str,
+        now: datetime,
+        due_by: datetime,
+        limit: int,
+        lease: float,
     ) -> ClaimedBatch | None:
         # Every claimer of a session locks its head row first: SKIP LOCKED makes a
-        # concurrent claimer move on to another session instead of queueing here.
-        head = conn.execute(
-            select(O.position, O.next_attempt_at, O.claimed_until)
+        # concurrent claimer move on to another session instead of queueing here. The
+        # head is named exactly: "the first pending row I can lock" would let a second
+        # claimer lock the row behind a locked head and lease the same rows.
+        head_position = (
+            select(func.min(O.position))
             .where(O.session_id == sid, O.state == PENDING)
-            .order_by(O.position)
-            .limit(1)
+            .scalar_subquery()
+        )
+        head = conn.execute(
+            select(O.position, O.next_attempt_at)
+            .where(O.session_id == sid, O.position == head_position, O.state == PENDING)
             .with_for_update(skip_locked=True)
         ).first()
-        if head is None or head.next_attempt_at > now:
+        if head is None or head.next_attempt_at > due_by:
             return None
         leased = conn.execute(
             select(func.count())
@@ -204,7 +222,7 @@ class Outbox:
         if leased:
             return None
         rows = conn.execute(
-            select(O.position, O.message, O.session_defaults, O.attempts)
+            select(O.position, O.message, O.session_defaults, O.attempts, O.rejections)
             .where(O.session_id == sid, O.state == PENDING)
             .order_by(O.position)
             .limit(limit)
@@ -230,16 +248,22 @@ class Outbox:
             unreadable=unreadable,
             session_defaults=rows[0].session_defaults or {},
             attempts=[row.attempts for row in readable],
+            rejections=[row.rejections for row in readable],
         )
 
-    def complete(self, session_id: str, positions: Sequence[int]) -> None:
-        """Remove rows whose messages the primary has committed."""
-        if not positions:
+    def complete(self, session_id: str, keys: Sequence[uuid.UUID]) -> None:
+        """Remove the rows of messages the primary has committed.
+
+        By key, not by position: positions are reused once a session's rows are all
+        gone, so a drainer that outlived its lease could otherwise delete messages
+        parked since, which nobody has stored.
+        """
+        if not keys:
             return
         self.database.write(
             lambda conn: conn.execute(
                 delete(outbox_table).where(
-                    O.session_id == session_id, O.position.in_(list(positions))
+                    O.session_id == session_id, O.client_msg_uuid.in_(list(keys))
                 )
             )
         )
@@ -249,17 +273,21 @@ class Outbox:
         session_id: str,
         positions: Sequence[int],
         *,
+        owner: str,
         error: str,
         code: str | None,
         retry_at: datetime,
+        rejected: bool,
         dead: bool,
     ) -> None:
         """Record a failed replay: count the attempt, release the lease, and either
-        schedule the next try or set the rows aside as dead."""
+        schedule the next try or set the rows aside as dead. Only rows ``owner`` still
+        holds are touched: a lease that expired and was taken over is no longer ours."""
         if not positions:
             return
         values: dict[str, Any] = {
             "attempts": O.attempts + 1,
+            "rejections": O.rejections + (1 if rejected else 0),
             "last_error": error[:2000],
             "last_error_code": code,
             "next_attempt_at": retry_at,
@@ -270,11 +298,17 @@ class Outbox:
             values["state"] = DEAD
 
         def work(conn: Connection) -> None:
-            conn.execute(
+            failed = conn.execute(
                 update(outbox_table)
-                .where(O.session_id == session_id, O.position.in_(list(positions)))
+                .where(
+                    O.session_id == session_id,
+                    O.position.in_(list(positions)),
+                    O.claimed_by == owner,
+                )
                 .values(**values)
-            )
+            ).rowcount
+            if not failed:
+                return
             # The whole session backs off: its later rows must not overtake these.
             conn.execute(
                 update(outbox_table)
@@ -284,14 +318,18 @@ class Outbox:
 
         self.database.write(work)
 
-    def release(self, session_id: str, positions: Sequence[int]) -> None:
+    def release(self, session_id: str, positions: Sequence[int], *, owner: str) -> None:
         """Give a claim back untouched (for rows not tried in this round)."""
         if not positions:
             return
         self.database.write(
             lambda conn: conn.execute(
                 update(outbox_table)
-                .where(O.session_id == session_id, O.position.in_(list(positions)))
+                .where(
+                    O.session_id == session_id,
+                    O.position.in_(list(positions)),
+                    O.claimed_by == owner,
+                )
                 .values(claimed_by=None, claimed_until=None)
             )
         )
@@ -313,7 +351,7 @@ class Outbox:
         query = (
             update(outbox_table)
             .where(O.state == DEAD)
-            .values(state=PENDING, attempts=0, next_attempt_at=utcnow())
+            .values(state=PENDING, attempts=0, rejections=0, next_attempt_at=utcnow())
         )
         if session_id is not None:
             query = query.where(O.session_id == session_id)

@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import logging
 import os
+import queue
 import random
 import threading
+import time
 from collections.abc import Callable, Iterable, Mapping
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from datetime import timedelta
 from pathlib import Path
@@ -28,7 +30,7 @@ from models.message import utcnow
 from repo import schema
 from repo._database import Database
 from repo._dialects import normalize_url
-from repo.errors import BackendUnavailable, RepoError
+from repo.errors import BackendUnavailable, InvalidMessage, RepoError, WriteRejected
 from repo.outbox import ClaimedBatch, Outbox, OutboxStatus, drainer_id
 from repo.repository import PreparedBatch, SessionRepository
 
@@ -79,12 +81,15 @@ def open_outbox_database(url: str | URL) -> Database:
     """A separate outbox store. A SQLite file is created private (mode 0600), kept
     durable (WAL, ``synchronous=FULL``) and migrated by the same Alembic environment."""
     parsed = normalize_url(url)
-    if parsed.get_backend_name() == "sqlite" and parsed.database not in (None, "", ":memory:"):
-        path = Path(parsed.database)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        if not path.exists():
-            os.close(os.open(path, os.O_CREAT | os.O_WRONLY, 0o600))
-    database = Database(parsed, sqlite_synchronous="FULL")
+    options: dict[str, Any] = {}
+    if parsed.get_backend_name() == "sqlite":
+        options["sqlite_synchronous"] = "FULL"
+        if parsed.database not in (None, "", ":memory:"):
+            path = Path(parsed.database)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            if not path.exists():
+                os.close(os.open(path, os.O_CREAT | os.O_WRONLY, 0o600))
+    database = Database(parsed, **options)
     try:
         schema.ensure_current(database, auto_migrate=database.backend == "sqlite")
     except BaseException:
@@ -125,7 +130,7 @@ class TranscriptWriter:
         lease: float = 60.0,
         workers: int = 4,
         backoff_base: float = 0.5,
-        backoff_cap: float = 300.0,
+        backoff_cap: float = 30.0,
     ) -> None:
         if deadline <= 0:
             raise ValueError("deadline must be positive")
@@ -142,8 +147,13 @@ class TranscriptWriter:
         self.batch_size = batch_size
         self.lease = max(lease, 2 * deadline)
         self._backoff = (backoff_base, backoff_cap)
-        self._primary_pool = ThreadPoolExecutor(workers, thread_name_prefix="sessionrepo-primary")
-        self._outbox_pool = ThreadPoolExecutor(2, thread_name_prefix="sessionrepo-outbox")
+        # Of the deadline, this much is kept for parking after the primary gave up.
+        self._park_reserve = min(1.0, deadline / 4)
+        # Daemon threads: a write abandoned on a frozen server must not keep the
+        # process from exiting (the key makes the abandoned attempt harmless).
+        self._primary_pool = _DaemonPool(workers, "sessionrepo-primary")
+        self._outbox_pool = _DaemonPool(2, "sessionrepo-outbox")
+        self._closed = False
         self._owner = drainer_id()
         self._stop = threading.Event()
         self._wake = threading.Event()
@@ -174,15 +184,19 @@ class TranscriptWriter:
             BackendUnavailable: neither the primary nor the outbox could take the batch;
                 nothing was acknowledged and the caller still holds the messages.
         """
+        if self._closed:
+            raise RepoError("this TranscriptWriter is closed")
+        started = time.monotonic()
         batch = self._repository.prepare(session_id, messages, **session_defaults)
         if not batch.messages:
             return WriteResult(session_id=batch.session_id, status="stored")
+        primary_budget = self.deadline - self._park_reserve
 
         def attempt() -> WriteResult | None:
             if self._outbox.has_pending(batch.session_id):
                 return None
             self._checkpoint("before_primary")
-            stored = self._repository.append_prepared(batch, timeout=self.deadline)
+            stored = self._repository.append_prepared(batch, timeout=primary_budget)
             return WriteResult(
                 session_id=batch.session_id,
                 status="stored",
@@ -192,9 +206,9 @@ class TranscriptWriter:
             )
 
         try:
-            result = self._within_deadline(self._primary_pool, attempt)
+            result = self._primary_pool.run(attempt, timeout=primary_budget)
         except FutureTimeout:
-            reason = f"the primary did not answer within {self.deadline:g}s"
+            reason = f"the primary did not answer within {primary_budget:g}s"
             code: str | None = "deadline"
         except BackendUnavailable as exc:
             reason, code = str(exc), exc.code
@@ -204,16 +218,19 @@ class TranscriptWriter:
                 return result
             reason, code = "queued behind this session's parked messages", None
         self._checkpoint("after_primary_failure")
-        return self._park(batch, reason, code)
+        remaining = max(self._park_reserve, self.deadline - (time.monotonic() - started))
+        return self._park(batch, reason, code, timeout=remaining)
 
-    def _park(self, batch: PreparedBatch, reason: str, code: str | None) -> WriteResult:
+    def _park(
+        self, batch: PreparedBatch, reason: str, code: str | None, *, timeout: float
+    ) -> WriteResult:
         def park() -> int:
             return self._outbox.park(
                 batch.session_id, batch.messages, batch.session, reason=reason, error_code=code
             )
 
         try:
-            self._within_deadline(self._outbox_pool, park)
+            self._outbox_pool.run(park, timeout=timeout)
         except (FutureTimeout, RepoError) as exc:
             detail = "it did not answer in time" if isinstance(exc, FutureTimeout) else str(exc)
             raise BackendUnavailable(
@@ -234,14 +251,6 @@ class TranscriptWriter:
             reason=reason,
         )
 
-    def _within_deadline(self, pool: ThreadPoolExecutor, work: Callable[[], T]) -> T:
-        future: Future[T] = pool.submit(work)
-        try:
-            return future.result(timeout=self.deadline)
-        except FutureTimeout:
-            future.cancel()  # not started yet: never start it
-            raise
-
     def _checkpoint(self, step: str) -> None:
         if self.fault_hook is not None:
             self.fault_hook(step)
@@ -261,12 +270,18 @@ class TranscriptWriter:
         self._wake.set()
         return count
 
-    def drain(self, *, session_id: str | None = None) -> DrainReport:
+    def drain(self, *, session_id: str | None = None, ignore_backoff: bool = False) -> DrainReport:
         """Replay parked messages, oldest first per session, until none is due.
 
         A session whose replay fails keeps its rows (attempts, last error, next retry
         with exponential backoff and jitter) and does not hold up the others. A message
-        the primary keeps *rejecting* becomes dead after ``max_attempts``.
+        the primary *rejects* ``max_attempts`` times is set aside as dead; outages never
+        make a message dead.
+
+        Args:
+            session_id: drain only this session.
+            ignore_backoff: try rows now even if their next retry is later (an operator
+                who has just repaired the primary).
         """
         totals = {"replayed": 0, "duplicates": 0, "conflicts": 0, "failed": 0, "dead": 0}
         done: set[str] = set()
@@ -277,6 +292,7 @@ class TranscriptWriter:
                 lease=self.lease,
                 session_id=session_id,
                 skip=frozenset(done),
+                ignore_backoff=ignore_backoff,
             )
             if claimed is None:
                 break
@@ -284,9 +300,11 @@ class TranscriptWriter:
                 self._outbox.fail(
                     claimed.session_id,
                     claimed.unreadable,
+                    owner=self._owner,
                     error="the parked payload is no longer a valid message",
                     code=None,
                     retry_at=utcnow(),
+                    rejected=True,
                     dead=True,
                 )
                 totals["dead"] += len(claimed.unreadable)
@@ -295,61 +313,59 @@ class TranscriptWriter:
         return DrainReport(**totals, remaining=self._outbox.count())
 
     def _replay(self, claimed: ClaimedBatch, totals: dict[str, int]) -> bool:
-        """Replay one claimed batch; ``False`` when the session must wait."""
-        if not claimed.messages:
-            return True
-        try:
-            stored = self._store(claimed, claimed.positions, claimed.messages)
-        except (FutureTimeout, BackendUnavailable) as exc:
-            self._failed(claimed, claimed.positions, claimed.attempts, exc, permanent=False)
-            totals["failed"] += len(claimed.positions)
-            return False
-        except RepoError as exc:
-            if len(claimed.messages) == 1:
-                dead = self._failed(
-                    claimed, claimed.positions, claimed.attempts, exc, permanent=True
-                )
-                totals["failed" if not dead else "dead"] += 1
-                return False
-            # One of them is poisoned: find it by replaying one at a time, in order.
-            return self._replay_one_by_one(claimed, totals)
-        _count(totals, stored)
-        return True
+        """Replay one claimed batch, in order; ``False`` when the session must wait.
 
-    def _replay_one_by_one(self, claimed: ClaimedBatch, totals: dict[str, int]) -> bool:
-        items = list(zip(claimed.positions, claimed.messages, claimed.attempts, strict=True))
-        for index, (position, message, attempts) in enumerate(items):
+        A batch the primary rejects is replayed again one message at a time, to find
+        the message at fault; the ones before it are stored, the ones after it wait.
+        """
+        rows = list(
+            zip(
+                claimed.positions,
+                claimed.messages,
+                claimed.attempts,
+                claimed.rejections,
+                strict=True,
+            )
+        )
+        if not rows:
+            return True
+        one_by_one = False
+        while rows:
+            batch = rows if not one_by_one else rows[:1]
             try:
-                stored = self._store(claimed, [position], [message])
-            except RepoError as exc:
-                permanent = not isinstance(exc, BackendUnavailable)
-                dead = self._failed(claimed, [position], [attempts], exc, permanent=permanent)
-                totals["dead" if dead else "failed"] += 1
-                self._outbox.release(claimed.session_id, [p for p, *_ in items[index + 1 :]])
-                return False
-            except FutureTimeout as exc:
-                self._failed(claimed, [position], [attempts], exc, permanent=False)
-                totals["failed"] += 1
-                self._outbox.release(claimed.session_id, [p for p, *_ in items[index + 1 :]])
-                return False
-            _count(totals, stored)
+                _count(totals, self._store(claimed.session_id, claimed, [m for _, m, *_ in batch]))
+            except (FutureTimeout, RepoError) as exc:
+                rejected = isinstance(exc, WriteRejected | InvalidMessage)
+                if rejected and len(batch) > 1:
+                    one_by_one = True
+                    continue
+                dead = self._failed(claimed, batch, exc, rejected=rejected)
+                totals["dead" if dead else "failed"] += len(batch)
+                rest = [position for position, *_ in rows[len(batch) :]]
+                if not dead:
+                    self._outbox.release(claimed.session_id, rest, owner=self._owner)
+                    return False
+                # Set aside: it no longer holds its session up; the rest go on now.
+                rows = rows[len(batch) :]
+                continue
+            rows = rows[len(batch) :]
         return True
 
     def _store(
-        self, claimed: ClaimedBatch, positions: list[int], messages: list[Message]
+        self, session_id: str, claimed: ClaimedBatch, messages: list[Message]
     ) -> AppendResult:
-        batch = self._repository.prepare(claimed.session_id, messages, **claimed.session_defaults)
-        result = self._within_deadline(
-            self._primary_pool,
+        batch = self._repository.prepare(session_id, messages, **claimed.session_defaults)
+        result = self._primary_pool.run(
             lambda: self._repository.append_prepared(batch, timeout=self.deadline),
+            timeout=self.deadline,
         )
         self._checkpoint("drain_after_primary_commit")
-        self._outbox.complete(claimed.session_id, positions)
+        self._outbox.complete(session_id, [m.client_msg_uuid for m in messages])
         if result.conflicts:
             log.error(
                 "session %r: %d parked messages conflict with stored ones (same key, "
                 "different content); the stored ones were kept: %s",
-                claimed.session_id,
+                session_id,
                 len(result.conflicts),
                 [str(key) for key in result.conflicts],
             )
@@ -358,25 +374,29 @@ class TranscriptWriter:
     def _failed(
         self,
         claimed: ClaimedBatch,
-        positions: list[int],
-        attempts: list[int],
+        rows: list[tuple[int, Message, int, int]],
         exc: BaseException,
         *,
-        permanent: bool,
+        rejected: bool,
     ) -> bool:
-        tries = max(attempts) + 1
-        dead = permanent and tries >= self.max_attempts
+        """Record a failed replay of ``rows``; ``True`` when they were set aside dead."""
+        attempts = max(row[2] for row in rows) + 1
+        dead = rejected and max(row[3] for row in rows) + 1 >= self.max_attempts
         base, cap = self._backoff
-        delay = random.uniform(0, min(cap, base * 2**tries))
+        delay = 0.0 if dead else random.uniform(0, min(cap, base * 2 ** min(attempts, 30)))
         error = str(exc) or type(exc).__name__
         if isinstance(exc, FutureTimeout):
             error = f"the primary did not answer within {self.deadline:g}s"
+        elif not rejected and not isinstance(exc, BackendUnavailable):
+            log.error("session %r: replay failed: %s", claimed.session_id, error)
         self._outbox.fail(
             claimed.session_id,
-            positions,
+            [row[0] for row in rows],
+            owner=self._owner,
             error=error,
             code=getattr(exc, "code", None),
             retry_at=utcnow() + timedelta(seconds=delay),
+            rejected=rejected,
             dead=dead,
         )
         return dead
@@ -384,8 +404,10 @@ class TranscriptWriter:
     # -- background drainer ---------------------------------------------------------
 
     def start(self, *, interval: float = 1.0) -> None:
-        """Run ``drain`` in a background thread until ``close``; it drains at once
-        (startup recovery: whatever an earlier process left parked goes first)."""
+        """Run ``drain`` in a background thread until ``stop``/``close``. It drains at
+        once (startup recovery: whatever an earlier run left parked goes first), then
+        whenever a batch is parked or a retry falls due, and at least every
+        ``interval`` seconds."""
         if self._drainer is not None:
             return
         self._stop.clear()
@@ -398,29 +420,33 @@ class TranscriptWriter:
                     due = self._outbox.next_due()
                     if due is not None:
                         wait = min(interval, max(0.05, (due - utcnow()).total_seconds()))
-                except RepoError as exc:
-                    log.warning("outbox drain failed, retrying in %.1fs: %s", interval, exc)
+                except Exception:  # the drainer must outlive any one failure
+                    log.exception("outbox drain failed; retrying in %.1fs", interval)
                 self._wake.wait(wait)
                 self._wake.clear()
 
         self._drainer = threading.Thread(target=loop, name="sessionrepo-drainer", daemon=True)
         self._drainer.start()
 
-    def stop(self, timeout: float | None = None) -> None:
-        """Stop the background drainer (the current round finishes first)."""
+    def stop(self, timeout: float | None = 30.0) -> None:
+        """Stop the background drainer; the round in progress finishes first (each of
+        its steps is bounded by the deadline)."""
         drainer, self._drainer = self._drainer, None
         if drainer is None:
             return
         self._stop.set()
         self._wake.set()
         drainer.join(timeout)
+        if drainer.is_alive():
+            log.warning("the outbox drainer did not stop within %ss; leaving it", timeout)
 
     def close(self) -> None:
         """Stop the drainer and release the outbox. The repository stays open (it is
         the caller's). Writes abandoned past their deadline are not waited for."""
+        self._closed = True
         self.stop()
-        self._primary_pool.shutdown(wait=False, cancel_futures=True)
-        self._outbox_pool.shutdown(wait=False, cancel_futures=True)
+        self._primary_pool.shutdown()
+        self._outbox_pool.shutdown()
         self._outbox.database.dispose()
 
     def __enter__(self) -> TranscriptWriter:
@@ -428,6 +454,51 @@ class TranscriptWriter:
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
+
+
+class _DaemonPool:
+    """A minimal thread pool of daemon threads with a per-call deadline.
+
+    ``concurrent.futures`` joins its workers at interpreter exit, so one write stuck on
+    a frozen server would keep the whole gateway from exiting. A call that misses its
+    deadline is cancelled if it has not started; if it has, it is abandoned.
+    """
+
+    def __init__(self, size: int, name: str) -> None:
+        self._queue: queue.SimpleQueue[tuple[Future[Any], Callable[[], Any]] | None] = (
+            queue.SimpleQueue()
+        )
+        self._threads = [
+            threading.Thread(target=self._work, name=f"{name}-{index}", daemon=True)
+            for index in range(size)
+        ]
+        for thread in self._threads:
+            thread.start()
+
+    def run(self, work: Callable[[], T], *, timeout: float) -> T:
+        """``work()`` on a pool thread; ``TimeoutError`` if it takes over ``timeout``."""
+        future: Future[T] = Future()
+        self._queue.put((future, work))
+        try:
+            return future.result(timeout=timeout)
+        except FutureTimeout:
+            future.cancel()  # not started yet: never start it
+            raise
+
+    def _work(self) -> None:
+        while (item := self._queue.get()) is not None:
+            future, work = item
+            if not future.set_running_or_notify_cancel():
+                continue
+            try:
+                future.set_result(work())
+            except BaseException as exc:
+                future.set_exception(exc)
+
+    def shutdown(self) -> None:
+        """Let idle threads end; threads stuck in a call end with it (or the process)."""
+        for _ in self._threads:
+            self._queue.put(None)
 
 
 def _count(totals: dict[str, int], stored: AppendResult) -> None:

@@ -32,6 +32,7 @@ def upgrade() -> None:
         sa.Column("reason", sa.Text(), nullable=False),
         sa.Column("state", sa.String(16), nullable=False),
         sa.Column("attempts", sa.BigInteger(), server_default=sa.text("0"), nullable=False),
+        sa.Column("rejections", sa.BigInteger(), server_default=sa.text("0"), nullable=False),
         sa.Column("last_error", sa.Text(), nullable=True),
         sa.Column("last_error_code", sa.String(32), nullable=True),
         sa.Column("next_attempt_at", TIME, nullable=False),
