@@ -5,6 +5,7 @@ The SQLAlchemy tables they are stored in live in :mod:`models.tables`.
 
 from models._limits import MAX_ID_LENGTH, MAX_JSON_DEPTH, MAX_MESSAGE_BYTES
 from models.message import Message, StoredMessage, ensure_key, new_key
+from models.search import SearchHit
 from models.session import AppendResult, Session, SessionPage, SessionSummary
 
 __all__ = [
@@ -13,6 +14,7 @@ __all__ = [
     "MAX_MESSAGE_BYTES",
     "AppendResult",
     "Message",
+    "SearchHit",
     "Session",
     "SessionPage",
     "SessionSummary",

@@ -240,6 +240,21 @@ class OutboxRow(Base):
     created_at: Mapped[datetime]
 
 
+class SearchIndexStateRow(Base):
+    """Whether the full-text index can be trusted (``ok``) or must be rebuilt
+    (``stale``, with the reason). The index itself (FTS5 on SQLite, a tsvector table on
+    PostgreSQL) is made by raw DDL in its migration and used by ``repo/search.py``."""
+
+    __tablename__ = "search_index_state"
+    __table_args__ = (PrimaryKeyConstraint("name"),)
+
+    name: Mapped[str] = mapped_column(String(64))
+    state: Mapped[str] = mapped_column(String(16))
+    reason: Mapped[str | None] = mapped_column(Text)
+    updated_at: Mapped[datetime]
+
+
 sessions_table: Table = SessionRow.__table__  # type: ignore[assignment]
 messages_table: Table = MessageRow.__table__  # type: ignore[assignment]
 outbox_table: Table = OutboxRow.__table__  # type: ignore[assignment]
+search_state_table: Table = SearchIndexStateRow.__table__  # type: ignore[assignment]

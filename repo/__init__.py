@@ -12,6 +12,7 @@ from repo.errors import (
     NotFound,
     RepoError,
     SchemaOutOfDate,
+    SearchIndexUnavailable,
     WriteRejected,
 )
 from repo.outbox import OutboxStatus, SessionBacklog
@@ -27,6 +28,7 @@ __all__ = [
     "OutboxStatus",
     "RepoError",
     "SchemaOutOfDate",
+    "SearchIndexUnavailable",
     "SessionBacklog",
     "SessionRepository",
     "SessionStore",

@@ -15,10 +15,16 @@ from pathlib import Path
 from typing import Any, ClassVar, Final
 
 from sqlalchemy import (
+    BigInteger,
     Connection,
     Engine,
+    Float,
     Insert,
+    String,
     Table,
+    Text,
+    Uuid,
+    bindparam,
     create_engine,
     event,
     select,
@@ -29,8 +35,9 @@ from sqlalchemy import exc as sa_exc
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.pool import ConnectionPoolEntry
+from sqlalchemy.types import TypeEngine
 
-from models.tables import messages_table, sessions_table
+from models.tables import UTCDateTime, messages_table, sessions_table
 from repo._codec import ROW_COLUMNS, encoded_messages
 from repo.errors import BackendUnavailable, RepoError, WriteRejected
 
@@ -41,6 +48,13 @@ MIGRATION_LOCK_KEY: Final = 0x7365737372657070 & 0x7FFFFFFFFFFFFFFF
 #: SQLite begins them DEFERRED instead of IMMEDIATE.
 READ_ONLY: Final = "sessionrepo_read_only"
 
+
+#: The stored content of a hit, cut to what is indexed (whole when it is encoded JSON,
+#: which cannot be cut).
+_CONTENT_HEAD = (
+    "CASE WHEN substr(m.content, 1, 1) = '\ufdd0' THEN m.content "
+    "ELSE substr(m.content, 1, 100000) END"
+)
 
 _M = messages_table.c
 _S = sessions_table.c
@@ -240,6 +254,36 @@ class BackendDialect:
         """Turn a driver error into sessionrepo's error, by error code, not by class."""
         raise NotImplementedError
 
+    # -- full-text search (see repo/search.py) -----------------------------------------
+
+    def index_documents(
+        self, connection: Connection, session_id: str, seqs: Sequence[int], documents: Sequence[str]
+    ) -> None:
+        """Add prepared documents (space-separated words) to the search index."""
+        raise NotImplementedError
+
+    def reset_search_index(self, connection: Connection) -> None:
+        """Empty the search index, recreating it if it is damaged."""
+        raise NotImplementedError
+
+    def search_messages(
+        self,
+        connection: Connection,
+        query: Any,
+        filters: dict[str, Any],
+        *,
+        order: str,
+        limit: int,
+        offset: int,
+    ) -> list[Any]:
+        """Rows (session_id, seq, client_msg_uuid, role, timestamp, source, user_id,
+        content, rank) of the messages matching a parsed ``repo.search.Query``."""
+        raise NotImplementedError
+
+    def is_search_index_error(self, exc: RepoError) -> bool:
+        """Whether a failed search points at the index itself (corrupt, missing)."""
+        return False
+
     def is_retryable(self, exc: sa_exc.DBAPIError) -> bool:
         """Whether rerunning the whole transaction at once may succeed (lock contention)."""
         return False
@@ -282,6 +326,7 @@ class SQLiteDialect(BackendDialect):
 
     def create_engine(self, url: URL, options: dict[str, Any]) -> Engine:
         options.pop("connect_timeout", None)  # PostgreSQL's; a file has nothing to connect
+        options.pop("search_config", None)
         busy_timeout = float(options.pop("busy_timeout", 10.0))
         synchronous = str(options.pop("sqlite_synchronous", "FULL")).upper()
         if synchronous not in ("OFF", "NORMAL", "FULL", "EXTRA"):
@@ -333,6 +378,130 @@ class SQLiteDialect(BackendDialect):
     def is_retryable(self, exc: sa_exc.DBAPIError) -> bool:
         return self._code(exc) in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
 
+    def index_documents(
+        self, connection: Connection, session_id: str, seqs: Sequence[int], documents: Sequence[str]
+    ) -> None:
+        _sqlite_index_documents(connection, session_id, seqs, documents)
+
+    def reset_search_index(self, connection: Connection) -> None:
+        _sqlite_reset_search_index(connection)
+
+    def search_messages(
+        self,
+        connection: Connection,
+        query: Any,
+        filters: dict[str, Any],
+        *,
+        order: str,
+        limit: int,
+        offset: int,
+    ) -> list[Any]:
+        where, params = _search_filters(filters)
+        ordering = "rank DESC" if order == "rank" else "m.timestamp DESC, m.session_id, m.seq DESC"
+        rank = "-bm25(messages_fts)" if order == "rank" else "0.0"
+        sql = (
+            f"SELECT m.session_id, m.seq, m.client_msg_uuid, m.role, m.timestamp, s.source, "
+            f"s.user_id, {_CONTENT_HEAD} AS content, {rank} AS rank "
+            "FROM messages_fts f "
+            "JOIN messages m ON m.session_id = f.session_id AND m.seq = f.seq "
+            "JOIN sessions s ON s.id = m.session_id "
+            f"WHERE messages_fts MATCH :q{where} ORDER BY {ordering} LIMIT :limit OFFSET :offset"
+        )
+        params |= {"q": _fts5_query(query), "limit": limit, "offset": offset}
+        return _run_search(connection, sql, params, filters)
+
+    def is_search_index_error(self, exc: RepoError) -> bool:
+        cause = exc.__cause__
+        code = self._code(cause) if isinstance(cause, sa_exc.DBAPIError) else None
+        message = str(exc)
+        return code == sqlite3.SQLITE_CORRUPT or "messages_fts" in message or "fts5" in message
+
+
+_SQLITE_FTS_DDL = (
+    "CREATE VIRTUAL TABLE messages_fts USING fts5("
+    "body, session_id UNINDEXED, seq UNINDEXED, "
+    "tokenize = 'unicode61 remove_diacritics 2')"
+)
+_SQLITE_FTS_SHADOWS = ("data", "idx", "content", "docsize", "config")
+
+
+def _sqlite_index_documents(
+    connection: Connection, session_id: str, seqs: Sequence[int], documents: Sequence[str]
+) -> None:
+    connection.exec_driver_sql(
+        "INSERT INTO messages_fts (body, session_id, seq) VALUES (?, ?, ?)",
+        [(text, session_id, seq) for text, seq in zip(documents, seqs, strict=True)],
+    )
+
+
+def _sqlite_reset_search_index(connection: Connection) -> None:
+    try:
+        with connection.begin_nested():
+            connection.exec_driver_sql("DROP TABLE IF EXISTS messages_fts")
+    except sa_exc.DBAPIError:
+        # Too damaged for FTS5 to drop itself: remove its shadow tables and its entry.
+        for shadow in _SQLITE_FTS_SHADOWS:
+            connection.exec_driver_sql(f"DROP TABLE IF EXISTS messages_fts_{shadow}")
+        connection.exec_driver_sql("PRAGMA writable_schema = ON")
+        connection.exec_driver_sql("DELETE FROM sqlite_master WHERE name = 'messages_fts'")
+        connection.exec_driver_sql("PRAGMA writable_schema = RESET")  # reload the schema
+    connection.exec_driver_sql(_SQLITE_FTS_DDL)
+
+
+def _fts5_query(query: Any) -> str:
+    def quoted(term: Any) -> str:
+        return '"' + " ".join(term.words) + '"' + ("*" if term.prefix else "")
+
+    expression = " AND ".join(quoted(term) for term in query.positive)
+    for term in query.negative:
+        expression = f"({expression}) NOT {quoted(term)}"
+    return expression
+
+
+_SEARCH_COLUMNS: dict[str, TypeEngine[Any]] = {
+    "session_id": String(),
+    "seq": BigInteger(),
+    "client_msg_uuid": Uuid(),
+    "role": String(),
+    "timestamp": UTCDateTime(),
+    "source": String(),
+    "user_id": String(),
+    "content": Text(),
+    "rank": Float(),
+}
+
+
+def _search_filters(filters: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    clauses: list[str] = []
+    params: dict[str, Any] = {}
+    columns = {
+        "session_id": "m.session_id = :f_session_id",
+        "source": "s.source = :f_source",
+        "role": "m.role = :f_role",
+        "user_id": "s.user_id = :f_user_id",
+        "since": "m.timestamp >= :f_since",
+        "until": "m.timestamp < :f_until",
+    }
+    for name, clause in columns.items():
+        if filters.get(name) is not None:
+            clauses.append(clause)
+            params[f"f_{name}"] = filters[name]
+    return "".join(f" AND {clause}" for clause in clauses), params
+
+
+def _run_search(
+    connection: Connection,
+    sql: str,
+    params: dict[str, Any],
+    filters: dict[str, Any],
+) -> list[Any]:
+    statement = text(sql).columns(**_SEARCH_COLUMNS)
+    bind_types = {"f_since": UTCDateTime(), "f_until": UTCDateTime()}
+    statement = statement.bindparams(
+        *(bindparam(name, type_=kind) for name, kind in bind_types.items() if name in params)
+    )
+    return list(connection.execute(statement, params))
+
 
 class PostgresDialect(BackendDialect):
     """PostgreSQL through psycopg 3: a pre-pinged pool, every session in UTC."""
@@ -350,7 +519,13 @@ class PostgresDialect(BackendDialect):
     }
     _REJECT_CLASSES: Final = ("22", "54")  # data_exception, program_limit_exceeded
 
+    #: Text search configuration of the index and the queries. ``simple`` (no stemming,
+    #: no stop words) is language-neutral and matches SQLite; another one (``english``)
+    #: stems words, and then search results are not verified against the text.
+    search_config = "simple"
+
     def create_engine(self, url: URL, options: dict[str, Any]) -> Engine:
+        self.search_config = str(options.pop("search_config", "simple"))
         # SQLite's options: they mean nothing to a server (one URL, one set of options).
         options.pop("busy_timeout", None)
         options.pop("sqlite_synchronous", None)
@@ -424,3 +599,64 @@ class PostgresDialect(BackendDialect):
 
     def is_retryable(self, exc: sa_exc.DBAPIError) -> bool:
         return self._sqlstate(exc) in ("40001", "40P01")
+
+    def index_documents(
+        self, connection: Connection, session_id: str, seqs: Sequence[int], documents: Sequence[str]
+    ) -> None:
+        connection.exec_driver_sql(
+            "INSERT INTO message_search (session_id, seq, document) "
+            "SELECT %(sid)s, d.seq, to_tsvector(%(cfg)s::regconfig, d.body) "
+            "FROM unnest(%(seqs)b::bigint[], %(bodies)b::text[]) AS d(seq, body) "
+            "ON CONFLICT (session_id, seq) DO UPDATE SET document = EXCLUDED.document",
+            {
+                "sid": session_id,
+                "cfg": self.search_config,
+                "seqs": list(seqs),
+                "bodies": list(documents),
+            },
+        )
+
+    def reset_search_index(self, connection: Connection) -> None:
+        connection.exec_driver_sql("LOCK TABLE messages IN SHARE MODE")
+        connection.exec_driver_sql("TRUNCATE message_search")
+        connection.exec_driver_sql("REINDEX INDEX ix_message_search_document")
+
+    def search_messages(
+        self,
+        connection: Connection,
+        query: Any,
+        filters: dict[str, Any],
+        *,
+        order: str,
+        limit: int,
+        offset: int,
+    ) -> list[Any]:
+        where, params = _search_filters(filters)
+        parts: list[str] = []
+        for index, term in enumerate(query.terms):
+            name = f"t{index}"
+            if term.prefix:
+                params[name] = term.words[0]
+                part = f"to_tsquery(CAST(:cfg AS regconfig), quote_literal(:{name}) || ':*')"
+            else:
+                params[name] = " ".join(term.words)
+                part = f"phraseto_tsquery(CAST(:cfg AS regconfig), :{name})"
+            parts.append(f"!! {part}" if term.excluded else part)
+        tsquery = " && ".join(parts)
+        rank = "ts_rank(ms.document, q.query)" if order == "rank" else "0.0"
+        ordering = "rank DESC" if order == "rank" else "m.timestamp DESC, m.session_id, m.seq DESC"
+        sql = (
+            f"SELECT m.session_id, m.seq, m.client_msg_uuid, m.role, m.timestamp, s.source, "
+            f"s.user_id, {_CONTENT_HEAD} AS content, {rank} AS rank "
+            f"FROM (SELECT {tsquery} AS query) q "
+            "JOIN message_search ms ON ms.document @@ q.query "
+            "JOIN messages m ON m.session_id = ms.session_id AND m.seq = ms.seq "
+            "JOIN sessions s ON s.id = m.session_id "
+            f"WHERE true{where} ORDER BY {ordering} LIMIT :limit OFFSET :offset"
+        )
+        params |= {"cfg": self.search_config, "limit": limit, "offset": offset}
+        return _run_search(connection, sql, params, filters)
+
+    def is_search_index_error(self, exc: RepoError) -> bool:
+        code = getattr(exc, "code", None)
+        return code in ("XX001", "XX002") or "message_search" in str(exc)

@@ -61,3 +61,9 @@ class WriteRejected(RepoError):
 
 class SchemaOutOfDate(RepoError):
     """The database's schema revision is not the one this code was built for."""
+
+
+class SearchIndexUnavailable(RepoError):
+    """The full-text index is stale or broken, so search refuses to answer rather than
+    give wrong results. Transcript writes are not affected. ``sessionrepo reindex``
+    rebuilds it."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import base64
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
@@ -12,12 +12,21 @@ from typing import Any, Literal
 from sqlalchemy import Connection, Text, func, literal, select, tuple_, update
 from sqlalchemy.engine import URL
 
-from models import AppendResult, Message, Session, SessionPage, SessionSummary, StoredMessage
-from models.message import utcnow
+from models import (
+    AppendResult,
+    Message,
+    SearchHit,
+    Session,
+    SessionPage,
+    SessionSummary,
+    StoredMessage,
+)
+from models.message import to_utc, utcnow
 from models.tables import ENCODED_MARK, decode_text, messages_table, sessions_table
 from repo import _codec, schema
 from repo._database import Database
 from repo.errors import BackendUnavailable, InvalidMessage, NotFound, RepoError
+from repo.search import SearchIndex
 
 S = sessions_table.c
 M = messages_table.c
@@ -57,6 +66,7 @@ class SessionRepository:
 
     def __init__(self, database: Database) -> None:
         self._db = database
+        self._search = SearchIndex(database)
         dialect = database.dialect
         self._insert_session = dialect.insert_ignoring(sessions_table, ["id"])
         self._message_columns = [
@@ -273,7 +283,15 @@ class SessionRepository:
                 self._db.dialect.limit_transaction_time(conn, timeout)
             return self._append(conn, batch.session_id, batch.rows, new_session)
 
-        return self._db.write(work)
+        result = self._db.write(work)
+        if result.first_seq is not None:
+            # After the commit, in a transaction of its own: the index can never make a
+            # transcript write fail (a failure marks it stale; see repo/search.py).
+            content = {message.client_msg_uuid: message.content for message in batch.messages}
+            self._search.index_after_append(
+                batch.session_id, result.first_seq, [content[key] for key in result.inserted]
+            )
+        return result
 
     def _append(
         self,
@@ -314,6 +332,68 @@ class SessionRepository:
             conflicts=conflicts,
             first_seq=next_seq if inserted else None,
         )
+
+    # -- search ---------------------------------------------------------------------
+
+    def search(
+        self,
+        query: str,
+        *,
+        session_id: str | None = None,
+        source: str | None = None,
+        role: str | None = None,
+        user_id: str | None = None,
+        since: datetime | float | None = None,
+        until: datetime | float | None = None,
+        order: Literal["rank", "newest"] = "rank",
+        limit: int = 20,
+        cursor: int | str | None = None,
+    ) -> list[SearchHit]:
+        """Messages whose content matches ``query``, best first (or newest first).
+
+        ``query`` is words (all must occur), "quoted phrases", ``prefix*`` and
+        ``-excluded`` words; any other character is literal text, so no input is a
+        syntax error. Filters narrow by session, source, role, user and time
+        (``since`` inclusive, ``until`` exclusive). Pages: pass ``cursor=`` the number of
+        hits already read (``cursor=len(previous_hits)``).
+
+        Raises:
+            SearchIndexUnavailable: the index is stale or broken (``reindex`` fixes it).
+        """
+        try:
+            offset = int(cursor) if cursor is not None else 0
+        except ValueError:
+            raise InvalidMessage("cursor", "must be the number of hits already read") from None
+        if offset < 0:
+            raise InvalidMessage("cursor", "must not be negative")
+        bounds = {}
+        for name, value in (("since", since), ("until", until)):
+            try:
+                bounds[name] = None if value is None else to_utc(value, name)
+            except ValueError as exc:
+                raise InvalidMessage(name, str(exc).removeprefix(f"{name}: ")) from None
+        return self._search.search(
+            query,
+            session_id=session_id,
+            source=source,
+            role=role,
+            user_id=user_id,
+            since=bounds["since"],
+            until=bounds["until"],
+            order=order,
+            limit=limit,
+            offset=offset,
+        )
+
+    def reindex(self, *, progress: Callable[[int, int], None] | None = None) -> int:
+        """Rebuild the search index from the messages (after corruption, or an upgrade
+        over existing messages); returns how many messages were indexed. Appends wait
+        for it, or park through a ``TranscriptWriter``."""
+        return self._search.reindex(progress=progress)
+
+    def search_index_state(self) -> tuple[str, str | None]:
+        """``("ok", None)``, or ``("stale", why)`` when search refuses until a reindex."""
+        return self._search.state()
 
     def load_transcript(
         self,

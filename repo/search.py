@@ -1,0 +1,394 @@
+"""Full-text search over message content, the same on SQLite and PostgreSQL.
+
+The index (FTS5 on SQLite, a ``tsvector`` table with a GIN index on PostgreSQL; the SQL
+lives in ``repo/_dialects.py``) is kept *beside* the transcript, never inside its write:
+an append commits its messages first and indexes them in a second transaction. Whatever
+goes wrong there (a corrupt FTS5 file, a missing table, an oversized document) marks the
+index ``stale`` in ``search_index_state`` and the append still succeeds. A stale index
+refuses to answer (``SearchIndexUnavailable``) until ``reindex`` rebuilds it.
+
+The text is prepared in Python, identically for both backends: content parts are reduced
+to their text, the first ``INDEX_CHARS`` characters are kept, case is folded, Latin and
+Cyrillic diacritics are dropped, and every CJK character, emoji or other symbol becomes a
+word of its own (symbols as ``u`` + hex code point), so both tokenizers see the same words.
+
+User queries are words, "quoted phrases", ``prefix*`` and ``-excluded``; anything else is
+literal text. Nothing a user types reaches SQL except as a bound parameter.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import unicodedata
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Final, Literal
+
+from sqlalchemy import Connection, func, select, tuple_
+
+from models.message import utcnow
+from models.search import SearchHit
+from models.tables import decode_text, messages_table, search_state_table
+from repo._database import Database
+from repo.errors import BackendUnavailable, InvalidMessage, RepoError, SearchIndexUnavailable
+
+#: Characters of each message that are indexed (a 20 MB tool output is findable by its
+#: beginning; the rest is stored, not indexed).
+INDEX_CHARS: Final = 100_000
+#: Longest query accepted, in characters.
+MAX_QUERY_CHARS: Final = 10_000
+#: Most terms a query may have (the rest are ignored).
+MAX_TERMS: Final = 32
+SNIPPET_CHARS: Final = 160
+
+_INDEX_NAME: Final = "messages"
+M = messages_table.c
+ST = search_state_table.c
+
+# CJK ideographs, kana, Hangul and their compatibility forms: one character, one word.
+_CJK = (
+    "\u2e80-\u2fdf\u3040-\u30ff\u3100-\u312f\u3130-\u318f\u31a0-\u31ff\u3400-\u4dbf"
+    "\u4e00-\u9fff\ua960-\ua97f\uac00-\ud7ff\uf900-\ufaff\uff66-\uffdc"
+    "\U00020000-\U0003134f"
+)
+_CJK_CHAR = re.compile(f"[{_CJK}]")
+_LATIN_MARKS = re.compile("(?<=[\u0000-\u052f])[\u0300-\u036f]+")
+#: A word, for the index and for queries: letters and digits only, so that SQLite's
+#: unicode61 tokenizer and PostgreSQL's parser (which would keep "3.14", "a-b" or an
+#: e-mail address whole) see exactly the same words.
+_WORD = re.compile(r"[^\W_]+")
+
+
+def normalize(text: str) -> str:
+    """The text as both backends' tokenizers are given it (see the module docstring)."""
+    text = unicodedata.normalize("NFKD", text.casefold())
+    text = unicodedata.normalize("NFC", _LATIN_MARKS.sub("", text))
+    out: list[str] = []
+    for char in text:
+        if _CJK_CHAR.match(char):
+            out.append(f" {char} ")
+        elif unicodedata.category(char) in ("So", "Sk", "Sm", "Sc"):
+            out.append(f" u{ord(char):x} ")
+        elif unicodedata.category(char) in ("Mn", "Me", "Cf"):
+            continue  # variation selectors, ZWJ, stray marks: not part of any word
+        else:
+            out.append(char)
+    return "".join(out)
+
+
+def content_text(content: Any) -> str:
+    """The searchable text of a message's content: the string, or the text of its parts."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    texts: list[str] = []
+    _collect_text(content, texts)
+    return "\n".join(texts)
+
+
+def _collect_text(value: Any, texts: list[str]) -> None:
+    if isinstance(value, dict):
+        text = value.get("text")
+        if isinstance(text, str):
+            texts.append(text)
+        for key, item in value.items():
+            if key != "text" and isinstance(item, dict | list):
+                _collect_text(item, texts)
+    elif isinstance(value, list):
+        for item in value:
+            _collect_text(item, texts)
+
+
+def document(content: Any) -> str:
+    """What is indexed for a message with this (decoded) content: its words, one space
+    apart."""
+    return " ".join(_WORD.findall(normalize(content_text(content)[:INDEX_CHARS])))
+
+
+# -- queries -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Term:
+    """One query term: a word or phrase (``words``), matched as a prefix or excluded."""
+
+    words: tuple[str, ...]
+    prefix: bool = False
+    excluded: bool = False
+
+
+@dataclass(frozen=True)
+class Query:
+    terms: tuple[Term, ...] = field(default_factory=tuple)
+
+    @property
+    def positive(self) -> tuple[Term, ...]:
+        return tuple(term for term in self.terms if not term.excluded)
+
+    @property
+    def negative(self) -> tuple[Term, ...]:
+        return tuple(term for term in self.terms if term.excluded)
+
+
+_TOKEN = re.compile(r'(-?)"([^"]*)"?|(-?)(\S+)')
+
+
+def parse_query(text: str) -> Query:
+    """Words, "phrases", ``prefix*`` and ``-excluded``; everything else is literal text
+    (operators such as ``AND``, ``NEAR(`` or ``col:x`` are just words)."""
+    if len(text) > MAX_QUERY_CHARS:
+        text = text[:MAX_QUERY_CHARS]
+    terms: list[Term] = []
+    for match in _TOKEN.finditer(text):
+        quoted_minus, phrase, minus, bare = match.groups()
+        if phrase is not None:
+            words = tuple(_WORD.findall(normalize(phrase)))
+            if words:
+                terms.append(Term(words, excluded=bool(quoted_minus)))
+            continue
+        excluded = bool(minus) and len(bare) > 1
+        prefix = bare.endswith("*")
+        words = tuple(_WORD.findall(normalize(bare)))
+        if not words:
+            continue
+        # "a_b", "x-y" or a CJK run: the words must come together, as a phrase.
+        terms.append(Term(words, prefix=prefix and len(words) == 1, excluded=excluded))
+    return Query(tuple(terms[:MAX_TERMS]))
+
+
+# -- index maintenance ---------------------------------------------------------------
+
+
+class SearchIndex:
+    """Index maintenance and queries for one database."""
+
+    def __init__(self, database: Database) -> None:
+        self.database = database
+        self.dialect = database.dialect
+
+    def index_after_append(self, session_id: str, first_seq: int, contents: Sequence[Any]) -> None:
+        """Index freshly appended messages; on any failure mark the index stale instead
+        of raising (the messages are committed already)."""
+        if not contents:
+            return
+        seqs = list(range(first_seq, first_seq + len(contents)))
+        documents = [document(content) for content in contents]
+        try:
+            self.database.write(
+                lambda conn: self.dialect.index_documents(conn, session_id, seqs, documents)
+            )
+        except RepoError as exc:
+            self.mark_stale(
+                f"indexing session {session_id!r} seq {seqs[0]}..{seqs[-1]} failed: {exc}"
+            )
+
+    def mark_stale(self, reason: str) -> None:
+        # If the database refuses even that, the next search finds the index broken
+        # itself, and `sessionrepo doctor` reports it.
+        with contextlib.suppress(RepoError):
+            self.database.write(lambda conn: self._set_state(conn, "stale", reason))
+
+    def _set_state(self, conn: Connection, state: str, reason: str | None) -> None:
+        values = {
+            "state": state,
+            "reason": reason[:2000] if reason else None,
+            "updated_at": utcnow(),
+        }
+        updated = conn.execute(
+            search_state_table.update().where(ST.name == _INDEX_NAME).values(**values)
+        ).rowcount
+        if not updated:
+            conn.execute(search_state_table.insert().values(name=_INDEX_NAME, **values))
+
+    def state(self) -> tuple[str, str | None]:
+        """``("ok", None)`` or ``("stale", reason)``."""
+        row = self.database.read(
+            lambda conn: conn.execute(
+                select(ST.state, ST.reason).where(ST.name == _INDEX_NAME)
+            ).first()
+        )
+        return ("ok", None) if row is None else (row.state, row.reason)
+
+    def reindex(self, *, progress: Callable[[int, int], None] | None = None) -> int:
+        """Rebuild the whole index from the messages; returns how many were indexed.
+
+        Runs in one transaction: appends wait for it (or, through a ``TranscriptWriter``,
+        park in the outbox) and nothing is indexed twice or missed.
+        """
+
+        def work(conn: Connection) -> int:
+            total = conn.execute(select(func.count()).select_from(messages_table)).scalar_one()
+            self.dialect.reset_search_index(conn)
+            done = 0
+            for batch in _message_batches(conn):
+                by_session: dict[str, tuple[list[int], list[str]]] = {}
+                for session_id, seq, content in batch:
+                    seqs, documents = by_session.setdefault(session_id, ([], []))
+                    seqs.append(seq)
+                    documents.append(document(content))
+                for session_id, (seqs, documents) in by_session.items():
+                    self.dialect.index_documents(conn, session_id, seqs, documents)
+                done += len(batch)
+                if progress is not None:
+                    progress(done, total)
+            self._set_state(conn, "ok", None)
+            return done
+
+        return self.database.write(work)
+
+    # -- queries ----------------------------------------------------------------------
+
+    def search(
+        self,
+        query: str,
+        *,
+        session_id: str | None,
+        source: str | None,
+        role: str | None,
+        user_id: str | None,
+        since: datetime | None,
+        until: datetime | None,
+        order: Literal["rank", "newest"],
+        limit: int,
+        offset: int,
+    ) -> list[SearchHit]:
+        if not isinstance(query, str):
+            raise InvalidMessage("query", f"must be a string, got {type(query).__name__}")
+        if not 1 <= limit <= 1000:
+            raise InvalidMessage("limit", "must be between 1 and 1000")
+        if order not in ("rank", "newest"):
+            raise InvalidMessage("order", "must be 'rank' or 'newest'")
+        parsed = parse_query(query)
+        if not parsed.positive:
+            return []  # nothing to look for (only exclusions, or no words at all)
+        state, reason = self.state()
+        if state != "ok":
+            raise SearchIndexUnavailable(
+                f"the search index is stale ({reason}); run `sessionrepo reindex`"
+            )
+        filters = {
+            "session_id": session_id,
+            "source": source,
+            "role": role,
+            "user_id": user_id,
+            "since": since,
+            "until": until,
+        }
+
+        def work(conn: Connection) -> list[SearchHit]:
+            rows = self.dialect.search_messages(
+                conn, parsed, filters, order=order, limit=limit, offset=offset
+            )
+            return [self._hit(parsed, row) for row in rows]
+
+        try:
+            return self.database.read(work)
+        except SearchIndexUnavailable as exc:
+            self.mark_stale(str(exc))
+            raise
+        except (BackendUnavailable, RepoError) as exc:
+            if self.dialect.is_search_index_error(exc):
+                self.mark_stale(f"search failed: {exc}")
+                raise SearchIndexUnavailable(
+                    f"the search index is broken ({exc}); run `sessionrepo reindex`"
+                ) from exc
+            raise
+
+    def _hit(self, parsed: Query, row: Any) -> SearchHit:
+        content = decode_text(row.content) if row.content is not None else None
+        text = content_text(content)[:INDEX_CHARS]
+        snippet = make_snippet(text, parsed)
+        if snippet is None:
+            # The index named a message that does not say what was asked: it is out of
+            # step with the messages, and its answers cannot be trusted.
+            raise SearchIndexUnavailable(
+                f"the search index is out of sync with the messages (session "
+                f"{row.session_id!r} seq {row.seq}); run `sessionrepo reindex`"
+            )
+        return SearchHit(
+            session_id=row.session_id,
+            seq=row.seq,
+            client_msg_uuid=row.client_msg_uuid,
+            role=row.role,
+            timestamp=row.timestamp,
+            source=row.source,
+            user_id=row.user_id,
+            snippet=snippet,
+            rank=float(row.rank),
+        )
+
+
+def _message_batches(conn: Connection, size: int = 1000) -> Iterator[list[tuple[str, int, Any]]]:
+    """Every message's (session_id, seq, content), in key order, a batch at a time."""
+    after: tuple[str, int] | None = None
+    while True:
+        query = select(M.session_id, M.seq, M.content).order_by(M.session_id, M.seq).limit(size)
+        if after is not None:
+            query = query.where(tuple_(M.session_id, M.seq) > tuple_(*after))
+        rows = [(r.session_id, r.seq, r.content) for r in conn.execute(query)]
+        if not rows:
+            return
+        yield rows
+        after = (rows[-1][0], rows[-1][1])
+
+
+# -- snippets ------------------------------------------------------------------------
+
+
+def make_snippet(text: str, parsed: Query) -> str | None:
+    """A short extract around the first match, matches in [brackets]; ``None`` when the
+    text does not satisfy the query (so the index was wrong)."""
+    words = [(m.group(), m.start(), m.end()) for m in _iter_words(text)]
+    normalized = [normalize(word).strip() for word, _, _ in words]
+    spans: list[tuple[int, int]] = []
+    for term in parsed.positive:
+        found = list(_find_all(term, normalized))
+        if not found:
+            return None
+        spans += found
+    for term in parsed.negative:
+        if next(_find_all(term, normalized), None) is not None:
+            return None
+    first = min(start for start, _ in spans)
+    marked = {index for start, end in spans for index in range(start, end)}
+    begin = max(0, words[first][1] - SNIPPET_CHARS // 3)
+    end = min(len(text), begin + SNIPPET_CHARS)
+    pieces: list[str] = ["…" if begin else ""]
+    cursor = begin
+    for index, (_, start, stop) in enumerate(words):
+        if start < begin or stop > end or index not in marked:
+            continue
+        pieces += [text[cursor:start], "[", text[start:stop], "]"]
+        cursor = stop
+    pieces.append(text[cursor:end])
+    if end < len(text):
+        pieces.append("…")
+    # Adjacent marks ("[3][.][14]", "[東][京]") read as one.
+    return " ".join("".join(pieces).split()).replace("][", "")
+
+
+def _iter_words(text: str) -> Iterator[re.Match[str]]:
+    """Words as the index sees them: runs of word characters, and every CJK character
+    or symbol on its own."""
+    return re.finditer(rf"[{_CJK}]|[^\w\s]|[^\W_]+", text)
+
+
+def _find_all(term: Term, normalized: list[str]) -> Iterator[tuple[int, int]]:
+    """Every (first word, end word) span of ``normalized`` source words matching ``term``."""
+    # A normalised source word may itself be several index words ("café" stays one,
+    # a CJK run or an emoji becomes several): compare word sequences.
+    flat: list[tuple[str, int]] = []
+    for index, word in enumerate(normalized):
+        for part in _WORD.findall(word):
+            flat.append((part, index))
+    size = len(term.words)
+    for position in range(len(flat) - size + 1):
+        window = [flat[position + k][0] for k in range(size)]
+        if window[:-1] != list(term.words[:-1]):
+            continue
+        last, wanted = window[-1], term.words[-1]
+        if last == wanted or (term.prefix and last.startswith(wanted)):
+            yield flat[position][1], flat[position + size - 1][1] + 1

@@ -1,0 +1,217 @@
+"""Full-text search: the same answers on both backends, no query is a syntax error, and
+a broken index never blocks a transcript write."""
+
+from __future__ import annotations
+
+import random
+import sqlite3
+from datetime import UTC, datetime
+
+import pytest
+
+from models import Message
+from repo import SearchIndexUnavailable, SessionRepository, open_repository
+
+USER_QUERIES = [
+    '"',
+    "AND",
+    "hello AND",
+    "NEAR(",
+    "*",
+    "col:x",
+    "!!!",
+    "100%",
+    "a_b",
+    "'; drop table x; --",
+    "OR NOT",
+    "-",
+    '"unterminated phrase',
+    "(((",
+    "^caret",
+    "\x00nul",
+    "\ud800",  # a lone surrogate: no word in it, so nothing to find
+]
+
+
+def _seed(repo: SessionRepository) -> None:
+    repo.create_session("cats", source="discord", user_id="alice")
+    repo.create_session("trips", source="telegram", user_id="bob")
+    repo.append(
+        "cats",
+        [
+            Message(role="user", content="Tell me about Mochi the cat", timestamp=1_000),
+            Message(role="assistant", content="Mochi is a fluffy cat who likes the café"),
+            Message(role="user", content="Does Mochi like mice?", timestamp=3_000),
+        ],
+    )
+    repo.append(
+        "trips",
+        [
+            Message(role="user", content="東京タワーに行きました", timestamp=2_000),
+            Message(role="assistant", content="Москва is cold in winter 🥶"),
+            Message(
+                role="user",
+                content=[{"type": "text", "text": "a photo of Mochi on the plane"}],
+            ),
+        ],
+    )
+
+
+def _found(hits: list) -> list[tuple[str, int]]:
+    return sorted((hit.session_id, hit.seq) for hit in hits)
+
+
+def test_words_are_all_required_and_case_and_accents_do_not_matter(
+    repo: SessionRepository,
+) -> None:
+    _seed(repo)
+    assert _found(repo.search("mochi")) == [("cats", 1), ("cats", 2), ("cats", 3), ("trips", 3)]
+    assert _found(repo.search("MOCHI cat")) == [("cats", 1), ("cats", 2)]
+    assert _found(repo.search("cafe")) == [("cats", 2)]
+
+
+def test_phrase_prefix_and_exclusion(repo: SessionRepository) -> None:
+    _seed(repo)
+    assert _found(repo.search('"fluffy cat"')) == [("cats", 2)]
+    assert _found(repo.search('"cat fluffy"')) == []
+    assert _found(repo.search("flu*")) == [("cats", 2)]
+    assert _found(repo.search("mochi -cat")) == [("cats", 3), ("trips", 3)]
+    assert _found(repo.search('mochi -"the cat"')) == [("cats", 2), ("cats", 3), ("trips", 3)]
+    assert repo.search("-mochi") == []  # nothing to look for
+
+
+def test_non_latin_text_and_emoji_are_findable(repo: SessionRepository) -> None:
+    _seed(repo)
+    assert _found(repo.search("東京")) == [("trips", 1)]
+    assert _found(repo.search("москва")) == [("trips", 2)]
+    assert _found(repo.search("🥶")) == [("trips", 2)]
+    [hit] = repo.search("東京")
+    assert hit.snippet == "[東京]タワーに行きました"
+
+
+def test_filters_narrow_the_hits(repo: SessionRepository) -> None:
+    _seed(repo)
+    assert _found(repo.search("mochi", session_id="trips")) == [("trips", 3)]
+    assert _found(repo.search("mochi", source="discord", role="assistant")) == [("cats", 2)]
+    assert _found(repo.search("mochi", user_id="bob")) == [("trips", 3)]
+    since, until = datetime.fromtimestamp(1_000, UTC), 3_000
+    assert _found(repo.search("mochi", since=since, until=until, session_id="cats")) == [
+        ("cats", 1)
+    ]
+
+
+def test_hits_carry_what_a_caller_shows(repo: SessionRepository) -> None:
+    _seed(repo)
+    [hit] = repo.search("fluffy")
+    assert (hit.session_id, hit.seq, hit.role, hit.source, hit.user_id) == (
+        "cats",
+        2,
+        "assistant",
+        "discord",
+        "alice",
+    )
+    assert hit.snippet == "Mochi is a [fluffy] cat who likes the café"
+    assert hit.timestamp.tzinfo is not None
+
+
+def test_rank_and_newest_orders_and_pagination(repo: SessionRepository) -> None:
+    repo.append(
+        "s",
+        [
+            Message(role="user", content=f"{'mochi ' * (i % 3 + 1)}filler {i}", timestamp=i)
+            for i in range(1, 26)
+        ],
+    )
+    newest = repo.search("mochi", order="newest", limit=10)
+    assert [hit.seq for hit in newest] == list(range(25, 15, -1))
+    pages = []
+    for page in range(3):
+        pages += repo.search("mochi", order="newest", limit=10, cursor=page * 10)
+    assert [hit.seq for hit in pages] == list(range(25, 0, -1))
+    ranked = repo.search("mochi", order="rank", limit=25)
+    assert [hit.rank for hit in ranked] == sorted((hit.rank for hit in ranked), reverse=True)
+    assert ranked[0].snippet.count("[mochi]") == 3
+
+
+@pytest.mark.parametrize("query", USER_QUERIES)
+def test_no_user_query_raises(repo: SessionRepository, query: str) -> None:
+    _seed(repo)
+    repo.search(query)  # any answer, but never a syntax error
+    assert repo.load_transcript("cats")  # and nothing was harmed
+
+
+def test_ten_kilobytes_of_random_text_is_just_text(repo: SessionRepository) -> None:
+    _seed(repo)
+    rng = random.Random(7)
+    alphabet = "abc XYZ \"*-:()^!%_'; 東京🥶\\\t\n"
+    for _ in range(5):
+        repo.search("".join(rng.choice(alphabet) for _ in range(10_000)))
+
+
+def test_a_twenty_megabyte_tool_output_is_stored_and_its_first_words_are_findable(
+    repo: SessionRepository,
+) -> None:
+    output = "compilation started zanzibar " + "0123456789abcdef\n" * (20 * 1024 * 1024 // 17)
+    result = repo.append("big", [Message(role="tool", tool_call_id="c1", content=output)])
+    assert result.inserted
+    assert repo.load_transcript("big")[0].content == output
+    [hit] = repo.search("zanzibar")
+    assert hit.session_id == "big"
+    assert repo.search_index_state() == ("ok", None)
+
+
+def test_reindex_finds_everything_again(repo: SessionRepository) -> None:
+    _seed(repo)
+    seen: list[tuple[int, int]] = []
+    assert repo.reindex(progress=lambda done, total: seen.append((done, total))) == 6
+    assert seen[-1] == (6, 6)
+    assert _found(repo.search("mochi")) == [("cats", 1), ("cats", 2), ("cats", 3), ("trips", 3)]
+
+
+# -- SQLite index corruption: backend-specific by nature ------------------------------
+
+
+def _corrupt(path: str, how: str) -> None:
+    with sqlite3.connect(path) as conn:
+        if how == "garbled-data":
+            conn.execute("UPDATE messages_fts_data SET block = randomblob(length(block))")
+        elif how == "deleted-structure":
+            conn.execute("DELETE FROM messages_fts_data WHERE id = 10")
+        elif how == "out-of-sync":
+            # The index names messages for words they do not contain.
+            conn.execute("UPDATE messages_fts_content SET c2 = c2 + 1")
+            conn.execute("INSERT INTO messages_fts(messages_fts) VALUES ('rebuild')")
+
+
+@pytest.mark.sqlite
+@pytest.mark.parametrize("how", ["garbled-data", "deleted-structure", "out-of-sync"])
+def test_sqlite_a_corrupt_index_blocks_no_write_and_reindex_repairs_it(
+    tmp_path: object, sqlite_template: object, how: str
+) -> None:
+    import shutil
+
+    path = f"{tmp_path}/store.db"
+    shutil.copyfile(str(sqlite_template), path)
+    repo = open_repository(f"sqlite:///{path}")
+    try:
+        repo.append("s", [Message(role="user", content=f"before {i} zebra") for i in range(5)])
+        repo.append("other", [Message(role="user", content="zebra crossing")])
+        repo.close()
+        _corrupt(path, how)
+        repo = open_repository(f"sqlite:///{path}")
+
+        for i in range(50):
+            result = repo.append("s", [Message(role="user", content=f"after {i} giraffe")])
+            assert result.inserted
+        assert len(repo.load_transcript("s")) == 55
+
+        with pytest.raises(SearchIndexUnavailable, match="reindex"):
+            repo.search("zebra")
+        assert repo.search_index_state()[0] == "stale"
+
+        assert repo.reindex() == 56
+        assert repo.search_index_state() == ("ok", None)
+        assert len(repo.search("giraffe", limit=100)) == 50
+        assert len(repo.search("zebra")) == 6
+    finally:
+        repo.close()
