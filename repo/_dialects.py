@@ -284,6 +284,10 @@ class BackendDialect:
         """Whether a failed search points at the index itself (corrupt, missing)."""
         return False
 
+    def forget_search_documents(self, connection: Connection, session_ids: Sequence[str]) -> None:
+        """Drop the index entries of sessions being deleted (PostgreSQL's foreign key
+        cascades by itself; FTS5 has no foreign keys)."""
+
     def is_retryable(self, exc: sa_exc.DBAPIError) -> bool:
         """Whether rerunning the whole transaction at once may succeed (lock contention)."""
         return False
@@ -385,6 +389,14 @@ class SQLiteDialect(BackendDialect):
 
     def reset_search_index(self, connection: Connection) -> None:
         _sqlite_reset_search_index(connection)
+
+    def forget_search_documents(self, connection: Connection, session_ids: Sequence[str]) -> None:
+        for start in range(0, len(session_ids), _LOOKUP_CHUNK):
+            chunk = list(session_ids[start : start + _LOOKUP_CHUNK])
+            marks = ", ".join("?" * len(chunk))
+            connection.exec_driver_sql(
+                f"DELETE FROM messages_fts WHERE session_id IN ({marks})", tuple(chunk)
+            )
 
     def search_messages(
         self,

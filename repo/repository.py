@@ -64,9 +64,10 @@ class SessionRepository:
     Thread-safe: every call runs in its own transaction on a pooled connection.
     """
 
-    def __init__(self, database: Database) -> None:
+    def __init__(self, database: Database, *, search_index: bool = True) -> None:
         self._db = database
         self._search = SearchIndex(database)
+        self._index_appends = search_index
         dialect = database.dialect
         self._insert_session = dialect.insert_ignoring(sessions_table, ["id"])
         self._message_columns = [
@@ -284,7 +285,9 @@ class SessionRepository:
             return self._append(conn, batch.session_id, batch.rows, new_session)
 
         result = self._db.write(work)
-        if result.first_seq is not None:
+        if result.first_seq is not None and not self._index_appends:
+            self._search.mark_stale("appends without indexing (search_index=False)")
+        elif result.first_seq is not None:
             # After the commit, in a transaction of its own: the index can never make a
             # transcript write fail (a failure marks it stale; see repo/search.py).
             content = {message.client_msg_uuid: message.content for message in batch.messages}
@@ -475,6 +478,7 @@ def open_repository(
     *,
     auto_migrate: bool | None = None,
     require_connection: bool = True,
+    search_index: bool = True,
     **options: Any,
 ) -> SessionRepository:
     """Open the store at ``url``.
@@ -490,9 +494,14 @@ def open_repository(
             not an error: the schema is checked on the first call that reaches it. A
             gateway writing through ``TranscriptWriter`` wants this, so that it starts
             (and parks messages in its outbox) while the primary is down.
+        search_index: with ``False``, appends do not maintain the full-text index (a
+            bulk load); the index is then marked stale, and search refuses until
+            ``reindex``.
         **options: engine options: ``pool_size``, ``max_overflow``, ``busy_timeout``
             (SQLite, seconds), ``sqlite_synchronous`` (default ``"FULL"``),
-            ``connect_timeout`` (PostgreSQL, seconds), ``attempts`` (lock-race retries).
+            ``connect_timeout`` (PostgreSQL, seconds), ``search_config`` (PostgreSQL
+            text search configuration, default ``simple``), ``attempts`` (lock-race
+            retries).
 
     Raises:
         SchemaOutOfDate: the database is not at this code's schema revision.
@@ -514,4 +523,4 @@ def open_repository(
     except BaseException:
         database.dispose()
         raise
-    return SessionRepository(database)
+    return SessionRepository(database, search_index=search_index)

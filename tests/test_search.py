@@ -215,3 +215,14 @@ def test_sqlite_a_corrupt_index_blocks_no_write_and_reindex_repairs_it(
         assert len(repo.search("zebra")) == 6
     finally:
         repo.close()
+
+
+def test_a_bulk_load_without_indexing_leaves_search_refusing_until_reindex(
+    database_url: str,
+) -> None:
+    with open_repository(database_url, search_index=False) as bulk:
+        bulk.append("s", [Message(role="user", content="okapi")])
+        with pytest.raises(SearchIndexUnavailable):
+            bulk.search("okapi")
+        assert bulk.reindex() == 1
+        assert _found(bulk.search("okapi")) == [("s", 1)]
