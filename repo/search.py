@@ -64,18 +64,27 @@ _WORD = re.compile(r"[^\W_]+")
 def normalize(text: str) -> str:
     """The text as both backends' tokenizers are given it (see the module docstring)."""
     text = unicodedata.normalize("NFKD", text.casefold())
-    text = unicodedata.normalize("NFC", _LATIN_MARKS.sub("", text))
-    out: list[str] = []
-    for char in text:
-        if _CJK_CHAR.match(char):
-            out.append(f" {char} ")
-        elif unicodedata.category(char) in ("So", "Sk", "Sm", "Sc"):
-            out.append(f" u{ord(char):x} ")
-        elif unicodedata.category(char) in ("Mn", "Me", "Cf"):
-            continue  # variation selectors, ZWJ, stray marks: not part of any word
-        else:
-            out.append(char)
-    return "".join(out)
+    if _ANY_MARK.search(text):
+        text = _LATIN_MARKS.sub("", text)
+    text = unicodedata.normalize("NFC", text)
+    text = _CJK_CHAR.sub(r" \g<0> ", text)
+    return _NOT_WORD.sub(_symbol_or_mark, text)
+
+
+_ANY_MARK = re.compile("[\u0300-\u036f]")
+#: Non-ASCII characters that are not letters, digits or spaces: symbols (emoji) become
+#: words, marks and format characters vanish. ASCII punctuation and symbols separate.
+_NOT_WORD = re.compile(r"[^\w\s\x00-\x7f]")
+
+
+def _symbol_or_mark(match: re.Match[str]) -> str:
+    char = match.group()
+    category = unicodedata.category(char)
+    if category in ("So", "Sk", "Sm", "Sc"):
+        return f" u{ord(char):x} "
+    if category in ("Mn", "Me", "Cf"):
+        return ""  # variation selectors, ZWJ, stray marks: not part of any word
+    return char
 
 
 def content_text(content: Any) -> str:
@@ -341,25 +350,33 @@ def _message_batches(conn: Connection, size: int = 1000) -> Iterator[list[tuple[
 def make_snippet(text: str, parsed: Query) -> str | None:
     """A short extract around the first match, matches in [brackets]; ``None`` when the
     text does not satisfy the query (so the index was wrong)."""
-    words = [(m.group(), m.start(), m.end()) for m in _iter_words(text)]
-    normalized = [normalize(word).strip() for word, _, _ in words]
-    spans: list[tuple[int, int]] = []
-    for term in parsed.positive:
-        found = list(_find_all(term, normalized))
-        if not found:
-            return None
-        spans += found
-    for term in parsed.negative:
-        if next(_find_all(term, normalized), None) is not None:
-            return None
-    first = min(start for start, _ in spans)
-    marked = {index for start, end in spans for index in range(start, end)}
-    begin = max(0, words[first][1] - SNIPPET_CHARS // 3)
-    end = min(len(text), begin + SNIPPET_CHARS)
+    words = _WORD.findall(normalize(text))
+    if not all(_occurs(term, words) for term in parsed.positive):
+        return None
+    if any(_occurs(term, words) for term in parsed.negative):
+        return None
+    # Walk the source words only as far as the extract needs.
+    begin = end = -1
+    marked: list[tuple[int, int]] = []
+    flat: list[tuple[str, int, int]] = []  # (index word, source start, source end)
+    for match in _iter_words(text):
+        if end >= 0 and match.start() >= end:
+            break
+        for part in _WORD.findall(normalize(match.group())):
+            flat.append((part, match.start(), match.end()))
+            for term in parsed.positive:
+                size = len(term.words)
+                if len(flat) >= size and _matches(term, [w for w, _, _ in flat[-size:]]):
+                    marked.append((flat[-size][1], flat[-1][2]))
+                    if begin < 0:
+                        begin = max(0, flat[-size][1] - SNIPPET_CHARS // 3)
+                        end = min(len(text), begin + SNIPPET_CHARS)
+    if begin < 0:  # matched words the source splits differently: show the start
+        begin, end = 0, min(len(text), SNIPPET_CHARS)
     pieces: list[str] = ["…" if begin else ""]
     cursor = begin
-    for index, (_, start, stop) in enumerate(words):
-        if start < begin or stop > end or index not in marked:
+    for start, stop in sorted(marked):
+        if start < cursor or stop > end:
             continue
         pieces += [text[cursor:start], "[", text[start:stop], "]"]
         cursor = stop
@@ -371,24 +388,25 @@ def make_snippet(text: str, parsed: Query) -> str | None:
 
 
 def _iter_words(text: str) -> Iterator[re.Match[str]]:
-    """Words as the index sees them: runs of word characters, and every CJK character
-    or symbol on its own."""
+    """Source words: runs of letters and digits, and every CJK character or symbol."""
     return re.finditer(rf"[{_CJK}]|[^\w\s]|[^\W_]+", text)
 
 
-def _find_all(term: Term, normalized: list[str]) -> Iterator[tuple[int, int]]:
-    """Every (first word, end word) span of ``normalized`` source words matching ``term``."""
-    # A normalised source word may itself be several index words ("café" stays one,
-    # a CJK run or an emoji becomes several): compare word sequences.
-    flat: list[tuple[str, int]] = []
-    for index, word in enumerate(normalized):
-        for part in _WORD.findall(word):
-            flat.append((part, index))
+def _matches(term: Term, window: list[str]) -> bool:
+    if window[:-1] != list(term.words[:-1]):
+        return False
+    last, wanted = window[-1], term.words[-1]
+    return last == wanted or (term.prefix and last.startswith(wanted))
+
+
+def _occurs(term: Term, words: list[str]) -> bool:
+    """Whether ``term`` occurs in a document's index words."""
+    first = term.words[0]
     size = len(term.words)
-    for position in range(len(flat) - size + 1):
-        window = [flat[position + k][0] for k in range(size)]
-        if window[:-1] != list(term.words[:-1]):
-            continue
-        last, wanted = window[-1], term.words[-1]
-        if last == wanted or (term.prefix and last.startswith(wanted)):
-            yield flat[position][1], flat[position + size - 1][1] + 1
+    if size == 1 and not term.prefix:
+        return first in words
+    return any(
+        _matches(term, words[index : index + size])
+        for index in range(len(words) - size + 1)
+        if words[index] == first or (size == 1 and words[index].startswith(first))
+    )
