@@ -78,17 +78,28 @@ class Database:
                         self._first_use = check
                         raise
         attempt = 0
+        reconnected = False
         while True:
             attempt += 1
             try:
                 with engine.begin() as connection:
                     return work(connection)
             except sa_exc.DBAPIError as exc:
+                # A connection the server dropped (a restart, an idle timeout, a
+                # terminated backend) is found on use, not pinged before each checkout:
+                # the pool discards it and its peers, and the transaction reruns once,
+                # at once (a server that is down fails the rerun just as fast).
+                if exc.connection_invalidated and not reconnected:
+                    reconnected = True
+                    continue
                 if attempt < self._attempts and self.dialect.is_retryable(exc):
                     # Full jitter, capped: contenders spread out instead of colliding again.
                     time.sleep(random.uniform(0, min(1.0, 0.01 * 2**attempt)))
                     continue
                 raise self.dialect.translate(exc) from exc
+            except sa_exc.PendingRollbackError as exc:
+                # The connection was lost inside the transaction: nothing was committed.
+                raise BackendUnavailable(f"the connection was lost mid-transaction: {exc}") from exc
             except sa_exc.TimeoutError as exc:
                 raise BackendUnavailable(f"no database connection free: {exc}") from exc
             except sa_exc.SQLAlchemyError as exc:

@@ -288,6 +288,11 @@ class BackendDialect:
         """Drop the index entries of sessions being deleted (PostgreSQL's foreign key
         cascades by itself; FTS5 has no foreign keys)."""
 
+    def transaction_alive(self, connection: Connection) -> bool:
+        """Whether the transaction survived a failed statement (after its savepoint was
+        rolled back). PostgreSQL's does, unless the connection itself is gone."""
+        return not connection.invalidated
+
     def is_retryable(self, exc: sa_exc.DBAPIError) -> bool:
         """Whether rerunning the whole transaction at once may succeed (lock contention)."""
         return False
@@ -389,6 +394,12 @@ class SQLiteDialect(BackendDialect):
 
     def reset_search_index(self, connection: Connection) -> None:
         _sqlite_reset_search_index(connection)
+
+    def transaction_alive(self, connection: Connection) -> bool:
+        # SQLite rolls a transaction back by itself on some errors (I/O, full disk).
+        if connection.invalidated:
+            return False
+        return bool(connection.connection.driver_connection.in_transaction)  # type: ignore[union-attr]
 
     def forget_search_documents(self, connection: Connection, session_ids: Sequence[str]) -> None:
         for start in range(0, len(session_ids), _LOOKUP_CHUNK):
@@ -516,7 +527,8 @@ def _run_search(
 
 
 class PostgresDialect(BackendDialect):
-    """PostgreSQL through psycopg 3: a pre-pinged pool, every session in UTC."""
+    """PostgreSQL through psycopg 3: a pool whose dead connections are replaced on use,
+    every session in UTC."""
 
     name = "postgresql"
 
@@ -545,7 +557,9 @@ class PostgresDialect(BackendDialect):
         connect_timeout = options.pop("connect_timeout", 10)
         if connect_timeout is not None:
             connect_args["connect_timeout"] = int(connect_timeout)
-        options.setdefault("pool_pre_ping", True)
+        # No ping before each checkout (a round trip per transaction): a dead connection
+        # is detected on use and the transaction rerun (see Database._run).
+        options.setdefault("pool_pre_ping", False)
         return create_engine(url, connect_args=connect_args, **options)
 
     def insert_ignoring(self, table: Table, conflict_columns: Sequence[str]) -> Insert:

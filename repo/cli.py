@@ -8,28 +8,51 @@ add exit statuses a monitoring script can act on (3, 4: see ``sessionrepo outbox
 from __future__ import annotations
 
 import io
-from collections.abc import Iterator
+import json
+import re
+import shutil
+import sys
+import textwrap
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import IO, Any, Literal
 from urllib.parse import quote, quote_plus
 
 import click
 from alembic import command
 from alembic.util.exc import CommandError
 from sqlalchemy import exc as sa_exc
+from sqlalchemy import func, select
 from sqlalchemy.engine import make_url
 
+from models import Session, StoredMessage
 from models.message import utcnow
+from models.tables import messages_table
 from repo import schema
 from repo._database import Database
 from repo._dialects import normalize_url
 from repo.demo import EXIT_PATHS, DemoResult, run_demo
 from repo.errors import RepoError
+from repo.maintenance import (
+    MAX_BATCH,
+    DoctorReport,
+    ExportReport,
+    PruneReport,
+    Selection,
+    count_prunable,
+    count_sessions,
+    export_sessions,
+    import_sessions,
+    missing_sqlite_file,
+    parse_duration,
+    prune_sessions,
+    run_doctor,
+)
 from repo.outbox import Outbox, OutboxStatus
-from repo.repository import open_repository
+from repo.repository import SessionRepository, open_repository
 from repo.writer import DrainReport, TranscriptWriter, open_outbox_database
 
 
@@ -575,3 +598,856 @@ def retry_dead(target: _OutboxTarget, session_id: str | None) -> None:
 
 def _rows(count: int, kind: str = "") -> str:
     return f"{count:,} {kind}{'row' if count == 1 else 'rows'}"
+
+
+# -- doctor ---------------------------------------------------------------------------
+
+#: ``doctor``: a check failed (or, with ``--strict``, warned).
+EXIT_UNHEALTHY = 1
+
+
+@main.command()
+@click.option(
+    "--outbox-url",
+    envvar="SESSIONREPO_OUTBOX_URL",
+    callback=_check_url,
+    metavar="URL",
+    help="The gateways' separate outbox (as for `sessionrepo outbox`). Default: "
+    "$SESSIONREPO_OUTBOX_URL, else the primary database's pending_outbox table.",
+)
+@click.option(
+    "--max-outbox-age",
+    type=click.FloatRange(min=0),
+    default=3600.0,
+    show_default=True,
+    metavar="SECONDS",
+    help="A pending outbox row older than this is a failure, not a warning.",
+)
+@click.option("--strict", is_flag=True, help="Exit 1 on warnings too.")
+@click.option("--json", "as_json", is_flag=True, help="Print the DoctorReport as JSON.")
+@click.pass_context
+def doctor(
+    ctx: click.Context,
+    outbox_url: str | None,
+    max_outbox_age: float,
+    strict: bool,
+    as_json: bool,
+) -> None:
+    """Check that the store is healthy, and say what to fix when it is not.
+
+    Checks, in order: the connection; the schema revision against this sessionrepo's
+    head; the backend's settings as a gateway's connection sees them (SQLite:
+    journal_mode, synchronous, foreign_keys, busy_timeout; PostgreSQL: server version,
+    synchronous_commit, fsync, full_page_writes, the session's time zone, read-only);
+    the outbox's backlog and dead rows. Changes nothing: no migration, no file created.
+
+    \b
+    Exit status:
+        0  healthy (warnings, if any, are printed)
+        1  a check failed (with --strict: or warned); each says how to fix it
+        2  usage error
+
+    \b
+    Example:
+        sessionrepo doctor
+        SESSIONREPO_DATABASE_URL=postgresql://app@db/chat sessionrepo doctor --json
+        sessionrepo doctor --outbox-url /var/lib/gateway/outbox.db --max-outbox-age 600
+    """
+    report = run_doctor(ctx.obj, outbox_url=outbox_url, max_outbox_age=max_outbox_age)
+    urls = (ctx.obj, outbox_url)
+    report = report.model_copy(
+        update={
+            "checks": [
+                check.model_copy(update={"detail": _masked(check.detail, *urls)})
+                for check in report.checks
+            ]
+        }
+    )
+    if as_json:
+        click.echo(report.model_dump_json(indent=2))
+    else:
+        _print_doctor(report)
+    if report.failures or (strict and report.warnings):
+        ctx.exit(EXIT_UNHEALTHY)
+
+
+def _print_doctor(report: DoctorReport) -> None:
+    outbox = "its pending_outbox" if report.outbox == "primary" else report.outbox
+    click.echo(f"database {report.database} (outbox: {outbox})")
+    width = max(len(check.name) for check in report.checks)
+    labels = {"ok": "ok", "warn": "WARN", "fail": "FAIL", "skip": "skip"}
+    for check in report.checks:
+        click.echo(f"  {labels[check.status]:<5} {check.name:<{width}}  {check.detail}")
+        if check.fix and check.status in ("warn", "fail"):
+            click.echo(f"  {'':<5} {'':<{width}}  fix: {check.fix}")
+    if report.failures:
+        names = ", ".join(check.name for check in report.failures)
+        click.echo(f"verdict: UNHEALTHY ({names})")
+    elif report.warnings:
+        names = ", ".join(check.name for check in report.warnings)
+        click.echo(f"verdict: healthy, with warnings ({names})")
+    else:
+        click.echo("verdict: healthy")
+
+
+# -- sessions -------------------------------------------------------------------------
+
+# Control characters (but newline and tab) and bidirectional overrides: printed as
+# escapes, so a transcript cannot drive the terminal or disguise what it shows.
+_UNPRINTABLE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+
+
+def _printable(value: str, *, one_line: bool = False) -> str:
+    value = _UNPRINTABLE.sub(lambda match: ascii(match.group())[1:-1], value)
+    return " ".join(value.split()) if one_line else value
+
+
+def _clip(value: str, width: int) -> str:
+    return value if len(value) <= width else value[: max(width - 1, 0)] + "…"
+
+
+def _when(value: datetime | None) -> str:
+    return "-" if value is None else value.strftime("%Y-%m-%d %H:%M:%S")
+
+
+@contextmanager
+def _open_store(url: str | None) -> Iterator[SessionRepository]:
+    """The repository at ``url``; a SQLite file must exist (opening would create it)."""
+    missing = missing_sqlite_file(url)
+    if missing is not None:
+        raise click.ClickException(
+            f"no database file at {missing}; check --url / SESSIONREPO_DATABASE_URL"
+        )
+    repository = open_repository(url)
+    try:
+        yield repository
+    finally:
+        repository.close()
+
+
+@main.group(cls=_Group)
+def sessions() -> None:
+    """List sessions, read a transcript, end a session.
+
+    \b
+    Example:
+        sessionrepo sessions list --source discord --status open
+        sessionrepo sessions show discord:1234
+        sessionrepo sessions end discord:1234 --reason user_left
+    """
+
+
+@sessions.command("list")
+@click.option("--source", help="Only sessions from this platform (discord, telegram, cli…).")
+@click.option("--user", "user_id", metavar="ID", help="Only this user's sessions.")
+@click.option("--status", type=click.Choice(["open", "ended"]), help="Only open or ended ones.")
+@click.option(
+    "--limit", type=click.IntRange(1, 1000), default=20, show_default=True, help="Page size."
+)
+@click.option("--cursor", help="The next-page cursor a previous listing printed.")
+@click.option("--json", "as_json", is_flag=True, help="Print the SessionPage as JSON.")
+@click.pass_obj
+def list_(
+    url: str | None,
+    *,
+    source: str | None,
+    user_id: str | None,
+    status: Literal["open", "ended"] | None,
+    limit: int,
+    cursor: str | None,
+    as_json: bool,
+) -> None:
+    """List sessions, most recently active first, a page at a time.
+
+    The last line gives the cursor of the next page (pass it back with --cursor and
+    the same filters); --json has it as "next_cursor" (null on the last page).
+
+    \b
+    Example:
+        sessionrepo sessions list --source discord --status open --limit 50
+        sessionrepo sessions list --json | jq -r '.sessions[].id'
+    """
+    with _open_store(url) as repository:
+        page = repository.list_sessions(
+            source=source, user_id=user_id, status=status, limit=limit, cursor=cursor
+        )
+    if as_json:
+        click.echo(page.model_dump_json(indent=2, by_alias=True))
+        return
+    if not page.sessions:
+        click.echo("no sessions")
+        return
+    header = ("session", "source", "user", "status", "messages", "last active (UTC)")
+    rows = [
+        (
+            _clip(_printable(s.id, one_line=True), 40),
+            _clip(s.source, 16),
+            _clip(s.user_id or "-", 20),
+            "open" if s.ended_at is None else "ended",
+            f"{s.message_count:,}",
+            _when(s.last_active_at),
+        )
+        for s in page.sessions
+    ]
+    widths = [max(len(row[i]) for row in (header, *rows)) for i in range(len(header))]
+    total = shutil.get_terminal_size((120, 24)).columns
+    room = max(total - sum(widths) - 2 * len(widths) - 2, 20)
+    for row, summary in zip((header, *rows), (None, *page.sessions), strict=True):
+        cells = [
+            cell.rjust(width) if i == 4 else cell.ljust(width)
+            for i, (cell, width) in enumerate(zip(row, widths, strict=True))
+        ]
+        preview = "preview" if summary is None else _printable(summary.preview or "", one_line=True)
+        click.echo(("  ".join([*cells, _clip(preview, room)])).rstrip())
+    if page.next_cursor is not None:
+        click.echo(f"next page: --cursor {page.next_cursor}")
+
+
+@sessions.command()
+@click.argument("session_id", metavar="ID")
+@click.option("--json", "as_json", is_flag=True, help="JSON lines, one message each (see above).")
+@click.option(
+    "--after", "after_seq", type=click.IntRange(min=0), metavar="SEQ", help="Start after this seq."
+)
+@click.option("--limit", type=click.IntRange(min=1), help="Show at most this many messages.")
+@click.option("--tail", type=click.IntRange(min=1), metavar="N", help="Only the last N messages.")
+@click.option(
+    "--lines",
+    type=click.IntRange(min=1),
+    default=12,
+    show_default=True,
+    help="Lines of content shown per message.",
+)
+@click.option("--full", is_flag=True, help="Show every line of every message.")
+@click.option(
+    "--width", type=click.IntRange(min=40), help="Wrap at this width (default: the terminal's)."
+)
+@click.pass_obj
+def show(
+    url: str | None,
+    session_id: str,
+    *,
+    as_json: bool,
+    after_seq: int | None,
+    limit: int | None,
+    tail: int | None,
+    lines: int,
+    full: bool,
+    width: int | None,
+) -> None:
+    """Print a session's transcript, oldest first.
+
+    Each message shows its seq, time (UTC) and role, then its content wrapped to the
+    terminal (long messages cut after --lines lines unless --full); tool calls are
+    summarised as name(arguments) and tool results name the call they answer. Control
+    characters are shown as escapes. The transcript is read a page at a time.
+
+    With --json, each line is one message as a JSON object: {"seq": …, "timestamp": …,
+    "message": {…}}, where "message" is the OpenAI-format dict exactly as stored
+    (to_openai(include_key=True): its client_msg_uuid included, so it can be flushed
+    again without duplicating anything).
+
+    \b
+    Example:
+        sessionrepo sessions show discord:1234 --tail 20
+        sessionrepo sessions show discord:1234 --json | jq -c .message
+    """
+    if tail is not None and (after_seq is not None or limit is not None):
+        raise click.UsageError("--tail cannot be combined with --after or --limit")
+    with _open_store(url) as repository:
+        if not as_json:
+            _print_session_header(repository.get_session(session_id))
+        wrap = width or shutil.get_terminal_size((100, 24)).columns
+        for message in _transcript_pages(repository, session_id, after_seq, limit, tail):
+            if as_json:
+                record = {
+                    "seq": message.seq,
+                    "timestamp": message.timestamp.isoformat().replace("+00:00", "Z"),
+                    "message": message.to_openai(include_key=True),
+                }
+                click.echo(json.dumps(record, ensure_ascii=False))
+            else:
+                _print_message(message, wrap, None if full else lines)
+
+
+def _transcript_pages(
+    repository: SessionRepository,
+    session_id: str,
+    after_seq: int | None,
+    limit: int | None,
+    tail: int | None,
+) -> Iterator[StoredMessage]:
+    if tail is not None:
+        yield from repository.load_transcript(session_id, before_seq=MAX_SEQ, limit=tail)
+        return
+    after = after_seq or 0
+    left = limit
+    while left is None or left > 0:
+        size = TRANSCRIPT_PAGE if left is None else min(left, TRANSCRIPT_PAGE)
+        page = repository.load_transcript(session_id, after_seq=after, limit=size)
+        yield from page
+        if len(page) < size:
+            return
+        after = page[-1].seq
+        if left is not None:
+            left -= len(page)
+
+
+#: Messages read per transcript page by ``sessions show``.
+TRANSCRIPT_PAGE = 500
+MAX_SEQ = 2**63 - 1
+
+
+def _print_session_header(session: Session) -> None:
+    status = (
+        "open"
+        if session.ended_at is None
+        else f"ended {_when(session.ended_at)} ({_printable(session.end_reason or '-')})"
+    )
+    click.echo(f"session {session.id} · source {session.source} · user {session.user_id or '-'}")
+    click.echo(
+        f"started {_when(session.started_at)} · last active {_when(session.last_active_at)}"
+        f" · {_count(session.message_count, 'message')}"
+        f" · {_count(session.tool_call_count, 'tool call')}"
+        f" · {status}"
+    )
+    details = [
+        f"model {session.model}" if session.model else "",
+        f"title {_printable(session.title, one_line=True)!s}" if session.title else "",
+        f"continues {session.parent_session_id}" if session.parent_session_id else "",
+    ]
+    if any(details):
+        click.echo(" · ".join(detail for detail in details if detail))
+    click.echo("")
+
+
+def _print_message(message: StoredMessage, width: int, max_lines: int | None) -> None:
+    about = ""
+    if message.role == "tool":
+        about = f"  ({', '.join(v for v in (message.tool_name, message.tool_call_id) if v)})"
+    click.echo(f"#{message.seq}  {_when(message.timestamp)}  {message.role}{about}")
+    indent = "    "
+    lines: list[str] = []
+    for paragraph in _printable(_content_text(message.content)).split("\n"):
+        lines += textwrap.wrap(
+            paragraph, width=max(width - len(indent), 20), replace_whitespace=False
+        ) or [""]
+    while lines and not lines[-1].strip():
+        lines.pop()
+    if max_lines is not None and len(lines) > max_lines:
+        hidden = len(lines) - max_lines
+        lines = [*lines[:max_lines], f"… {hidden:,} more lines (--full shows them)"]
+    for line in lines:
+        click.echo(indent + line)
+    if message.reasoning:
+        click.echo(f"{indent}(reasoning: {len(message.reasoning):,} characters)")
+    for call in message.tool_calls or []:
+        click.echo(indent + _clip(_tool_call(call), max(width - len(indent), 20)))
+    click.echo("")
+
+
+def _content_text(content: Any) -> str:
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts = []
+        for part in content:
+            if isinstance(part, dict) and isinstance(part.get("text"), str):
+                parts.append(part["text"])
+            elif isinstance(part, dict) and "type" in part:
+                parts.append(f"[{part['type']}]")
+            else:
+                parts.append(json.dumps(part, ensure_ascii=False))
+        return "\n".join(parts)
+    return json.dumps(content, ensure_ascii=False)
+
+
+def _tool_call(call: Any) -> str:
+    """``→ name(arguments)  [id]`` for an OpenAI-format tool call."""
+    if not isinstance(call, dict):
+        return f"→ {_printable(json.dumps(call, ensure_ascii=False), one_line=True)}"
+    function = call.get("function")
+    if not isinstance(function, dict):
+        function = {}
+    name = function.get("name") or call.get("type") or "?"
+    arguments = function.get("arguments", "")
+    if not isinstance(arguments, str):
+        arguments = json.dumps(arguments, ensure_ascii=False)
+    ident = f"  [{_printable(str(call['id']), one_line=True)}]" if call.get("id") else ""
+    shown = _printable(f"{name}({_clip(arguments, 200)})", one_line=True)
+    return f"→ {shown}{ident}"
+
+
+@sessions.command()
+@click.argument("session_id", metavar="ID")
+@click.option("--reason", required=True, help="Why it ended (kept if it had ended already).")
+@click.option("--json", "as_json", is_flag=True, help="Print the outcome as JSON.")
+@click.pass_obj
+def end(url: str | None, session_id: str, reason: str, as_json: bool) -> None:
+    """End a session. The first reason wins: ending an ended session changes nothing,
+    and says so (exit 0 either way; --json has "ended": true only when this call
+    ended it).
+
+    \b
+    Example:
+        sessionrepo sessions end discord:1234 --reason user_left
+        sessionrepo sessions end discord:1234 --reason cleanup --json
+    """
+    with _open_store(url) as repository:
+        ended = repository.end_session(session_id, reason)
+        session = repository.get_session(session_id)
+    if as_json:
+        click.echo(
+            json.dumps(
+                {
+                    "session_id": session.id,
+                    "ended": ended,
+                    "ended_at": session.ended_at.isoformat() if session.ended_at else None,
+                    "end_reason": session.end_reason,
+                }
+            )
+        )
+    elif ended:
+        click.echo(f"ended session {session.id!r} (reason: {_printable(reason)})")
+    else:
+        click.echo(
+            f"session {session.id!r} had already ended at {_when(session.ended_at)} "
+            f"(reason: {_printable(session.end_reason or '-')}); nothing changed"
+        )
+
+
+# -- export, import, prune ------------------------------------------------------------
+
+
+def _parse_ended_before(
+    ctx: click.Context, param: click.Parameter, value: str | None
+) -> datetime | None:
+    if value is None:
+        return None
+    try:
+        return utcnow() - parse_duration(value)
+    except ValueError:
+        pass
+    try:
+        when = datetime.fromisoformat(value)
+    except ValueError:
+        raise click.BadParameter(
+            f"{value!r} is neither a duration (90d, 12h) nor a date (2025-01-31, "
+            "2025-01-31T12:00:00+00:00)"
+        ) from None
+    return when if when.tzinfo is not None else when.replace(tzinfo=UTC)
+
+
+def _parse_older_than(ctx: click.Context, param: click.Parameter, value: str) -> timedelta:
+    try:
+        return parse_duration(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
+
+
+@contextmanager
+def _progress(length: int | None, label: str) -> Iterator[Callable[[int], None]]:
+    """A progress bar on stderr (only drawn on a terminal); yields its ``update``."""
+    if length is None or not sys.stderr.isatty():
+        yield lambda _: None
+        return
+    with click.progressbar(length=length, label=label, file=sys.stderr) as bar:
+        yield bar.update
+
+
+@main.command("export")
+@click.argument("output", metavar="FILE", type=click.Path(dir_okay=False, allow_dash=True))
+@click.option(
+    "--session", "session_ids", multiple=True, metavar="ID", help="This session (repeatable)."
+)
+@click.option("--source", help="Only sessions from this platform.")
+@click.option("--user", "user_id", metavar="ID", help="Only this user's sessions.")
+@click.option("--status", type=click.Choice(["open", "ended"]), help="Only open or ended ones.")
+@click.option(
+    "--ended-before",
+    callback=_parse_ended_before,
+    metavar="WHEN",
+    help="Only sessions that ended before WHEN: a date/time (UTC unless it says) or an "
+    "age such as 90d.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
+@click.pass_obj
+def export_(
+    url: str | None,
+    output: str,
+    *,
+    session_ids: tuple[str, ...],
+    source: str | None,
+    user_id: str | None,
+    status: Literal["open", "ended"] | None,
+    ended_before: datetime | None,
+    as_json: bool,
+) -> None:
+    """Export sessions and their messages to a JSON Lines file (or - for stdout).
+
+    One session (--session), those matching filters, or everything. Streamed: a page
+    of sessions and of messages at a time, with a progress bar on stderr. The file
+    holds a header, then each session followed by its messages in seq order, then an
+    end record; `sessionrepo import` recreates them exactly. Open sessions are
+    exported as they are at that moment. FILE must not exist yet.
+
+    \b
+    Example:
+        sessionrepo export backup.jsonl
+        sessionrepo export --source discord --ended-before 2025-01-01 old-discord.jsonl
+        sessionrepo export --session discord:1234 - | gzip > discord-1234.jsonl.gz
+    """
+    if session_ids and (source, user_id, status, ended_before) != (None,) * 4:
+        raise click.UsageError("--session cannot be combined with the filters")
+    if as_json and output == "-":
+        raise click.UsageError("--json needs FILE: with -, stdout carries the export")
+    selection = Selection(
+        session_ids=session_ids,
+        source=source,
+        user_id=user_id,
+        status=status,
+        ended_before=ended_before,
+    )
+    with _open_store(url) as repository:
+        total = count_sessions(repository, selection)
+        with _progress(total, "exporting sessions") as advance:
+            if output == "-":
+                report = export_sessions(
+                    repository,
+                    sys.stdout.buffer,
+                    selection,
+                    on_session=lambda _: advance(1),
+                )
+            else:
+                report = _export_to_file(repository, Path(output), selection, advance)
+    if as_json:
+        click.echo(report.model_dump_json(indent=2))
+        return
+    where = "stdout" if output == "-" else output
+    click.echo(
+        f"exported {_count(report.sessions, 'session')} with "
+        f"{_count(report.messages, 'message')} to {where}",
+        err=output == "-",
+    )
+
+
+def _export_to_file(
+    repository: SessionRepository,
+    path: Path,
+    selection: Selection,
+    advance: Callable[[int], None],
+) -> ExportReport:
+    out = _create(path, "FILE")
+    try:
+        with out:
+            return export_sessions(repository, out, selection, on_session=lambda _: advance(1))
+    except BaseException:
+        path.unlink(missing_ok=True)  # half an export is worse than none
+        raise
+
+
+def _create(path: Path, param: str) -> IO[bytes]:
+    try:
+        return path.open("xb")
+    except FileExistsError:
+        raise click.BadParameter(
+            f"{path} already exists; choose a new file", param_hint=repr(param)
+        ) from None
+    except OSError as exc:
+        raise click.BadParameter(f"{path}: {exc.strerror}", param_hint=repr(param)) from None
+
+
+def _count(number: int, noun: str) -> str:
+    return f"{number:,} {noun}{'' if number == 1 else 's'}"
+
+
+@main.command("import")
+@click.argument(
+    "source",
+    metavar="FILE",
+    type=click.Path(exists=True, dir_okay=False, allow_dash=True),
+)
+@click.option(
+    "--batch-size",
+    type=click.IntRange(1, MAX_BATCH),
+    default=MAX_BATCH,
+    show_default=True,
+    help="Messages written per transaction.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the ImportReport as JSON.")
+@click.pass_context
+def import_(ctx: click.Context, source: str, batch_size: int, as_json: bool) -> None:
+    """Import a file written by `sessionrepo export` (or - for stdin).
+
+    Idempotent: a message whose key the database holds is skipped, so importing the
+    same file again inserts nothing, and an interrupted import is completed by running
+    it again. A session the database lacks is recreated exactly (same fields, same
+    counters, same seq for every message); one it holds with changes of its own gets
+    only the missing messages, appended after its own. Stops at the first damaged
+    line (what came before is kept). A PostgreSQL database must be migrated first
+    (`sessionrepo migrate`); a new SQLite file is created.
+
+    Exit status: 0 when the whole file was imported; 1 on an error, or when the
+    file was cut short (it lacks its end record: what it held was imported).
+
+    \b
+    Example:
+        sessionrepo --url postgresql://app@db/chat migrate
+        sessionrepo import backup.jsonl
+        gunzip -c discord-1234.jsonl.gz | sessionrepo import -
+    """
+    url: str | None = ctx.obj
+    with open_repository(url) as repository:
+        if source == "-":
+            report = import_sessions(repository, sys.stdin.buffer, batch_size=batch_size)
+        else:
+            path = Path(source)
+            with path.open("rb") as stream, _progress(path.stat().st_size, "importing") as advance:
+                report = import_sessions(
+                    repository, stream, batch_size=batch_size, on_progress=advance
+                )
+    if as_json:
+        click.echo(report.model_dump_json(indent=2))
+    else:
+        click.echo(
+            f"imported {_count(report.sessions, 'session')} ({report.sessions_restored:,} new, "
+            f"{report.sessions_present:,} already present, {report.sessions_merged:,} merged "
+            f"into changed sessions); messages: {report.messages_inserted:,} inserted, "
+            f"{report.messages_present:,} already present, "
+            f"{report.messages_conflicting:,} conflicting"
+        )
+        if report.messages_conflicting:
+            click.echo(
+                "Conflicting messages have a key this database holds with different "
+                "content: the stored ones were kept."
+            )
+    if not report.complete:
+        click.echo(
+            f"Error: {source} was cut short (it lacks the end record): what it held was "
+            "imported; import the complete file to finish",
+            err=True,
+        )
+        ctx.exit(1)
+
+
+@main.command()
+@click.option(
+    "--older-than",
+    required=True,
+    callback=_parse_older_than,
+    metavar="AGE",
+    help="Prune sessions that ended, and were last active, longer ago than this: a whole "
+    "number and s, m, h or d (90d, 12h).",
+)
+@click.option("--dry-run", is_flag=True, help="Delete nothing; list what would go.")
+@click.option(
+    "--export",
+    "export_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    metavar="FILE",
+    help="First export what is pruned to this new file (the `sessionrepo export` "
+    "format); only sessions written there are deleted.",
+)
+@click.option(
+    "--batch-size",
+    type=click.IntRange(1, 1000),
+    default=100,
+    show_default=True,
+    help="Sessions deleted per transaction.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the PruneReport as JSON.")
+@click.pass_obj
+def prune(
+    url: str | None,
+    *,
+    older_than: timedelta,
+    dry_run: bool,
+    export_path: Path | None,
+    batch_size: int,
+    as_json: bool,
+) -> None:
+    """Delete ended sessions, with their messages, once they are old enough.
+
+    Only sessions that have ended, and whose end and last activity are both older
+    than AGE, are deleted; an open session never is, however old. Each batch is
+    checked again as it is deleted, so a session reopened or written to meanwhile
+    stays. With --export, each batch is written and synced to FILE before it is
+    deleted (with --dry-run too, then nothing is deleted). Messages a pruned session
+    still has waiting in this database's pending_outbox are left there and reported.
+
+    \b
+    Example:
+        sessionrepo prune --older-than 90d --dry-run
+        sessionrepo prune --older-than 90d --export pruned-2025-06.jsonl
+    """
+    cutoff = utcnow() - older_than
+    with _open_store(url) as repository:
+        out = _create(export_path, "--export") if export_path is not None else None
+        try:
+            report = _prune(
+                repository, cutoff, dry_run=dry_run, out=out, batch_size=batch_size, as_json=as_json
+            )
+        finally:
+            if out is not None:
+                out.close()
+    if as_json:
+        click.echo(report.model_dump_json(indent=2))
+        return
+    _print_prune(report, export_path)
+
+
+def _prune(
+    repository: SessionRepository,
+    cutoff: datetime,
+    *,
+    dry_run: bool,
+    out: IO[bytes] | None,
+    batch_size: int,
+    as_json: bool,
+) -> PruneReport:
+    def listed(batch: list[Session]) -> None:
+        for session in batch:
+            reason = _printable(session.end_reason or "-", one_line=True)
+            click.echo(
+                f"would prune {session.id}  ended {_when(session.ended_at)} ({reason})  "
+                f"last active {_when(session.last_active_at)}  "
+                f"{_count(session.message_count, 'message')}"
+            )
+
+    if dry_run:
+        return prune_sessions(
+            repository,
+            cutoff=cutoff,
+            dry_run=True,
+            export_to=out,
+            batch_size=batch_size,
+            on_batch=None if as_json else listed,
+        )
+    with _progress(count_prunable(repository, cutoff), "pruning") as advance:
+        return prune_sessions(
+            repository,
+            cutoff=cutoff,
+            export_to=out,
+            batch_size=batch_size,
+            on_batch=lambda batch: advance(len(batch)),
+        )
+
+
+def _print_prune(report: PruneReport, export_path: Path | None) -> None:
+    verb = "would prune" if report.dry_run else "pruned"
+    click.echo(
+        f"{verb} {_count(report.sessions, 'session')} with "
+        f"{_count(report.messages, 'message')} (ended and last active before "
+        f"{_when(report.cutoff)} UTC)"
+    )
+    if export_path is not None and report.exported is not None:
+        click.echo(f"exported {_count(report.exported, 'session')} to {export_path} first")
+    if report.kept:
+        click.echo(
+            f"kept {_count(len(report.kept), 'session')} changed while pruning (reopened "
+            f"or written to): {', '.join(report.kept[:10])}"
+            + (" …" if len(report.kept) > 10 else "")
+        )
+    if report.outbox_rows:
+        click.echo(
+            f"note: {_count(report.outbox_rows, 'message')} of "
+            f"{_count(len(report.outbox_sessions), 'pruned session')} still wait in "
+            "pending_outbox; they were left there, and a drain will recreate those "
+            "sessions with them (see `sessionrepo outbox status`)"
+        )
+
+
+# -- search ---------------------------------------------------------------------------
+
+
+@main.command("search")
+@click.argument("query")
+@click.option("--session", "session_id", metavar="ID", help="Only this session.")
+@click.option("--source", help="Only sessions from this platform.")
+@click.option("--role", type=click.Choice(["system", "user", "assistant", "tool"]))
+@click.option("--user", "user_id", metavar="ID", help="Only this user's sessions.")
+@click.option(
+    "--newest", is_flag=True, help="Newest first instead of best first (cheaper on big stores)."
+)
+@click.option("--limit", type=click.IntRange(1, 1000), default=20, show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="Print the hits as JSON lines.")
+@click.pass_obj
+def search_(
+    url: str | None,
+    *,
+    query: str,
+    session_id: str | None,
+    source: str | None,
+    role: str | None,
+    user_id: str | None,
+    newest: bool,
+    limit: int,
+    as_json: bool,
+) -> None:
+    """Find messages by what they say.
+
+    QUERY is words (all must occur), "quoted phrases", prefix* and -excluded words;
+    any other character is plain text. Exit 1 if the index is stale (run reindex).
+
+    \b
+    Example:
+        sessionrepo search 'mochi "vet visit" -dog'
+        sessionrepo search 'deploy*' --source slack --role user --newest --json
+    """
+    with _open_store(url) as repository:
+        hits = repository.search(
+            query,
+            session_id=session_id,
+            source=source,
+            role=role,
+            user_id=user_id,
+            order="newest" if newest else "rank",
+            limit=limit,
+        )
+    for hit in hits:
+        if as_json:
+            click.echo(hit.model_dump_json())
+        else:
+            click.echo(
+                f"{hit.session_id} #{hit.seq}  {_when(hit.timestamp)}  {hit.role:<9} "
+                f"{_printable(hit.snippet, one_line=True)}"
+            )
+    if not as_json:
+        click.echo(f"{_count(len(hits), 'hit')}", err=True)
+
+
+@main.command()
+@click.pass_obj
+def reindex(url: str | None) -> None:
+    """Rebuild the full-text search index from the messages.
+
+    After `doctor` reports a stale or broken index, or after upgrading a populated store.
+    Transcript writes wait for it (or, through a TranscriptWriter, park in the outbox).
+
+    \b
+    Example:
+        sessionrepo reindex
+        SESSIONREPO_DATABASE_URL=postgresql://app@db/chat sessionrepo reindex
+    """
+    with _open_store(url) as repository:
+        total = repository.database.read(_message_total)
+        with _progress(total, "reindexing") as update:
+            done = [0]
+
+            def progress(indexed: int, _total: int) -> None:
+                update(indexed - done[0])
+                done[0] = indexed
+
+            count = repository.reindex(progress=progress)
+    click.echo(f"indexed {_count(count, 'message')}; search is available")
+
+
+def _message_total(connection: Any) -> int:
+    return int(connection.execute(select(func.count()).select_from(messages_table)).scalar_one())
+
+
+from repo.hermes_cli import import_hermes  # noqa: E402  (it borrows helpers defined above)
+
+main.add_command(import_hermes)

@@ -282,19 +282,24 @@ class SessionRepository:
         def work(conn: Connection) -> AppendResult:
             if timeout is not None:
                 self._db.dialect.limit_transaction_time(conn, timeout)
-            return self._append(conn, batch.session_id, batch.rows, new_session)
-
-        result = self._db.write(work)
-        if result.first_seq is not None and not self._index_appends:
-            self._search.mark_stale("appends without indexing (search_index=False)")
-        elif result.first_seq is not None:
-            # After the commit, in a transaction of its own: the index can never make a
-            # transcript write fail (a failure marks it stale; see repo/search.py).
+            result = self._append(conn, batch.session_id, batch.rows, new_session)
+            if result.first_seq is None:
+                return result
+            if not self._index_appends:
+                self._search.mark_stale_in(conn, "appends without indexing (search_index=False)")
+                return result
+            # In a savepoint: a broken index can never make the transcript write fail
+            # (its failure marks the index stale instead; see repo/search.py).
             content = {message.client_msg_uuid: message.content for message in batch.messages}
-            self._search.index_after_append(
-                batch.session_id, result.first_seq, [content[key] for key in result.inserted]
+            self._search.index_in_transaction(
+                conn,
+                batch.session_id,
+                result.first_seq,
+                [content[key] for key in result.inserted],
             )
-        return result
+            return result
+
+        return self._db.write(work)
 
     def _append(
         self,

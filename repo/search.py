@@ -27,6 +27,7 @@ from datetime import datetime
 from typing import Any, Final, Literal
 
 from sqlalchemy import Connection, func, select, tuple_
+from sqlalchemy import exc as sa_exc
 
 from models.message import utcnow
 from models.search import SearchHit
@@ -194,6 +195,36 @@ class SearchIndex:
                 f"indexing session {session_id!r} seq {seqs[0]}..{seqs[-1]} failed: {exc}"
             )
 
+    def index_in_transaction(
+        self, conn: Connection, session_id: str, first_seq: int, contents: Sequence[Any]
+    ) -> None:
+        """Index messages just inserted in ``conn``'s transaction, inside a savepoint:
+        if indexing fails, only the savepoint is rolled back, the index is marked stale
+        in the same transaction, and the messages still commit.
+
+        Raises:
+            sqlalchemy.exc.DBAPIError: the failure took the whole transaction with it
+                (SQLite rolls back by itself on I/O errors or a full disk); then the
+                append fails as a whole and is retried or parked like any other.
+        """
+        if not contents:
+            return
+        seqs = list(range(first_seq, first_seq + len(contents)))
+        documents = [document(content) for content in contents]
+        try:
+            with conn.begin_nested():
+                self.dialect.index_documents(conn, session_id, seqs, documents)
+        except sa_exc.DBAPIError as exc:
+            if exc.connection_invalidated or not self.dialect.transaction_alive(conn):
+                raise
+            reason = f"indexing session {session_id!r} seq {seqs[0]}..{seqs[-1]} failed: {exc.orig}"
+            self._set_state(conn, "stale", reason)
+
+    def mark_stale_in(self, conn: Connection, reason: str) -> None:
+        """Mark the index stale in ``conn``'s transaction (once: an index already stale is
+        not written again, so concurrent appenders do not queue on its row)."""
+        self._set_state(conn, "stale", reason)
+
     def mark_stale(self, reason: str) -> None:
         # If the database refuses even that, the next search finds the index broken
         # itself, and `sessionrepo doctor` reports it.
@@ -206,9 +237,14 @@ class SearchIndex:
             "reason": reason[:2000] if reason else None,
             "updated_at": utcnow(),
         }
-        updated = conn.execute(
-            search_state_table.update().where(ST.name == _INDEX_NAME).values(**values)
-        ).rowcount
+        update = search_state_table.update().where(ST.name == _INDEX_NAME).values(**values)
+        if state == "stale":
+            update = update.where(ST.state != "stale")  # keep the first reason; no write
+        updated = conn.execute(update).rowcount
+        if not updated and state == "stale":
+            exists = conn.execute(select(ST.name).where(ST.name == _INDEX_NAME)).first()
+            if exists is not None:
+                return
         if not updated:
             conn.execute(search_state_table.insert().values(name=_INDEX_NAME, **values))
 

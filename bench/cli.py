@@ -1,0 +1,176 @@
+"""``python -m bench``: run the benchmark and write ``bench/results/<name>.{json,md}``."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import importlib.util
+import os
+import shlex
+import sys
+import time
+from pathlib import Path
+
+import psycopg
+
+from bench import machine, report
+from bench.contenders import CONTENDERS
+from bench.databases import DEFAULT_POSTGRES_URL
+from bench.runner import FULL, QUICK, BackendRun, config_dict, run_all
+from bench.workload import describe
+
+RESULTS = Path(__file__).resolve().parent / "results"
+DEFAULT_CONTENDERS = ("raw", "sessionrepo", "sessionrepo-noindex", "openai", "adk", "langchain")
+STEPS = ("flush", "reflush", "load", "list", "concurrency")
+#: A failure of these fails the run (exit 1): they are this project's code.
+OURS = ("raw", "sessionrepo", "sessionrepo-noindex")
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench",
+        description=(
+            "sessionrepo against the raw drivers and the peer session stores: the same "
+            "workload, the same database server, interleaved rounds."
+        ),
+    )
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="tiny sizes and one round: a smoke test (figures mean nothing)",
+    )
+    parser.add_argument("--rounds", type=int, help="rounds per cell (default: 5; quick: 1)")
+    parser.add_argument(
+        "--backends",
+        default="sqlite,postgresql",
+        help="comma-separated: sqlite, postgresql (default: both)",
+    )
+    parser.add_argument(
+        "--contenders",
+        default=",".join(DEFAULT_CONTENDERS),
+        help=f"comma-separated, from {', '.join(CONTENDERS)} (raw is always run: it is "
+        "the yardstick)",
+    )
+    parser.add_argument(
+        "--steps",
+        default=",".join(STEPS),
+        help=f"comma-separated, from {', '.join(STEPS)}",
+    )
+    parser.add_argument(
+        "--postgres-url",
+        default=os.environ.get("BENCH_POSTGRES_URL")
+        or os.environ.get("SESSIONREPO_TEST_POSTGRES_URL")
+        or DEFAULT_POSTGRES_URL,
+        help="a server where the benchmark may create and drop databases (default: "
+        "$BENCH_POSTGRES_URL, $SESSIONREPO_TEST_POSTGRES_URL, else "
+        f"{DEFAULT_POSTGRES_URL})",
+    )
+    parser.add_argument("--cap", type=float, help="seconds a contender may spend on one cell")
+    parser.add_argument("--out", type=Path, default=RESULTS, help="results directory")
+    parser.add_argument("--name", help="results file name (default: bench-full / bench-quick)")
+    return parser
+
+
+def _installed(key: str) -> bool:
+    distribution = CONTENDERS[key][2]
+    if distribution is None:
+        return True
+    module = {"openai-agents": "agents", "google-adk": "google.adk"}.get(
+        distribution, distribution.replace("-", "_")
+    )
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ModuleNotFoundError:
+        return False
+
+
+def _postgres_reachable(url: str) -> str | None:
+    try:
+        with psycopg.connect(url, connect_timeout=5):
+            return None
+    except psycopg.Error as exc:
+        return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    config = QUICK if args.quick else FULL
+    steps = tuple(step for step in args.steps.split(",") if step)
+    unknown = set(steps) - set(STEPS)
+    if unknown:
+        print(f"unknown steps: {', '.join(sorted(unknown))}", file=sys.stderr)
+        return 2
+    config = dataclasses.replace(
+        config,
+        rounds=args.rounds or config.rounds,
+        cap=args.cap or config.cap,
+        steps=steps,
+    )
+    wanted = [key for key in args.contenders.split(",") if key]
+    unknown = set(wanted) - set(CONTENDERS)
+    if unknown:
+        print(f"unknown contenders: {', '.join(sorted(unknown))}", file=sys.stderr)
+        return 2
+    contenders = ["raw", *(key for key in wanted if key != "raw")]
+    missing = [key for key in contenders if not _installed(key)]
+    for key in missing:
+        print(
+            f"skipping {key}: not installed (pip install -e '.[bench]')",
+            file=sys.stderr,
+        )
+    contenders = [key for key in contenders if key not in missing]
+
+    backends = [backend for backend in args.backends.split(",") if backend]
+    postgres_url: str | None = args.postgres_url
+    if "postgresql" in backends:
+        problem = _postgres_reachable(args.postgres_url)
+        if problem:
+            print(f"skipping PostgreSQL: {problem}", file=sys.stderr)
+            backends.remove("postgresql")
+            postgres_url = None
+    else:
+        postgres_url = None
+    if not backends:
+        print("no backend to run on", file=sys.stderr)
+        return 1
+
+    started = time.perf_counter()
+    description = machine.describe(postgres_url)
+    workload = describe(config.seed)
+    runs = run_all(config, contenders, backends, postgres_url)
+    seconds = time.perf_counter() - started
+    command = "python -m bench" + (" " + shlex.join(argv if argv is not None else sys.argv[1:]))
+    document = report.document(
+        mode=config.mode,
+        command=command.strip(),
+        machine=description | {"load_average_at_end": [round(v, 2) for v in os.getloadavg()]},
+        workload=workload | {"skipped": missing},
+        config=config,
+        config_values=config_dict(config),
+        runs=runs,
+        seconds=seconds,
+    )
+    name = args.name or f"bench-{config.mode}"
+    json_path, md_path = report.write(document, args.out, name)
+    print(report.markdown(document))
+    print(f"wrote {json_path} and {md_path} in {seconds:.0f} s", file=sys.stderr)
+    return 1 if _our_failures(runs) else 0
+
+
+def _our_failures(runs: list[BackendRun]) -> bool:
+    """Whether sessionrepo or the harness itself (the raw driver) failed anywhere: that is
+    what a smoke run exists to catch. A peer's failure is reported, not fatal."""
+    failed = False
+    for run in runs:
+        for key in OURS:
+            problems = [run.failed[key]] if key in run.failed else []
+            problems += [
+                f"{cell}: {result['error']}"
+                for cell, by_key in run.cells.items()
+                for result in by_key.get(key, [])
+                if "error" in result
+            ]
+            for problem in problems:
+                print(f"FAILED [{run.backend}] {key}: {problem}", file=sys.stderr)
+                failed = True
+    return failed

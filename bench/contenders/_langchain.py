@@ -1,0 +1,104 @@
+"""LangChain ``SQLChatMessageHistory`` (``langchain_community.chat_message_histories``).
+
+Used as its docs say, synchronously: ``SQLChatMessageHistory(session_id,
+connection=engine)`` over one shared SQLAlchemy ``Engine`` (``postgresql+psycopg`` /
+``sqlite``), one history object per conversation made before timing (its constructor runs a
+``CREATE TABLE`` check each time). The gateway's dicts become LangChain messages with
+``langchain_core.messages.convert_to_messages`` (the key as the message ``id``), timed;
+a flush is ``add_messages(messages)`` (ORM, one transaction); load is ``.messages``. Its
+table has no sessions, so nothing to list, no index on ``session_id`` and no key: re-adding
+stores everything again.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Sequence
+from typing import Any
+
+from bench.contenders.base import Call, Contender, Message, sqlite_pragmas, timed, timed_calls
+
+
+def _wire(message: Message) -> dict[str, Any]:
+    converted = {name: value for name, value in message.items() if name != "client_msg_uuid"}
+    converted["id"] = message["client_msg_uuid"]
+    return converted
+
+
+class LangChain(Contender):
+    key = "langchain"
+    label = "LangChain SQLChatMessageHistory"
+    packages = ("langchain-community", "langchain-core", "sqlalchemy", "psycopg")
+    usage = (
+        "`SQLChatMessageHistory(session_id, connection=shared Engine)`; dicts → "
+        "`convert_to_messages` (timed); `add_messages(...)`; `.messages`; psycopg 3 / sqlite3, "
+        "`synchronous` at SQLite's default"
+    )
+
+    def open(self) -> None:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the package announces its own sunset
+            from langchain_community.chat_message_histories import SQLChatMessageHistory
+        from langchain_core.messages import convert_to_messages
+        from sqlalchemy import create_engine
+
+        self._history_class = SQLChatMessageHistory
+        self._convert = convert_to_messages
+        driver = "pysqlite" if self.target.backend == "sqlite" else "psycopg"
+        self.engine = create_engine(self.target.sqlalchemy_url(driver))
+        self.histories: dict[str, Any] = {}
+        self._history("setup")
+
+    def _history(self, session_id: str) -> Any:
+        history = self.histories.get(session_id)
+        if history is None:
+            history = self.histories[session_id] = self._history_class(
+                session_id=session_id, connection=self.engine
+            )
+        return history
+
+    def settings(self) -> dict[str, Any]:
+        with self.engine.connect() as connection:
+            if self.target.backend == "sqlite":
+                values = sqlite_pragmas(connection.connection.dbapi_connection)
+            else:
+                values = {
+                    "synchronous_commit": connection.exec_driver_sql(
+                        "SHOW synchronous_commit"
+                    ).scalar()
+                }
+            connection.rollback()
+        return values | {"driver": self.engine.dialect.driver}
+
+    def create_sessions(self, session_ids: Sequence[str]) -> None:
+        for session_id in session_ids:
+            self._history(session_id)
+
+    def _add(self, session_id: str, messages: list[Message]) -> int:
+        self._history(session_id).add_messages(self._convert([_wire(m) for m in messages]))
+        return 0
+
+    def flush(self, calls: Sequence[Call], cap: float) -> dict[str, Any]:
+        return timed_calls(calls, cap, self._add)
+
+    def seed_transcript(self, session_id: str, messages: list[Message]) -> None:
+        for start in range(0, len(messages), 1000):
+            self._add(session_id, messages[start : start + 1000])
+
+    def count(self, session_id: str) -> int:
+        connection = self.target.connect()
+        try:
+            sql = "SELECT count(*) FROM message_store WHERE session_id = "
+            sql += "?" if self.target.backend == "sqlite" else "%s"
+            return int(connection.execute(sql, (session_id,)).fetchone()[0])
+        finally:
+            connection.close()
+
+    def load(self, session_id: str) -> dict[str, Any]:
+        messages, seconds = timed(lambda: self._history(session_id).messages)
+        return {"messages": len(messages), "seconds": seconds}
+
+    def close(self) -> None:
+        for history in self.histories.values():
+            history.session_maker.remove()
+        self.engine.dispose()

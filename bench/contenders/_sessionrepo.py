@@ -1,0 +1,153 @@
+"""sessionrepo, used as a gateway uses it: ``open_repository(url).append(session_id, dicts)``.
+
+The gateway's OpenAI-format dicts (stamped with ``client_msg_uuid``) go to ``append`` as they
+are, so validating them into ``Message`` objects and encoding them is part of every timed
+call. Load is ``load_transcript`` (``StoredMessage`` objects); list is ``list_sessions``
+(newest activity first, with a preview).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from bench.contenders.base import (
+    Call,
+    Contender,
+    Message,
+    Unsupported,
+    seed_count,
+    sqlite_pragmas,
+    timed,
+    timed_calls,
+)
+
+_PG_SEED = [
+    """
+    INSERT INTO sessions (id, source, user_id, started_at, last_active_at, message_count,
+        next_seq)
+    SELECT 'listed-' || g, 'bench', 'user-' || (g %% 1000),
+        now() - g * interval '1 second', now() - g * interval '1 second', 1, 2
+    FROM generate_series(1, %(count)s) AS g
+    """,
+    """
+    INSERT INTO messages (session_id, seq, client_msg_uuid, role, content, "timestamp",
+        openai_keys, content_hash)
+    SELECT 'listed-' || g, 1, gen_random_uuid(), 'user', 'question number ' || g, now(),
+        '["role","content"]', decode(md5('question number ' || g), 'hex')
+    FROM generate_series(1, %(count)s) AS g
+    """,
+    "ANALYZE sessions",
+    "ANALYZE messages",
+]
+
+# SQLite: SQLAlchemy keeps times as naive UTC text and UUIDs as 32 hex digits.
+_SQLITE_SEED = """
+WITH RECURSIVE g(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM g WHERE n < {count})
+INSERT INTO sessions (id, source, user_id, started_at, last_active_at, message_count, next_seq)
+SELECT 'listed-' || n, 'bench', 'user-' || (n % 1000),
+    strftime('%Y-%m-%d %H:%M:%S', 'now', '-' || n || ' seconds') || '.000000',
+    strftime('%Y-%m-%d %H:%M:%S', 'now', '-' || n || ' seconds') || '.000000', 1, 2
+FROM g;
+WITH RECURSIVE g(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM g WHERE n < {count})
+INSERT INTO messages (session_id, seq, client_msg_uuid, role, content, "timestamp",
+    openai_keys, content_hash)
+SELECT 'listed-' || n, 1, lower(hex(randomblob(16))), 'user', 'question number ' || n,
+    strftime('%Y-%m-%d %H:%M:%S', 'now') || '.000000', '["role","content"]', randomblob(16)
+FROM g;
+ANALYZE;
+"""
+
+
+class SessionRepo(Contender):
+    key = "sessionrepo"
+    label = "sessionrepo"
+    packages = ("sessionrepo", "sqlalchemy", "pydantic", "psycopg")
+    usage = (
+        "`open_repository(url).append(session_id, dicts)`: the gateway's dicts go in as they "
+        "are (validation into `Message` and encoding are timed); `load_transcript`; "
+        "`list_sessions(limit=50)`; its own SQLite default `synchronous=FULL`"
+    )
+
+    def open(self) -> None:
+        from repo import open_repository
+
+        location = self.target.location
+        self.repo = open_repository(location, auto_migrate=True)
+
+    def settings(self) -> dict[str, Any]:
+        engine = self.repo.database.engine
+        with engine.connect() as connection:
+            raw = connection.connection.dbapi_connection
+            if self.target.backend == "sqlite":
+                values = sqlite_pragmas(raw)
+            else:
+                values = {
+                    "synchronous_commit": connection.exec_driver_sql(
+                        "SHOW synchronous_commit"
+                    ).scalar()
+                }
+            connection.rollback()
+        return values | {"driver": engine.dialect.driver}
+
+    def create_sessions(self, session_ids: Sequence[str]) -> None:
+        for session_id in session_ids:
+            self.repo.create_session(session_id, source="bench")
+
+    def _append(self, session_id: str, messages: list[Message]) -> int:
+        self.repo.append(session_id, messages)
+        return 0
+
+    def flush(self, calls: Sequence[Call], cap: float) -> dict[str, Any]:
+        return timed_calls(calls, cap, self._append)
+
+    def seed_transcript(self, session_id: str, messages: list[Message]) -> None:
+        for start in range(0, len(messages), 1000):
+            self.repo.append(session_id, messages[start : start + 1000])
+
+    def count(self, session_id: str) -> int:
+        return len(self.repo.load_transcript(session_id))
+
+    def load(self, session_id: str) -> dict[str, Any]:
+        messages, seconds = timed(lambda: self.repo.load_transcript(session_id))
+        return {"messages": len(messages), "seconds": seconds}
+
+    def seed_listing(self, total: int) -> int:
+        count = seed_count(self.target, "sessions", total)
+        if not count:
+            return 0
+        connection = self.target.connect()
+        try:
+            if self.target.backend == "sqlite":
+                connection.executescript(_SQLITE_SEED.format(count=int(count)))
+            else:
+                for statement in _PG_SEED:
+                    connection.execute(statement, {"count": count})
+        finally:
+            connection.close()
+        return count
+
+    def list_newest(self, limit: int) -> dict[str, Any]:
+        page, seconds = timed(lambda: self.repo.list_sessions(limit=limit))
+        return {"sessions": len(page.sessions), "seconds": seconds}
+
+    def close(self) -> None:
+        self.repo.close()
+
+
+class SessionRepoNoIndex(SessionRepo):
+    """The same, with the full-text index not maintained on append (``search_index=False``):
+    what the index costs, for comparison with peers that have no search."""
+
+    key = "sessionrepo-noindex"
+    label = "sessionrepo (search_index=False)"
+    usage = "as sessionrepo, opened with `search_index=False` (appends skip the search index)"
+
+    def open(self) -> None:
+        import inspect
+
+        from repo import open_repository
+
+        if "search_index" not in inspect.signature(open_repository).parameters:
+            raise Unsupported("this sessionrepo has no search_index option")
+        self.repo = open_repository(self.target.location, auto_migrate=True, search_index=False)

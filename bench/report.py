@@ -1,0 +1,507 @@
+"""From per-round results to the summary (medians, ratios to the raw driver, goals), and
+from the summary to JSON and Markdown."""
+
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+from typing import Any
+
+from bench.contenders import LABELS
+from bench.runner import BackendRun, Config
+
+BACKEND_NAMES = {"sqlite": "SQLite", "postgresql": "PostgreSQL"}
+
+
+def _cells(config: Config) -> list[tuple[str, str, str]]:
+    """(cell, row heading, unit) in table order."""
+    rows = [
+        (f"flush_{batch}", f"flush, {batch} message{'s' if batch > 1 else ''} per call", "rate")
+        for batch in config.flush_calls
+    ]
+    size = f"{config.reflush_size:,}"
+    rows += [
+        ("first_write", f"first write of a {size}-message transcript (one call)", "rate"),
+        ("reflush", f"re-flush of the same {size} messages (no-op path)", "rate"),
+        ("load", f"load a {config.load_size:,}-message transcript", "time"),
+        ("list", f"list newest {config.list_limit} of {config.list_total:,} sessions", "time"),
+    ]
+    return rows
+
+
+def _value(result: dict[str, Any], unit: str) -> float | None:
+    seconds = result.get("seconds")
+    if not seconds:
+        return None
+    if unit == "rate":
+        return float(result["messages"]) / float(seconds)
+    return float(seconds) * 1000.0
+
+
+def summarize_cell(
+    results: list[dict[str, Any]], raw: list[dict[str, Any]] | None, unit: str
+) -> dict[str, Any]:
+    """Median over the rounds, and the median of the per-round ratios to the raw driver
+    (as speed: above 1 is faster than raw)."""
+    for result in results:
+        if "unsupported" in result:
+            return {"unsupported": result["unsupported"]}
+    errors = [result["error"] for result in results if "error" in result]
+    values = [_value(result, unit) for result in results if "error" not in result]
+    samples = [value for value in values if value is not None]
+    if not samples:
+        return {"error": errors[0] if errors else "no result"}
+    summary: dict[str, Any] = {
+        "value": statistics.median(samples),
+        "unit": "msg/s" if unit == "rate" else "ms",
+        "samples": [round(value, 3) for value in samples],
+        "rounds": len(samples),
+    }
+    if errors:
+        summary["failed_rounds"] = len(errors)
+    ratios = []
+    for index, result in enumerate(results):
+        if raw is None or index >= len(raw):
+            break
+        mine, theirs = _value(result, unit), _value(raw[index], unit)
+        if mine and theirs:
+            ratios.append(mine / theirs if unit == "rate" else theirs / mine)
+    if ratios:
+        summary["ratio"] = statistics.median(ratios)
+    good = [result for result in results if "error" not in result]
+    if any(result.get("capped") for result in good):
+        capped = [result for result in good if result.get("capped")]
+        summary["capped_rounds"] = len(capped)
+        summary["calls_done"] = statistics.median(result["calls"] for result in capped)
+        summary["messages_done"] = statistics.median(result["messages"] for result in capped)
+    if any(result.get("errors") for result in good):
+        summary["raised"] = statistics.median(result["errors"] for result in good)
+        summary["messages_done"] = statistics.median(result["messages"] for result in good)
+    if "stored" in good[0]:
+        summary["stored"] = [result["stored"] for result in good]
+    return summary
+
+
+def summarize(run: BackendRun, config: Config) -> dict[str, Any]:
+    cells: dict[str, dict[str, Any]] = {}
+    units = {cell: unit for cell, _, unit in _cells(config)}
+    units |= {f"concurrency_{count}": "rate" for count in config.writers}
+    for cell, by_key in run.cells.items():
+        raw = by_key.get("raw")
+        unit = units.get(cell, "rate")
+        cells[cell] = {key: summarize_cell(results, raw, unit) for key, results in by_key.items()}
+    first, again = cells.get("first_write", {}), cells.get("reflush", {})
+    for key, summary in again.items():
+        before = first.get(key, {}).get("stored")
+        after = summary.get("stored")
+        if before and after:
+            if summary.get("raised"):
+                summary["idempotent"] = "raises"
+            elif after == before:
+                summary["idempotent"] = "yes"
+            else:
+                summary["idempotent"] = "no"
+                summary["stored_after_first"] = statistics.median(before)
+                summary["stored_after_reflush"] = statistics.median(after)
+    return {
+        "backend": run.backend,
+        "contenders": {
+            key: {"label": LABELS.get(key, key)} | run.info.get(key, {}) for key in run.contenders
+        },
+        "failed": run.failed,
+        "setup": run.setup,
+        "load_average_samples": [round(value, 2) for value in run.load_average],
+        "seconds": round(run.seconds, 1),
+        "source_sha256": run.source_sha256,
+        "cells": cells,
+        "rounds": dict(run.cells),
+    }
+
+
+def goals(summaries: list[dict[str, Any]], config: Config) -> list[dict[str, Any]]:
+    """sessionrepo's figures against the issue's goals."""
+    checks: list[dict[str, Any]] = []
+
+    def cell(summary: dict[str, Any], name: str, key: str = "sessionrepo") -> dict[str, Any]:
+        value: dict[str, Any] = summary["cells"].get(name, {}).get(key, {})
+        return value
+
+    for summary in summaries:
+        backend = BACKEND_NAMES[summary["backend"]]
+        one = cell(summary, "flush_1")
+        if "ratio" in one:
+            checks.append(
+                {
+                    "goal": f"{backend}: one message per call ≥ 0.8× raw",
+                    "measured": f"{one['ratio']:.2f}×",
+                    "met": one["ratio"] >= 0.8,
+                }
+            )
+        hundred = cell(summary, "flush_100")
+        if "ratio" in hundred:
+            peers = {
+                key: value.get("value")
+                for key, value in summary["cells"]["flush_100"].items()
+                if key not in ("raw", "sessionrepo", "sessionrepo-noindex") and "value" in value
+            }
+            ahead = all(hundred["value"] > value for value in peers.values() if value)
+            checks.append(
+                {
+                    "goal": f"{backend}: 100 messages per call ≥ 1.0× raw and ahead of every peer",
+                    "measured": f"{hundred['ratio']:.2f}×; "
+                    + (
+                        "ahead of every peer"
+                        if ahead
+                        else "behind "
+                        + ", ".join(
+                            LABELS.get(key, key)
+                            for key, value in peers.items()
+                            if value and value >= hundred["value"]
+                        )
+                    ),
+                    "met": hundred["ratio"] >= 1.0 and ahead,
+                }
+            )
+        first, again = cell(summary, "first_write"), cell(summary, "reflush")
+        if "value" in first and "value" in again:
+            checks.append(
+                {
+                    "goal": f"{backend}: re-flush of a stored transcript faster than its "
+                    "first write",
+                    "measured": f"{again['value'] / first['value']:.1f}× the first write's rate",
+                    "met": again["value"] > first["value"],
+                }
+            )
+        load = cell(summary, "load")
+        if "ratio" in load:
+            checks.append(
+                {
+                    "goal": f"{backend}: {config.load_size:,}-message load ≤ 1.2× raw "
+                    "select-and-decode time",
+                    "measured": f"{1 / load['ratio']:.2f}× raw's time",
+                    "met": 1 / load["ratio"] <= 1.2,
+                }
+            )
+        single, four = cell(summary, "concurrency_1"), cell(summary, "concurrency_4")
+        if "value" in single and "value" in four:
+            checks.append(
+                {
+                    "goal": f"{backend}: 4 writer processes ≥ 2.5× one",
+                    "measured": f"{four['value'] / single['value']:.2f}×",
+                    "met": four["value"] / single["value"] >= 2.5,
+                }
+            )
+    return checks
+
+
+# -- Markdown -----------------------------------------------------------------------------
+
+
+def _number(value: float, unit: str) -> str:
+    if unit == "msg/s":
+        return f"{value:,.0f}/s"
+    return f"{value:,.1f} ms" if value < 100 else f"{value:,.0f} ms"
+
+
+def _cell_text(cell: str, summary: dict[str, Any], info: dict[str, Any], rounds: int) -> str:
+    if "unsupported" in summary:
+        return f"— ({summary['unsupported']})"
+    if "error" in summary:
+        return f"failed: {summary['error'][:80]}"
+    text = _number(summary["value"], summary["unit"])
+    if "ratio" in summary:
+        text += f" · **{summary['ratio']:.2f}×**"
+    notes = []
+    if not info.get("batch_api", True) and cell not in ("flush_1", "load", "list"):
+        notes.append("one call per message")
+    if summary.get("idempotent") == "yes":
+        notes.append("no-op ✓")
+    elif summary.get("idempotent") == "no":
+        notes.append(
+            f"not idempotent: {summary['stored_after_reflush']:,.0f} rows "
+            f"after re-flushing {summary['stored_after_first']:,.0f}"
+        )
+    elif summary.get("idempotent") == "raises":
+        notes.append(f"not idempotent: raises on each of {summary['raised']:,.0f} messages")
+    done = summary.get("rounds", 0)
+    if done < rounds and not summary.get("failed_rounds"):
+        notes.append(f"{done} round{'s' if done > 1 else ''}: one call outlasts the cap")
+    if summary.get("failed_rounds"):
+        notes.append(f"failed in {summary['failed_rounds']} round(s)")
+    if summary.get("capped_rounds"):
+        notes.append(
+            f"capped† in {summary['capped_rounds']} of {done} rounds, after "
+            f"{summary['messages_done']:,.0f} messages"
+        )
+    if notes:
+        text += " (" + "; ".join(notes) + ")"
+    return text
+
+
+def _durability(info: dict[str, Any]) -> str:
+    settings = info.get("settings", {})
+    if "synchronous" in settings:
+        return f"WAL, synchronous={settings['synchronous']} ({settings.get('driver', '?')})"
+    if "synchronous_commit" in settings:
+        return (
+            f"synchronous_commit={settings['synchronous_commit']} ({settings.get('driver', '?')})"
+        )
+    return "?"
+
+
+def markdown(document: dict[str, Any]) -> str:
+    machine = document["machine"]
+    config = document["config"]
+    lines = [
+        f"# sessionrepo benchmark ({document['mode']})",
+        "",
+        f"Measured {machine['date']} on {machine['nproc']} cores ({machine['cpu']}), "
+        f"{machine['memory']} memory, {machine['os']}; Python {machine['python']}, "
+        f"SQLite {machine['sqlite']}"
+        + (
+            f", PostgreSQL {machine['postgresql'].get('version', '?')}"
+            if "postgresql" in machine
+            else ""
+        )
+        + f"; sessionrepo at {machine['sessionrepo_commit']}, source sha256 "
+        f"{machine.get('sessionrepo_source_sha256', '?')}.",
+        "",
+        f"Median of {config['rounds']} round(s), contenders interleaved (each round starts with "
+        "a different one). **Bold** is the ratio to the raw driver on the same backend, as "
+        "speed (above 1 is faster than raw), the median of the per-round ratios. "
+        f"† capped: a contender still running a cell after {config['cap']} s stops there; "
+        "its rate is over what it did.",
+        "",
+    ]
+    load = document["load_average"]
+    lines += [
+        f"Load average (1 min) during the run: min {load['min']:.2f}, median "
+        f"{load['median']:.2f}, max {load['max']:.2f} (the machine was "
+        f"{'shared' if load['max'] > 0.5 else 'otherwise idle'}). Whole run: "
+        f"{document['seconds']:.0f} s.",
+        "",
+    ]
+    cells = document["cells"]
+    for summary in document["backends"]:
+        backend = summary["backend"]
+        keys = list(summary["contenders"])
+        labels = [summary["contenders"][key]["label"] for key in keys]
+        lines += [f"## {BACKEND_NAMES[backend]}", ""]
+        source = summary.get("source_sha256")
+        if source and source != machine.get("sessionrepo_source_sha256"):
+            lines += [
+                f"(The library's source changed before this backend started: sha256 {source}.)",
+                "",
+            ]
+        lines.append("| step | " + " | ".join(labels) + " |")
+        lines.append("|---|" + "---:|" * len(keys))
+        for cell, heading, _ in cells:
+            if cell not in summary["cells"]:
+                continue
+            row = [
+                _cell_text(
+                    cell,
+                    summary["cells"][cell].get(key, {"error": "not run"}),
+                    summary["contenders"][key],
+                    config["rounds"],
+                )
+                if key not in summary["failed"] or key in summary["cells"][cell]
+                else f"failed: {summary['failed'][key][:60]}"
+                for key in keys
+            ]
+            lines.append(f"| {heading} | " + " | ".join(row) + " |")
+        lines.append(
+            "| durability | "
+            + " | ".join(_durability(summary["contenders"][key]) for key in keys)
+            + " |"
+        )
+        lines.append("")
+        concurrency = [cell for cell in summary["cells"] if cell.startswith("concurrency_")]
+        if concurrency:
+            writers = [key for key in keys if any(key in summary["cells"][c] for c in concurrency)]
+            lines += [
+                f"Concurrency: N writer processes, each appending {config['writer_calls']} calls "
+                f"of {config['writer_batch']} messages to sessions of its own, started together; "
+                "messages/s over the whole (first start to last finish); ×1 is the scaling "
+                "over one writer.",
+                "",
+                "| writers | "
+                + " | ".join(summary["contenders"][key]["label"] for key in writers)
+                + " |",
+                "|---|" + "---:|" * len(writers),
+            ]
+            for cell in concurrency:
+                count = cell.split("_")[1]
+                row = []
+                for key in writers:
+                    value = summary["cells"][cell].get(key, {})
+                    if "value" not in value:
+                        row.append(value.get("error", "—"))
+                        continue
+                    one = summary["cells"].get("concurrency_1", {}).get(key, {}).get("value")
+                    text = _number(value["value"], "msg/s")
+                    if "ratio" in value:
+                        text += f" · **{value['ratio']:.2f}×**"
+                    if one:
+                        text += f" · {value['value'] / one:.2f}× one writer"
+                    row.append(text)
+                lines.append(f"| {count} | " + " | ".join(row) + " |")
+            lines.append("")
+        for key, reason in summary["failed"].items():
+            lines.append(f"- {summary['contenders'][key]['label']}: failed ({reason})")
+        if summary["failed"]:
+            lines.append("")
+    if document["goals"]:
+        lines += ["## sessionrepo against the issue's goals", "", "| goal | measured | met |"]
+        lines.append("|---|---|---|")
+        for check in document["goals"]:
+            mark = "✓" if check["met"] else "✗ missed"
+            lines.append(f"| {check['goal']} | {check['measured']} | {mark} |")
+        lines.append("")
+    workload = document["workload"]
+    lines += [
+        "## Workload",
+        "",
+        f"OpenAI chat-format dicts, each stamped with a `client_msg_uuid` when made (seed "
+        f"{config['seed']}): mean {workload['mean_bytes']:,} B, median "
+        f"{workload['median_bytes']:,} B, p99 {workload['p99_bytes']:,} B, max "
+        f"{workload['max_bytes']:,} B as JSON; {workload['with_tool_calls']:.1%} with tool "
+        f"calls; {workload['outputs_of_100kb']} tool outputs of 100 KB in "
+        f"{workload['messages_sampled']:,} messages. Flush calls go round "
+        f"{config['sessions']} sessions ("
+        + ", ".join(f"{calls} calls of {batch}" for batch, calls in config["flush_calls"].items())
+        + " per round). The load and list steps read data seeded before the rounds: the "
+        "transcript through each contender's own fastest write path (ADK: its ORM rows in one "
+        "transaction), the sessions by bulk SQL in each contender's schema (so that each has "
+        f"{config['list_total']:,}).",
+        "",
+        "## How each contender is used",
+        "",
+    ]
+    seen = set()
+    for summary in document["backends"]:
+        for key, info in summary["contenders"].items():
+            if key in seen or not info.get("usage"):
+                continue
+            seen.add(key)
+            versions = ", ".join(
+                f"{name} {version}" for name, version in info.get("versions", {}).items()
+            )
+            lines.append(f"- **{info['label']}** ({versions}): {info['usage']}")
+    lines += [
+        "",
+        "## Versions",
+        "",
+        ", ".join(f"{name} {version}" for name, version in machine["versions"].items()),
+        "",
+    ]
+    if "postgresql" in machine:
+        pg = machine["postgresql"]
+        lines += [
+            "PostgreSQL settings: "
+            + ", ".join(f"{name}={value}" for name, value in pg.items() if name != "version"),
+            "",
+        ]
+    lines += [f"Reproduce: `{document['command']}`", ""]
+    return "\n".join(lines)
+
+
+def document(
+    *,
+    mode: str,
+    command: str,
+    machine: dict[str, Any],
+    workload: dict[str, Any],
+    config: Config,
+    config_values: dict[str, Any],
+    runs: list[BackendRun],
+    seconds: float,
+) -> dict[str, Any]:
+    summaries = [summarize(run, config) for run in runs]
+    samples = [value for run in runs for value in run.load_average] or [0.0]
+    return {
+        "mode": mode,
+        "command": command,
+        "machine": machine,
+        "workload": workload,
+        "config": config_values,
+        "seconds": round(seconds, 1),
+        "load_average": {
+            "min": min(samples),
+            "median": statistics.median(samples),
+            "max": max(samples),
+        },
+        "cells": _cells(config),
+        "backends": summaries,
+        "goals": goals(summaries, config),
+    }
+
+
+def write(document_: dict[str, Any], directory: Path, name: str) -> tuple[Path, Path]:
+    directory.mkdir(parents=True, exist_ok=True)
+    json_path = directory / f"{name}.json"
+    md_path = directory / f"{name}.md"
+    json_path.write_text(json.dumps(document_, indent=1, default=str) + "\n")
+    md_path.write_text(markdown(document_))
+    return json_path, md_path
+
+
+def _from_json(path: Path) -> dict[str, Any]:
+    """The document again from a results file, summaries recomputed from its rounds."""
+    stored = json.loads(path.read_text())
+    values = dict(stored["config"])
+    values["flush_calls"] = {int(key): value for key, value in values["flush_calls"].items()}
+    values["writers"] = tuple(values["writers"])
+    values["steps"] = tuple(values["steps"])
+    values["cap"] = values["cap"] if values["cap"] is not None else float("inf")
+    config = Config(**values)
+    runs = []
+    for backend in stored["backends"]:
+        contenders = backend["contenders"]
+        runs.append(
+            BackendRun(
+                backend=backend["backend"],
+                contenders=list(contenders),
+                info={
+                    key: {name: value for name, value in info.items() if name != "label"}
+                    for key, info in contenders.items()
+                },
+                cells=backend["rounds"],
+                setup=backend["setup"],
+                failed=backend["failed"],
+                load_average=backend["load_average_samples"],
+                seconds=backend["seconds"],
+                source_sha256=backend.get("source_sha256"),
+            )
+        )
+    return document(
+        mode=stored["mode"],
+        command=stored["command"],
+        machine=stored["machine"],
+        workload=stored["workload"],
+        config=config,
+        config_values=stored["config"],
+        runs=runs,
+        seconds=stored["seconds"],
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m bench.report RESULTS.json``: write its Markdown again (after a change to
+    this module), from the rounds the file holds."""
+    import sys
+
+    paths = [Path(arg) for arg in (sys.argv[1:] if argv is None else argv)]
+    if not paths:
+        print("usage: python -m bench.report RESULTS.json [...]", file=sys.stderr)
+        return 2
+    for path in paths:
+        document_ = _from_json(path)
+        write(document_, path.parent, path.stem)
+        print(f"rewrote {path.with_suffix('.md')} (and {path.name})", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
