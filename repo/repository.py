@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
 
-from sqlalchemy import Connection, Text, func, literal, select, tuple_, update
+from sqlalchemy import Connection, Text, case, func, literal, select, tuple_, update
 from sqlalchemy.engine import URL
 
 from models import (
@@ -26,7 +26,7 @@ from models.tables import ENCODED_MARK, decode_text, messages_table, sessions_ta
 from repo import _codec, schema
 from repo._database import Database
 from repo.errors import BackendUnavailable, InvalidMessage, NotFound, RepoError
-from repo.search import SearchIndex
+from repo.search import SearchIndex, content_text
 
 S = sessions_table.c
 M = messages_table.c
@@ -137,7 +137,16 @@ class SessionRepository:
         if not 1 <= limit <= 1000:
             raise InvalidMessage("limit", "must be between 1 and 1000")
         first_user_message = (
-            select(func.substr(M.content, 1, PREVIEW_LENGTH + 1, type_=Text))
+            select(
+                case(
+                    # Content parts are stored as JSON: read enough of it to decode.
+                    (
+                        func.substr(M.content, 1, 1) == ENCODED_MARK,
+                        func.substr(M.content, 1, 8192, type_=Text),
+                    ),
+                    else_=func.substr(M.content, 1, PREVIEW_LENGTH + 1, type_=Text),
+                )
+            )
             .where(M.session_id == S.id, M.role == "user")
             .order_by(M.seq)
             .limit(1)
@@ -471,8 +480,8 @@ def _preview(stored: str | None) -> str | None:
     if stored.startswith(ENCODED_MARK):
         try:
             value = decode_text(stored)
-            stored = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
-        except ValueError:
+            stored = value if isinstance(value, str) else content_text(value)
+        except ValueError:  # cut inside the JSON: show its text without the mark
             stored = stored[len(ENCODED_MARK) :]
     text = " ".join(stored.split())
     return text if len(text) <= PREVIEW_LENGTH else text[: PREVIEW_LENGTH - 1] + "…"

@@ -193,3 +193,9 @@ def test_list_sessions_pages_with_a_cursor(repo: SessionRepository) -> None:
 def test_a_garbled_cursor_is_invalid_input(repo: SessionRepository) -> None:
     with pytest.raises(InvalidMessage):
         repo.list_sessions(cursor="not-a-cursor")
+
+
+def test_the_preview_of_content_parts_is_their_text(repo: SessionRepository) -> None:
+    parts = [{"type": "text", "text": "What is in this picture?"}, {"type": "image_url"}]
+    repo.append("s1", [Message(role="user", content=parts)])
+    assert repo.list_sessions().sessions[0].preview == "What is in this picture?"
