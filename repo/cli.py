@@ -34,7 +34,14 @@ from models.tables import messages_table
 from repo import schema
 from repo._database import Database
 from repo._dialects import normalize_url
-from repo.demo import EXIT_PATHS, DemoResult, run_demo
+from repo.demo import (
+    EXIT_PATHS,
+    DemoResult,
+    GatewayReport,
+    OutageReport,
+    outbox_paths,
+    run_demo,
+)
 from repo.errors import RepoError
 from repo.maintenance import (
     MAX_BATCH,
@@ -211,21 +218,25 @@ def _upgrade_sql(url: str | None) -> str:
 )
 @click.pass_context
 def demo(ctx: click.Context, path: Path | None, turns: int) -> None:
-    """Show that concurrent, repeated flushes store every message exactly once.
+    """Show that concurrent, repeated flushes and an outage store every message exactly once.
 
     Three gateway processes write one embedded SQLite file at the same time, re-flushing
     their whole transcripts from every exit path (end of turn, interrupt, shutdown,
-    close), sharing a session, and resuming one another's. The file is then checked
-    with plain SQL. Never touches the database that --url or SESSIONREPO_DATABASE_URL
-    names. Exits 1 unless every check passes.
+    close), sharing a session, and resuming one another's. Half-way, a fourth process
+    locks the file for a while: the gateways' writes are parked in their local outbox
+    files, then drained into the primary once the lock is released. The files are then
+    checked with plain SQL. Never touches the database that --url or
+    SESSIONREPO_DATABASE_URL names. Exits 1 unless every check passes.
 
     \b
     Example:
         sessionrepo demo
         sessionrepo demo --path /tmp/demo.db --turns 40
     """
-    if path is not None and path.exists():
-        raise click.BadParameter(f"{path} already exists", param_hint="'--path'")
+    if path is not None:
+        taken = [p for p in (path, *outbox_paths(path).values()) if p.exists()]
+        if taken:
+            raise click.BadParameter(f"{taken[0]} already exists", param_hint="'--path'")
     result = run_demo(path, turns=turns)
     _print_demo(result)
     if not result.ok:
@@ -233,17 +244,43 @@ def demo(ctx: click.Context, path: Path | None, turns: int) -> None:
 
 
 def _print_demo(result: DemoResult) -> None:
-    where = str(result.path) if result.kept else "a temporary file, removed afterwards"
-    click.echo(f"3 gateway processes wrote one SQLite file at the same time ({where}).")
+    if result.kept:
+        where = f"{result.path}; outboxes beside it, kept"
+    else:
+        where = "in a temporary directory, removed afterwards"
+    click.echo(
+        f"{len(result.gateways)} gateway processes wrote one SQLite file at the same time, "
+        f"each through its own outbox file ({where})."
+    )
     click.echo("")
-    click.echo(f"  {'gateway':<9} {'sent':>6} {'made':>5} {'inserted':>8} {'skipped':>7}  flushes")
+    click.echo(
+        f"  {'gateway':<9} {'sent':>6} {'made':>5} {'inserted':>8} {'skipped':>7} "
+        f"{'parked':>6} {'drained':>7} {'left':>4}  flushes"
+    )
     for gateway in result.gateways:
         flushes = ", ".join(
             f"{path} {gateway.flushes[path]}" for path in EXIT_PATHS if path in gateway.flushes
         )
+        left = "?" if gateway.outbox_left is None else f"{gateway.outbox_left:,}"
         click.echo(
             f"  {gateway.name:<9} {gateway.sent:>6,} {gateway.made_count:>5,} "
-            f"{gateway.inserted:>8,} {gateway.duplicates:>7,}  {flushes or '-'}"
+            f"{gateway.inserted:>8,} {gateway.duplicates:>7,} {gateway.parked_writes:>6,} "
+            f"{gateway.drained:>7,} {left:>4}  {flushes or '-'}"
+        )
+    click.echo('  (parked: writes answered "parked"; drained and left: messages)')
+    click.echo("")
+    outage = result.outage
+    click.echo(
+        f"Outage: another process held the primary's write lock (BEGIN EXCLUSIVE) for "
+        f"{outage.seconds:.2f} s while every gateway flushed one turn:"
+    )
+    for gateway in result.gateways:
+        click.echo(
+            f"  {gateway.name:<9} {gateway.outage_parked} of {gateway.outage_writes} writes "
+            f"parked ({sum(map(len, gateway.parked_keys.values())):,} distinct messages "
+            "in its outbox); after the release its drains "
+            f"replayed {gateway.replayed:,} new and found {gateway.drained - gateway.replayed:,} "
+            "already stored"
         )
     click.echo("")
     for label, value in (
@@ -251,6 +288,9 @@ def _print_demo(result: DemoResult) -> None:
         ("distinct messages made", result.made),
         ("rows stored", result.stored),
         ("duplicates skipped", result.skipped),
+        ("writes parked in an outbox", result.parked_writes),
+        ("parked messages drained", result.drained),
+        ("messages left in the outboxes", result.outbox_left),
     ):
         click.echo(f"  {label:<37} {value:>7,}")
     click.echo("")
@@ -261,15 +301,18 @@ def _print_demo(result: DemoResult) -> None:
         f"  all {len(result.gateways)} processes were flushing at once for {result.overlap:.2f} s"
     )
     click.echo("")
-    click.echo("Checked against the database with plain SQL:")
+    click.echo("Checked against the database and the outbox files with plain SQL:")
     for check in result.checks:
         click.echo(f"  {'ok' if check.ok else 'FAILED':<6}  {check.name} ({check.detail})")
-    for gateway in result.gateways:
-        if gateway.error:
-            click.echo(f"gateway {gateway.name} failed:\n{gateway.error}", err=True)
+    processes: list[GatewayReport | OutageReport] = [*result.gateways, result.outage]
+    for process in processes:
+        if process.error:
+            click.echo(f"process {process.name} failed:\n{process.error}", err=True)
     click.echo("")
     if result.ok:
-        click.echo(f"OK: nothing lost, nothing doubled ({result.seconds:.1f} s)")
+        click.echo(
+            f"OK: nothing lost, nothing doubled, the outage drained ({result.seconds:.1f} s)"
+        )
     else:
         failed = "; ".join(check.name for check in result.checks if not check.ok)
         click.echo(f"FAILED: {failed}")

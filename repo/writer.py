@@ -52,7 +52,8 @@ class WriteResult(BaseModel):
     duplicates: list[Any] = Field(default_factory=list)
     #: Keys the primary had with different content (``stored`` only).
     conflicts: list[Any] = Field(default_factory=list)
-    #: Messages put in the outbox (``parked`` only).
+    #: Messages of the batch now waiting in the outbox (``parked`` only); one that was
+    #: already waiting there (an earlier flush of the same transcript) is not added twice.
     parked: int = 0
     #: Why the batch was parked.
     reason: str | None = None

@@ -4,6 +4,7 @@ errors, masked passwords, and a ``demo`` whose verification is real."""
 from __future__ import annotations
 
 import re
+import sqlite3
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,7 +18,7 @@ from sqlalchemy.engine import make_url
 
 from repo import SchemaOutOfDate, open_repository
 from repo.cli import main
-from repo.demo import GatewayReport, _verify, run_demo
+from repo.demo import GatewayReport, OutageReport, _verify, outbox_paths, run_demo
 from repo.schema import head_revision
 
 if TYPE_CHECKING:
@@ -187,13 +188,13 @@ def test_a_url_that_does_not_parse_is_a_usage_error_that_hides_it() -> None:
 
 @pytest.mark.sqlite
 @pytest.mark.slow
-def test_demo_runs_gateway_processes_and_reports_ok(tmp_path: Path) -> None:
+def test_demo_runs_gateway_processes_through_an_outage_and_reports_ok(tmp_path: Path) -> None:
     path = tmp_path / "demo.db"
 
     result = _run("demo", "--path", str(path), "--turns", "4")
 
     assert result.exit_code == 0, result.output
-    assert "OK: nothing lost, nothing doubled" in result.stdout
+    assert "OK: nothing lost, nothing doubled, the outage drained" in result.stdout
     assert "FAILED" not in result.stdout
 
     def figure(label: str) -> int:
@@ -204,13 +205,29 @@ def test_demo_runs_gateway_processes_and_reports_ok(tmp_path: Path) -> None:
     attempted = figure(r"attempted sends \(re-sends included\)")
     made, stored = figure("distinct messages made"), figure("rows stored")
     assert attempted > made == stored > 0
-    assert figure("duplicates skipped") == attempted - stored
-    engine = create_engine(f"sqlite:///{path}")  # the kept file says the same
+    # Parked messages are neither inserted nor skipped when sent; the drains insert them.
+    assert figure("duplicates skipped") < attempted - stored
+    # Every gateway flushed during the outage and every one of those writes was parked.
+    for name in ("discord", "telegram", "cli"):
+        outage = re.search(rf"^  {name}\s+(\d+) of (\d+) writes parked", result.stdout, re.M)
+        assert outage, name
+        assert int(outage.group(1)) == int(outage.group(2)) > 0
+    assert figure("writes parked in an outbox") >= 3
+    assert figure("parked messages drained") > 0
+    assert figure("messages left in the outboxes") == 0
+    engine = create_engine(f"sqlite:///{path}")  # the kept files say the same
     try:
         with engine.connect() as conn:
             assert conn.execute(text("SELECT COUNT(*) FROM messages")).scalar() == stored
     finally:
         engine.dispose()
+    for outbox in outbox_paths(path).values():
+        engine = create_engine(f"sqlite:///{outbox}")
+        try:
+            with engine.connect() as conn:
+                assert conn.execute(text("SELECT COUNT(*) FROM pending_outbox")).scalar() == 0
+        finally:
+            engine.dispose()
 
 
 def test_demo_refuses_an_existing_file(tmp_path: Path) -> None:
@@ -223,23 +240,70 @@ def test_demo_refuses_an_existing_file(tmp_path: Path) -> None:
     assert "already exists" in result.output
 
 
+def test_demo_refuses_an_existing_outbox_file(tmp_path: Path) -> None:
+    path = tmp_path / "demo.db"
+    outbox_paths(path)["cli"].write_bytes(b"")
+
+    result = _run("demo", "--path", str(path))
+
+    assert result.exit_code == 2
+    assert "already exists" in result.output
+    assert not path.exists()
+
+
 @pytest.mark.sqlite
 @pytest.mark.slow
-def test_the_demo_checks_catch_a_lost_message_and_a_reordered_writer(tmp_path: Path) -> None:
+def test_the_demo_checks_catch_loss_reordering_no_outage_and_a_full_outbox(
+    tmp_path: Path,
+) -> None:
     path = tmp_path / "demo.db"
     demo = run_demo(path, turns=2)
     assert demo.ok, demo.checks
     url = f"sqlite:///{path}"
 
-    def failing(reports: list[GatewayReport]) -> set[str]:
-        return {check.name for check in _verify(url, reports)[0] if not check.ok}
+    def failing(
+        reports: list[GatewayReport],
+        outage: OutageReport = demo.outage,
+        outboxes: dict[str, Path] = demo.outboxes,
+    ) -> set[str]:
+        return {
+            check.name for check in _verify(url, reports, outage, outboxes).checks if not check.ok
+        }
+
+    def copies() -> list[GatewayReport]:
+        return [GatewayReport(**vars(r)) for r in demo.gateways]
 
     assert failing(demo.gateways) == set()
 
-    lost = [GatewayReport(**vars(r)) for r in demo.gateways]
+    lost = copies()
     lost[0].made = {sid: [*keys, str(uuid.uuid4())] for sid, keys in lost[0].made.items()}
     assert "every message made is stored, and nothing else" in failing(lost)
 
-    reordered = [GatewayReport(**vars(r)) for r in demo.gateways]
+    reordered = copies()
     reordered[1].made = {sid: keys[::-1] for sid, keys in reordered[1].made.items()}
     assert failing(reordered) == {"each writer's messages are in the order it made them"}
+
+    # An outage that parked nothing (the lock came too late) is a failed demo, not a pass.
+    no_outage = copies()
+    for report in no_outage:
+        report.outage_parked = 0
+    assert "the outage parked every write made while the primary was locked" in failing(no_outage)
+    early = OutageReport(locked_at=demo.outage.locked_at, released_at=demo.gateways[0].outage_first)
+    assert failing(demo.gateways, outage=early) == {
+        "the lock was held through every gateway's outage flushes"
+    }
+
+    undrained = copies()
+    undrained[2].parked_keys = {"cli:dave": [str(uuid.uuid4())]}
+    assert "every parked message was drained into the primary" in failing(undrained)
+
+    # A row left in an outbox file is found by counting the file's rows.
+    leftover = tmp_path / "leftover.db"
+    with sqlite3.connect(leftover) as conn:
+        conn.execute("CREATE TABLE pending_outbox (id INTEGER)")
+        conn.execute("INSERT INTO pending_outbox VALUES (1)")
+    conn.close()
+    outboxes = {**demo.outboxes, "cli": leftover}
+    assert failing(demo.gateways, outboxes=outboxes) == {
+        "every outbox is empty (rows counted in each outbox file)"
+    }
