@@ -55,7 +55,9 @@ _CJK = (
     "\U00020000-\U0003134f"
 )
 _CJK_CHAR = re.compile(f"[{_CJK}]")
-_LATIN_MARKS = re.compile("(?<=[\u0000-\u052f])[\u0300-\u036f]+")
+#: Combining diacritical marks (the block Latin, Greek and Cyrillic letters take; kana
+#: voicing marks and other scripts' marks are elsewhere and stay).
+_LATIN_MARKS = re.compile("[\u0300-\u036f]+")
 #: A word, for the index and for queries: letters and digits only, so that SQLite's
 #: unicode61 tokenizer and PostgreSQL's parser (which would keep "3.14", "a-b" or an
 #: e-mail address whole) see exactly the same words.
@@ -64,15 +66,15 @@ _WORD = re.compile(r"[^\W_]+")
 
 def normalize(text: str) -> str:
     """The text as both backends' tokenizers are given it (see the module docstring)."""
+    if text.isascii():  # the common case: nothing to decompose, segment or translate
+        return text.lower()
     text = unicodedata.normalize("NFKD", text.casefold())
-    if _ANY_MARK.search(text):
-        text = _LATIN_MARKS.sub("", text)
+    text = _LATIN_MARKS.sub("", text)
     text = unicodedata.normalize("NFC", text)
     text = _CJK_CHAR.sub(r" \g<0> ", text)
     return _NOT_WORD.sub(_symbol_or_mark, text)
 
 
-_ANY_MARK = re.compile("[\u0300-\u036f]")
 #: Non-ASCII characters that are not letters, digits or spaces: symbols (emoji) become
 #: words, marks and format characters vanish. ASCII punctuation and symbols separate.
 _NOT_WORD = re.compile(r"[^\w\s\x00-\x7f]")
@@ -115,7 +117,13 @@ def _collect_text(value: Any, texts: list[str]) -> None:
 def document(content: Any) -> str:
     """What is indexed for a message with this (decoded) content: its words, one space
     apart."""
-    return " ".join(_WORD.findall(normalize(content_text(content)[:INDEX_CHARS])))
+    text = content_text(content)[:INDEX_CHARS]
+    if text.isascii():
+        return _ASCII_SEPARATORS.sub(" ", text.lower()).strip()
+    return " ".join(_WORD.findall(normalize(text)))
+
+
+_ASCII_SEPARATORS = re.compile(r"[^a-z0-9]+")
 
 
 # -- queries -------------------------------------------------------------------------
