@@ -420,18 +420,14 @@ class SQLiteDialect(BackendDialect):
         offset: int,
     ) -> list[Any]:
         where, params = _search_filters(filters)
-        ordering = "rank DESC" if order == "rank" else "m.timestamp DESC, m.session_id, m.seq DESC"
         rank = "-bm25(messages_fts)" if order == "rank" else "0.0"
-        sql = (
-            f"SELECT m.session_id, m.seq, m.client_msg_uuid, m.role, m.timestamp, s.source, "
-            f"s.user_id, {_CONTENT_HEAD} AS content, {rank} AS rank "
-            "FROM messages_fts f "
-            "JOIN messages m ON m.session_id = f.session_id AND m.seq = f.seq "
-            "JOIN sessions s ON s.id = m.session_id "
-            f"WHERE messages_fts MATCH :q{where} ORDER BY {ordering} LIMIT :limit OFFSET :offset"
+        matches = (
+            f"SELECT f.session_id AS session_id, f.seq AS seq, {rank} AS rank "
+            f"FROM messages_fts f{_search_joins(filters, order, 'f')} "
+            f"WHERE messages_fts MATCH :q{where}"
         )
         params |= {"q": _fts5_query(query), "limit": limit, "offset": offset}
-        return _run_search(connection, sql, params, filters)
+        return _run_search(connection, _page_of_hits(matches, order), params, filters)
 
     def is_search_index_error(self, exc: RepoError) -> bool:
         cause = exc.__cause__
@@ -510,6 +506,42 @@ def _search_filters(filters: dict[str, Any]) -> tuple[str, dict[str, Any]]:
             clauses.append(clause)
             params[f"f_{name}"] = filters[name]
     return "".join(f" AND {clause}" for clause in clauses), params
+
+
+def _search_joins(filters: dict[str, Any], order: str, index: str) -> str:
+    """The joins the filters and the order need while choosing a page of hits (none for
+    an unfiltered ranked search: the page is chosen on the index alone)."""
+    joins = ""
+    needs_sessions = filters.get("source") is not None or filters.get("user_id") is not None
+    needs_messages = (
+        needs_sessions
+        or order == "newest"
+        or any(filters.get(name) is not None for name in ("session_id", "role", "since", "until"))
+    )
+    if needs_messages:
+        joins += f" JOIN messages m ON m.session_id = {index}.session_id AND m.seq = {index}.seq"
+    if needs_sessions:
+        joins += " JOIN sessions s ON s.id = m.session_id"
+    return joins
+
+
+def _page_of_hits(matches: str, order: str) -> str:
+    """Choose the page on keys alone, then read the content of those hits only (never
+    carry message text through the sort of every match)."""
+    inner_order = "rank DESC" if order == "rank" else "m.timestamp DESC, m.session_id, m.seq DESC"
+    if order == "newest":
+        matches = matches.replace(" AS rank ", " AS rank, m.timestamp AS ts ", 1)
+    outer_order = (
+        "top.rank DESC" if order == "rank" else "m.timestamp DESC, m.session_id, m.seq DESC"
+    )
+    return (
+        f"SELECT m.session_id, m.seq, m.client_msg_uuid, m.role, m.timestamp, s.source, "
+        f"s.user_id, {_CONTENT_HEAD} AS content, top.rank AS rank "
+        f"FROM ({matches} ORDER BY {inner_order} LIMIT :limit OFFSET :offset) top "
+        "JOIN messages m ON m.session_id = top.session_id AND m.seq = top.seq "
+        "JOIN sessions s ON s.id = m.session_id "
+        f"ORDER BY {outer_order}"
+    )
 
 
 def _run_search(
@@ -670,18 +702,15 @@ class PostgresDialect(BackendDialect):
             parts.append(f"!! {part}" if term.excluded else part)
         tsquery = " && ".join(parts)
         rank = "ts_rank(ms.document, q.query)" if order == "rank" else "0.0"
-        ordering = "rank DESC" if order == "rank" else "m.timestamp DESC, m.session_id, m.seq DESC"
-        sql = (
-            f"SELECT m.session_id, m.seq, m.client_msg_uuid, m.role, m.timestamp, s.source, "
-            f"s.user_id, {_CONTENT_HEAD} AS content, {rank} AS rank "
+        joins = _search_joins(filters, order, "ms")
+        matches = (
+            f"SELECT ms.session_id AS session_id, ms.seq AS seq, {rank} AS rank "
             f"FROM (SELECT {tsquery} AS query) q "
-            "JOIN message_search ms ON ms.document @@ q.query "
-            "JOIN messages m ON m.session_id = ms.session_id AND m.seq = ms.seq "
-            "JOIN sessions s ON s.id = m.session_id "
-            f"WHERE true{where} ORDER BY {ordering} LIMIT :limit OFFSET :offset"
+            f"JOIN message_search ms ON ms.document @@ q.query{joins} "
+            f"WHERE true{where}"
         )
         params |= {"cfg": self.search_config, "limit": limit, "offset": offset}
-        return _run_search(connection, sql, params, filters)
+        return _run_search(connection, _page_of_hits(matches, order), params, filters)
 
     def is_search_index_error(self, exc: RepoError) -> bool:
         code = getattr(exc, "code", None)
