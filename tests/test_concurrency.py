@@ -13,8 +13,7 @@ import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from itertools import pairwise
 from pathlib import Path
@@ -33,10 +32,10 @@ _TESTS_DIR = str(Path(__file__).resolve().parent)
 if _TESTS_DIR not in sys.path:
     sys.path.insert(0, _TESTS_DIR)
 import _workers  # noqa: E402
+from _harness import RUN_TIMEOUT, ThreadCall, children, collect_reports  # noqa: E402
 
 SPAWN = multiprocessing.get_context("spawn")
 #: Upper bound for a whole multi-process run; a healthy one takes a few seconds.
-RUN_TIMEOUT = 180.0
 #: How long a call that must not wait may take, at most (it takes milliseconds).
 NO_WAIT_BOUND = 10.0
 
@@ -49,61 +48,10 @@ SQLITE_ONLY = pytest.mark.parametrize("backend", [pytest.param("sqlite", marks=p
 # -- helpers ------------------------------------------------------------------------------
 
 
-@contextmanager
-def _children() -> Iterator[list[Any]]:
-    """Processes started inside are joined on the way out; stragglers are terminated."""
-    processes: list[Any] = []
-    try:
-        yield processes
-    finally:
-        deadline = time.monotonic() + 30
-        for process in processes:
-            process.join(max(0.0, deadline - time.monotonic()))
-        for process in processes:
-            if process.is_alive():
-                process.terminate()
-                process.join()
-
-
 def _start(processes: list[Any], target: Callable[..., None], **kwargs: Any) -> None:
     process = SPAWN.Process(target=target, kwargs=kwargs, daemon=True)
     process.start()
     processes.append(process)
-
-
-def _collect(results: Any, count: int, processes: list[Any]) -> list[dict[str, Any]]:
-    """``count`` reports from ``results``; fails (naming exit codes) if they do not come."""
-    reports: list[dict[str, Any]] = []
-    deadline = time.monotonic() + RUN_TIMEOUT
-    while len(reports) < count:
-        try:
-            reports.append(results.get(timeout=max(0.1, deadline - time.monotonic())))
-        except queue.Empty:
-            codes = [p.exitcode for p in processes]
-            pytest.fail(f"only {len(reports)} of {count} reports came; exit codes {codes}")
-    return reports
-
-
-class _Call:
-    """Runs ``fn`` in a thread; ``done`` is set when it returned or raised."""
-
-    def __init__(self, fn: Callable[[], Any]) -> None:
-        self.done = threading.Event()
-        self.result: Any = None
-        self.error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, args=(fn,), daemon=True)
-        self._thread.start()
-
-    def _run(self, fn: Callable[[], Any]) -> None:
-        try:
-            self.result = fn()
-        except BaseException as exc:
-            self.error = exc
-        finally:
-            self.done.set()
-
-    def join(self) -> None:
-        self._thread.join(RUN_TIMEOUT)
 
 
 def _keys(messages: list[Any]) -> list[str]:
@@ -122,7 +70,7 @@ def test_six_processes_flushing_one_session_store_each_message_once_in_their_ord
 ) -> None:
     start = SPAWN.Barrier(FLUSHERS)
     results = SPAWN.Queue()
-    with _children() as processes:
+    with children() as processes:
         for worker in range(FLUSHERS):
             _start(
                 processes,
@@ -135,7 +83,7 @@ def test_six_processes_flushing_one_session_store_each_message_once_in_their_ord
                 start=start,
                 results=results,
             )
-        reports = sorted(_collect(results, FLUSHERS, processes), key=lambda r: r["worker"])
+        reports = sorted(collect_reports(results, FLUSHERS, processes), key=lambda r: r["worker"])
 
     assert [error for report in reports for error in report["errors"]] == []
     made = {report["worker"]: report["made"] for report in reports}
@@ -198,7 +146,7 @@ def test_sqlite_eight_processes_on_one_file_never_see_locked(database_url: str) 
     stop = SPAWN.Event()
     writer_results = SPAWN.Queue()
     reader_results = SPAWN.Queue()
-    with _children() as processes:
+    with children() as processes:
         for worker in range(SQLITE_WRITERS):
             _start(
                 processes,
@@ -222,9 +170,9 @@ def test_sqlite_eight_processes_on_one_file_never_see_locked(database_url: str) 
                 stop=stop,
                 results=reader_results,
             )
-        writers = _collect(writer_results, SQLITE_WRITERS, processes)
+        writers = collect_reports(writer_results, SQLITE_WRITERS, processes)
         stop.set()
-        readers = _collect(reader_results, SQLITE_READERS, processes)
+        readers = collect_reports(reader_results, SQLITE_READERS, processes)
 
     # Not "database is locked", nor anything else: no caller saw an exception.
     assert [error for report in writers + readers for error in report["errors"]] == []
@@ -274,14 +222,14 @@ def test_postgres_appenders_to_different_sessions_do_not_wait_for_each_other(
         holder.execute("SELECT id FROM sessions WHERE id = 'A' FOR UPDATE")
         holder_pid = holder.info.backend_pid
 
-        append_a = _Call(lambda: repo.append("A", [a1]))
+        append_a = ThreadCall(lambda: repo.append("A", [a1]))
         deadline = time.monotonic() + NO_WAIT_BOUND
         while _blocked_by(monitor, holder_pid) == 0:
             assert not append_a.done.is_set(), f"append to A did not wait: {append_a.error!r}"
             assert time.monotonic() < deadline, "append to A never queued behind the lock"
             time.sleep(0.01)
 
-        append_b = _Call(lambda: repo.append("B", [b1]))
+        append_b = ThreadCall(lambda: repo.append("B", [b1]))
         assert append_b.done.wait(NO_WAIT_BOUND), "append to B waited for session A's lock"
         assert append_b.error is None
         assert append_b.result.inserted == [b1.client_msg_uuid]

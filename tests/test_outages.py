@@ -15,9 +15,7 @@ down; the drains at the end read those files.
 from __future__ import annotations
 
 import multiprocessing
-import queue
 import sys
-import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -45,13 +43,13 @@ _TESTS_DIR = str(Path(__file__).resolve().parent)
 if _TESTS_DIR not in sys.path:
     sys.path.insert(0, _TESTS_DIR)
 import _outage_workers  # noqa: E402
+from _harness import RUN_TIMEOUT, ThreadCall, children, collect_reports  # noqa: E402
 from _pgcluster import ThrowawayCluster, pg_cluster  # noqa: E402, F401 (pg_cluster: a fixture)
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres]
 
 SPAWN = multiprocessing.get_context("spawn")
 #: Upper bound for the whole multi-process run; a healthy one takes seconds.
-RUN_TIMEOUT = 180.0
 #: What ``write`` may take beyond its deadline (parking in a local SQLite file).
 DEADLINE_MARGIN = 1.0
 
@@ -224,56 +222,6 @@ def _assert_figures(figures: Figures, line: str, *, rows: int) -> None:
     assert figures.problems == [], line
 
 
-@contextmanager
-def _children() -> Iterator[list[Any]]:
-    """Processes started inside are joined on the way out; stragglers are killed."""
-    processes: list[Any] = []
-    try:
-        yield processes
-    finally:
-        end = time.monotonic() + 30
-        for process in processes:
-            process.join(max(0.0, end - time.monotonic()))
-        for process in processes:
-            if process.is_alive():
-                process.kill()
-                process.join()
-
-
-def _collect(results: Any, count: int, processes: list[Any]) -> list[dict[str, Any]]:
-    reports: list[dict[str, Any]] = []
-    end = time.monotonic() + RUN_TIMEOUT
-    while len(reports) < count:
-        try:
-            reports.append(results.get(timeout=max(0.1, end - time.monotonic())))
-        except queue.Empty:
-            codes = [p.exitcode for p in processes]
-            pytest.fail(f"only {len(reports)} of {count} reports came; exit codes {codes}")
-    return reports
-
-
-class _Call:
-    """Runs ``fn`` in a thread; ``done`` is set when it returned or raised."""
-
-    def __init__(self, fn: Callable[[], Any]) -> None:
-        self.done = threading.Event()
-        self.result: Any = None
-        self.error: BaseException | None = None
-        self.elapsed = 0.0
-        self._thread = threading.Thread(target=self._run, args=(fn,), daemon=True)
-        self._thread.start()
-
-    def _run(self, fn: Callable[[], Any]) -> None:
-        began = time.monotonic()
-        try:
-            self.result = fn()
-        except BaseException as exc:
-            self.error = exc
-        finally:
-            self.elapsed = time.monotonic() - began
-            self.done.set()
-
-
 def _wait_for(condition: Callable[[], bool], what: str, timeout: float = 30.0) -> None:
     """Poll a condition the test cannot be told about (server state), with a bound."""
     end = time.monotonic() + timeout
@@ -303,7 +251,7 @@ def test_crash_under_load_loses_and_doubles_nothing(
     results = SPAWN.Queue()
     outboxes = [tmp_path / f"outbox-{worker}.db" for worker in range(WRITERS)]
     timings: dict[str, float] = {}
-    with _children() as processes:
+    with children() as processes:
         for worker in range(WRITERS):
             process = SPAWN.Process(
                 target=_outage_workers.crash_writer,
@@ -339,7 +287,7 @@ def test_crash_under_load_loses_and_doubles_nothing(
         finally:
             stopped.set()  # never leave a worker waiting, even if the restart failed
             restarted.set()
-        reports = _collect(results, WRITERS, processes)
+        reports = collect_reports(results, WRITERS, processes)
         timings["writers_done_at"] = time.monotonic() - began
 
     assert [e for r in reports for e in r["errors"]] == []
@@ -467,7 +415,7 @@ def _write_parked_within_deadline(
 ) -> float:
     """``write`` in a thread: the test must not hang with the primary if ``write`` does
     (the caller thaws or unlocks the primary whatever happens here)."""
-    call = _Call(lambda: writer.write(session_id, [message]))
+    call = ThreadCall(lambda: writer.write(session_id, [message]))
     returned = call.done.wait(FROZEN_DEADLINE + DEADLINE_MARGIN)
     assert returned, f"write did not return within its {FROZEN_DEADLINE}s deadline"
     assert call.error is None, call.error
@@ -521,7 +469,7 @@ def test_a_gateway_exits_promptly_after_writing_to_a_frozen_primary(
     cluster = target.cluster
     ready, frozen = SPAWN.Event(), SPAWN.Event()
     results = SPAWN.Queue()
-    with _children() as processes:
+    with children() as processes:
         gateway = SPAWN.Process(
             target=_outage_workers.write_while_frozen_then_exit,
             kwargs={
@@ -540,7 +488,7 @@ def test_a_gateway_exits_promptly_after_writing_to_a_frozen_primary(
         cluster.freeze()
         try:
             frozen.set()
-            report = _collect(results, 1, processes)[0]
+            report = collect_reports(results, 1, processes)[0]
             gateway.join(EXIT_BOUND)
             exited = not gateway.is_alive()
         finally:
@@ -721,7 +669,7 @@ def test_statement_timeout_is_transient(faulty: Target, tmp_path: Path) -> None:
             )
             return [int(row[0]) for row in rows]
 
-        call = _Call(lambda: writer.write(sid, [slow]))
+        call = ThreadCall(lambda: writer.write(sid, [slow]))
         _wait_for(lambda: bool(sleeping()) or call.done.is_set(), "the trigger's sleep")
         for pid in sleeping():
             admin.execute("SELECT pg_cancel_backend(%s)", [pid])

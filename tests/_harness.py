@@ -1,0 +1,69 @@
+"""Process and thread helpers the multi-process tests share."""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import pytest
+
+#: How long a test waits for its child processes' reports.
+RUN_TIMEOUT = 180.0
+
+
+@contextmanager
+def children() -> Iterator[list[Any]]:
+    """Processes started inside are joined on the way out; stragglers are killed."""
+    processes: list[Any] = []
+    try:
+        yield processes
+    finally:
+        end = time.monotonic() + 30
+        for process in processes:
+            process.join(max(0.0, end - time.monotonic()))
+        for process in processes:
+            if process.is_alive():
+                process.kill()
+                process.join()
+
+
+def collect_reports(results: Any, count: int, processes: list[Any]) -> list[dict[str, Any]]:
+    """``count`` reports from ``results``; fails (naming exit codes) if they do not come."""
+    reports: list[dict[str, Any]] = []
+    end = time.monotonic() + RUN_TIMEOUT
+    while len(reports) < count:
+        try:
+            reports.append(results.get(timeout=max(0.1, end - time.monotonic())))
+        except queue.Empty:
+            codes = [p.exitcode for p in processes]
+            pytest.fail(f"only {len(reports)} of {count} reports came; exit codes {codes}")
+    return reports
+
+
+class ThreadCall:
+    """Runs ``fn`` in a thread; ``done`` is set when it returned or raised."""
+
+    def __init__(self, fn: Callable[[], Any]) -> None:
+        self.done = threading.Event()
+        self.result: Any = None
+        self.error: BaseException | None = None
+        self.elapsed = 0.0
+        self._thread = threading.Thread(target=self._run, args=(fn,), daemon=True)
+        self._thread.start()
+
+    def _run(self, fn: Callable[[], Any]) -> None:
+        began = time.monotonic()
+        try:
+            self.result = fn()
+        except BaseException as exc:
+            self.error = exc
+        finally:
+            self.elapsed = time.monotonic() - began
+            self.done.set()
+
+    def join(self) -> None:
+        self._thread.join(RUN_TIMEOUT)
