@@ -131,13 +131,13 @@ import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import Any, Final, Literal
+from typing import Any, Final, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from models import Message
 from models._limits import MAX_ID_LENGTH, check_identifier, check_json, check_text
-from models.message import KEY_FIELD, WIRE_FIELDS, to_utc
+from models.message import KEY_FIELD, WIRE_FIELDS, Role, to_utc
 from repo.errors import InvalidMessage, NotFound, RepoError
 from repo.repository import SessionRepository
 
@@ -162,7 +162,7 @@ KIND_NAMES: Final = {
 }
 _CAP_DROP: Final = "transcript_cap_drop"
 _HISTORY_DUMP: Final = "shutdown-with-unpersisted-agent-history"
-_ROLES: Final = frozenset({"system", "user", "assistant", "tool"})
+_ROLES: Final = frozenset(get_args(Role))
 #: ``messages`` columns that become ``Message`` fields (``id`` and ``session_id`` place it).
 _ROW_FIELDS: Final = frozenset(
     {
