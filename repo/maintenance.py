@@ -400,7 +400,6 @@ class _Importer:
                 self._add("messages_inserted", len(restored.inserted))
                 self._add("messages_present", restored.present)
                 self._add("messages_conflicting", restored.conflicting)
-                self._index(pending.session.id, restored.inserted)
                 return
             if pending.outcome is not None:  # restored until now, changed by a writer since
                 self._add(f"sessions_{pending.outcome}", -1)
@@ -412,15 +411,16 @@ class _Importer:
             self._add("messages_present", len(result.duplicates))
             self._add("messages_conflicting", len(result.conflicts))
 
-    def _index(self, session_id: str, inserted: list[tuple[int, Any]]) -> None:
-        """Index restored messages as ``append`` indexes its own: after the commit, in
-        runs of consecutive ``seq`` (a failure marks the index stale, never raises)."""
+    def _index(self, conn: Connection, session_id: str, inserted: list[tuple[int, Any]]) -> None:
+        """Index restored messages as ``append`` indexes its own: in the same transaction,
+        in runs of consecutive ``seq`` (a failure marks the index stale, never fails the
+        restore)."""
         start = 0
         for end in range(1, len(inserted) + 1):
             if end == len(inserted) or inserted[end][0] != inserted[end - 1][0] + 1:
                 run = inserted[start:end]
-                self._search.index_after_append(
-                    session_id, run[0][0], [content for _, content in run]
+                self._search.index_in_transaction(
+                    conn, session_id, run[0][0], [content for _, content in run]
                 )
                 start = end
 
@@ -478,6 +478,7 @@ class _Importer:
             )
             if result.rowcount != len(fresh):
                 raise RepoError(f"session {sid!r}: a message was stored while it was locked")
+            self._index(conn, sid, inserted)
         return _Restored(
             created=created is not None,
             inserted=inserted,

@@ -2,10 +2,11 @@
 
 The index (FTS5 on SQLite, a ``tsvector`` table with a GIN index on PostgreSQL; the SQL
 lives in ``repo/_dialects.py``) is kept *beside* the transcript, never inside its write:
-an append commits its messages first and indexes them in a second transaction. Whatever
-goes wrong there (a corrupt FTS5 file, a missing table, an oversized document) marks the
-index ``stale`` in ``search_index_state`` and the append still succeeds. A stale index
-refuses to answer (``SearchIndexUnavailable``) until ``reindex`` rebuilds it.
+an append indexes its messages in a savepoint of its own transaction (no trigger). Whatever
+goes wrong there (a corrupt FTS5 file, a missing table, an oversized document) rolls back
+the savepoint only, marks the index ``stale`` in ``search_index_state``, and the append
+still commits. A stale index refuses to answer (``SearchIndexUnavailable``) until
+``reindex`` rebuilds it.
 
 The text is prepared in Python, identically for both backends: content parts are reduced
 to their text, the first ``INDEX_CHARS`` characters are kept, case is folded, Latin and
@@ -186,22 +187,6 @@ class SearchIndex:
     def __init__(self, database: Database) -> None:
         self.database = database
         self.dialect = database.dialect
-
-    def index_after_append(self, session_id: str, first_seq: int, contents: Sequence[Any]) -> None:
-        """Index freshly appended messages; on any failure mark the index stale instead
-        of raising (the messages are committed already)."""
-        if not contents:
-            return
-        seqs = list(range(first_seq, first_seq + len(contents)))
-        documents = [document(content) for content in contents]
-        try:
-            self.database.write(
-                lambda conn: self.dialect.index_documents(conn, session_id, seqs, documents)
-            )
-        except RepoError as exc:
-            self.mark_stale(
-                f"indexing session {session_id!r} seq {seqs[0]}..{seqs[-1]} failed: {exc}"
-            )
 
     def index_in_transaction(
         self, conn: Connection, session_id: str, first_seq: int, contents: Sequence[Any]
