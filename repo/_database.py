@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import copy
 import random
 import threading
 import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from typing import Any, TypeVar
 
 from sqlalchemy import Connection, Engine
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import URL
 
+from repo import _aio
 from repo._dialects import READ_ONLY, BackendDialect, dialect_for, normalize_url, safe_url
 from repo.errors import BackendUnavailable, RepoError
 
@@ -36,19 +39,29 @@ class Database:
         url: str | URL | None = None,
         *,
         attempts: int = DEFAULT_ATTEMPTS,
+        asynchronous: bool = False,
         **engine_options: Any,
     ) -> None:
         self.url = normalize_url(url)
         self.dialect: BackendDialect = dialect_for(self.url.get_backend_name())
-        self.engine: Engine = self.dialect.create_engine(self.url, dict(engine_options))
+        #: With ``asynchronous``, the engine is the synchronous face of an asyncio engine
+        #: (aiosqlite, psycopg async): usable only from code that ``repo._aio`` runs for
+        #: a coroutine, where each database wait yields to the event loop.
+        self.asynchronous = asynchronous
+        self.engine: Engine = self.dialect.create_engine(
+            self.url, dict(engine_options), asynchronous=asynchronous
+        )
         self._read_engine = self.engine.execution_options(**{READ_ONLY: True})
         self._attempts = attempts
-        self._first_use: Callable[[], None] | None = None
-        self._first_use_lock = threading.RLock()
+        self._first_use: Callable[[Database], None] | None = None
+        self._first_use_lock: AbstractContextManager[Any] = (
+            _aio.Lock() if asynchronous else threading.RLock()
+        )
 
-    def check_on_first_use(self, check: Callable[[], None]) -> None:
-        """Run ``check`` before the first unit of work that finds the database up (a
-        schema check deferred because the database was unreachable at open)."""
+    def check_on_first_use(self, check: Callable[[Database], None]) -> None:
+        """Run ``check(database)`` before the first unit of work, until it passes (a
+        schema check deferred because the database was unreachable at open, or because
+        it was opened where no I/O may happen)."""
         self._first_use = check
 
     @property
@@ -70,13 +83,14 @@ class Database:
     def _run(self, engine: Engine, work: Callable[[Connection], T]) -> T:
         if self._first_use is not None:
             with self._first_use_lock:
-                check, self._first_use = self._first_use, None
+                check = self._first_use
                 if check is not None:
-                    try:
-                        check()
-                    except BaseException:
-                        self._first_use = check
-                        raise
+                    # Every other caller waits on the lock until the check has passed;
+                    # the check itself works through a view without it.
+                    unchecked = copy.copy(self)
+                    unchecked._first_use = None
+                    check(unchecked)
+                    self._first_use = None
         attempt = 0
         reconnected = False
         while True:
@@ -94,7 +108,7 @@ class Database:
                     continue
                 if attempt < self._attempts and self.dialect.is_retryable(exc):
                     # Full jitter, capped: contenders spread out instead of colliding again.
-                    time.sleep(random.uniform(0, min(1.0, 0.01 * 2**attempt)))
+                    self._pause(random.uniform(0, min(1.0, 0.01 * 2**attempt)))
                     continue
                 raise self.dialect.translate(exc) from exc
             except sa_exc.PendingRollbackError as exc:
@@ -104,6 +118,12 @@ class Database:
                 raise BackendUnavailable(f"no database connection free: {exc}") from exc
             except sa_exc.SQLAlchemyError as exc:
                 raise RepoError(f"{type(exc).__name__}: {exc}") from exc
+
+    def _pause(self, seconds: float) -> None:
+        if self.asynchronous:
+            _aio.sleep(seconds)
+        else:
+            time.sleep(seconds)
 
     def dispose(self) -> None:
         self.engine.dispose()

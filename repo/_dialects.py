@@ -34,6 +34,7 @@ from sqlalchemy import (
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import URL, make_url
+from sqlalchemy.ext.asyncio import create_async_engine
 from sqlalchemy.pool import ConnectionPoolEntry
 from sqlalchemy.types import TypeEngine
 
@@ -180,7 +181,11 @@ class BackendDialect:
         super().__init_subclass__(**kwargs)
         BackendDialect._registry[cls.name] = cls
 
-    def create_engine(self, url: URL, options: dict[str, Any]) -> Engine:
+    def create_engine(
+        self, url: URL, options: dict[str, Any], *, asynchronous: bool = False
+    ) -> Engine:
+        """The engine for ``url``; with ``asynchronous``, the synchronous face
+        (``AsyncEngine.sync_engine``) of an engine on the backend's asyncio driver."""
         raise NotImplementedError
 
     def insert_ignoring(self, table: Table, conflict_columns: Sequence[str]) -> Insert:
@@ -298,6 +303,12 @@ class BackendDialect:
         return False
 
 
+def _engine(url: URL, asynchronous: bool, **options: Any) -> Engine:
+    if asynchronous:
+        return create_async_engine(url, **options).sync_engine
+    return create_engine(url, **options)
+
+
 def dialect_for(name: str) -> BackendDialect:
     try:
         return BackendDialect._registry[name]()
@@ -333,7 +344,9 @@ class SQLiteDialect(BackendDialect):
         sqlite3.SQLITE_RANGE,
     }
 
-    def create_engine(self, url: URL, options: dict[str, Any]) -> Engine:
+    def create_engine(
+        self, url: URL, options: dict[str, Any], *, asynchronous: bool = False
+    ) -> Engine:
         options.pop("connect_timeout", None)  # PostgreSQL's; a file has nothing to connect
         options.pop("search_config", None)
         busy_timeout = float(options.pop("busy_timeout", 10.0))
@@ -342,8 +355,9 @@ class SQLiteDialect(BackendDialect):
             raise ValueError(f"sqlite_synchronous: {synchronous!r} is not a SQLite level")
         if url.database and url.database != ":memory:":
             Path(url.database).parent.mkdir(parents=True, exist_ok=True)
-        engine = create_engine(
-            url,
+        engine = _engine(
+            url.set(drivername="sqlite+aiosqlite") if asynchronous else url,
+            asynchronous,
             connect_args={"timeout": busy_timeout, "check_same_thread": False},
             **options,
         )
@@ -580,7 +594,9 @@ class PostgresDialect(BackendDialect):
     #: stems words, and then search results are not verified against the text.
     search_config = "simple"
 
-    def create_engine(self, url: URL, options: dict[str, Any]) -> Engine:
+    def create_engine(
+        self, url: URL, options: dict[str, Any], *, asynchronous: bool = False
+    ) -> Engine:
         self.search_config = str(options.pop("search_config", "simple"))
         # SQLite's options: they mean nothing to a server (one URL, one set of options).
         options.pop("busy_timeout", None)
@@ -592,7 +608,8 @@ class PostgresDialect(BackendDialect):
         # No ping before each checkout (a round trip per transaction): a dead connection
         # is detected on use and the transaction rerun (see Database._run).
         options.setdefault("pool_pre_ping", False)
-        return create_engine(url, connect_args=connect_args, **options)
+        # psycopg 3 serves both: SQLAlchemy picks its async dialect for an async engine.
+        return _engine(url, asynchronous, connect_args=connect_args, **options)
 
     def insert_ignoring(self, table: Table, conflict_columns: Sequence[str]) -> Insert:
         return postgresql.insert(table).on_conflict_do_nothing(

@@ -427,7 +427,7 @@ class SessionRepository:
         if include_ancestors and (after_seq, before_seq, limit) != (None, None, None):
             raise InvalidMessage("include_ancestors", "cannot be combined with a cursor")
 
-        transcript = select(*self._message_columns).order_by(M.seq)
+        transcript = select(*_codec.load_columns).order_by(M.seq)
         query = transcript.where(M.session_id == sid)
         if after_seq is not None:
             query = query.where(M.seq > after_seq)
@@ -454,7 +454,7 @@ class SessionRepository:
         return self._db.read(work)
 
     def _messages(self, conn: Connection, query: Any) -> list[StoredMessage]:
-        return [_codec.stored_message(row) for row in conn.execute(query)]
+        return _codec.stored_messages(conn.execute(query))
 
     def close(self) -> None:
         self._db.dispose()
@@ -522,13 +522,22 @@ def open_repository(
         BackendUnavailable: the database cannot be reached.
     """
     database = Database(url, **options)
+    check_schema(database, auto_migrate=auto_migrate, require_connection=require_connection)
+    return SessionRepository(database, search_index=search_index)
+
+
+def check_schema(
+    database: Database, *, auto_migrate: bool | None, require_connection: bool
+) -> None:
+    """``open_repository``'s schema check (see its arguments); disposes of ``database``
+    when it fails."""
     migrate = database.backend == "sqlite" if auto_migrate is None else auto_migrate
 
-    def check() -> None:
+    def check(database: Database) -> None:
         schema.ensure_current(database, auto_migrate=migrate)
 
     try:
-        check()
+        check(database)
     except BackendUnavailable:
         if require_connection:
             database.dispose()
@@ -537,4 +546,3 @@ def open_repository(
     except BaseException:
         database.dispose()
         raise
-    return SessionRepository(database, search_index=search_index)

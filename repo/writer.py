@@ -17,17 +17,16 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import Future
-from concurrent.futures import TimeoutError as FutureTimeout
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, Protocol, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy.engine import URL
 
 from models import AppendResult, Message
 from models.message import utcnow
-from repo import schema
+from repo import _aio, schema
 from repo._database import Database
 from repo._dialects import normalize_url
 from repo.errors import BackendUnavailable, InvalidMessage, RepoError, WriteRejected
@@ -78,9 +77,10 @@ class DrainReport(BaseModel):
     remaining: int = 0
 
 
-def open_outbox_database(url: str | URL) -> Database:
+def open_outbox_database(url: str | URL, *, asynchronous: bool = False) -> Database:
     """A separate outbox store. A SQLite file is created private (mode 0600), kept
-    durable (WAL, ``synchronous=FULL``) and migrated by the same Alembic environment."""
+    durable (WAL, ``synchronous=FULL``) and migrated by the same Alembic environment
+    (``asynchronous``: on its asyncio driver, checked and migrated on first use)."""
     parsed = normalize_url(url)
     options: dict[str, Any] = {}
     if parsed.get_backend_name() == "sqlite":
@@ -90,9 +90,16 @@ def open_outbox_database(url: str | URL) -> Database:
             path.parent.mkdir(parents=True, exist_ok=True)
             if not path.exists():
                 os.close(os.open(path, os.O_CREAT | os.O_WRONLY, 0o600))
-    database = Database(parsed, **options)
-    try:
+    database = Database(parsed, asynchronous=asynchronous, **options)
+
+    def check(database: Database) -> None:
         schema.ensure_current(database, auto_migrate=database.backend == "sqlite")
+
+    if asynchronous:
+        database.check_on_first_use(check)  # no I/O outside the event loop's calls
+        return database
+    try:
+        check(database)
     except BaseException:
         database.dispose()
         raise
@@ -136,12 +143,17 @@ class TranscriptWriter:
         if deadline <= 0:
             raise ValueError("deadline must be positive")
         self._repository = repository
+        # On an asynchronous repository (``AsyncTranscriptWriter``), this same logic runs
+        # for coroutines: the outbox on its asyncio driver, primary calls as tasks.
+        asynchronous = repository.database.asynchronous
         url = outbox_url or os.environ.get("SESSIONREPO_OUTBOX_URL") or None
         if url is None:
             # Its own pool: writes stuck on the primary's pool must not block parking.
-            outbox_db = Database(repository.database.url, pool_size=2, max_overflow=4)
+            outbox_db = Database(
+                repository.database.url, pool_size=2, max_overflow=4, asynchronous=asynchronous
+            )
         else:
-            outbox_db = open_outbox_database(url)
+            outbox_db = open_outbox_database(url, asynchronous=asynchronous)
         self._outbox = Outbox(outbox_db)
         self.deadline = deadline
         self.max_attempts = max_attempts
@@ -152,13 +164,19 @@ class TranscriptWriter:
         self._park_reserve = min(1.0, deadline / 4)
         # Daemon threads: a write abandoned on a frozen server must not keep the
         # process from exiting (the key makes the abandoned attempt harmless).
-        self._primary_pool = _DaemonPool(workers, "sessionrepo-primary")
-        self._outbox_pool = _DaemonPool(2, "sessionrepo-outbox")
+        self._primary_pool: _Pool = (
+            _aio.TaskPool() if asynchronous else _DaemonPool(workers, "sessionrepo-primary")
+        )
+        self._outbox_pool: _Pool = (
+            _aio.TaskPool() if asynchronous else _DaemonPool(2, "sessionrepo-outbox")
+        )
         self._closed = False
         self._owner = drainer_id()
         self._stop = threading.Event()
         self._wake = threading.Event()
         self._drainer: threading.Thread | None = None
+        #: Wakes the drainer (a batch was parked, dead rows were put back in line).
+        self.notify_drainer: Callable[[], None] = self._wake.set
         #: Fault injection for crash tests: called with the name of each step.
         self.fault_hook: Callable[[str], None] | None = None
 
@@ -208,7 +226,7 @@ class TranscriptWriter:
 
         try:
             result = self._primary_pool.run(attempt, timeout=primary_budget)
-        except FutureTimeout:
+        except TimeoutError:
             reason = f"the primary did not answer within {primary_budget:g}s"
             code: str | None = "deadline"
         except BackendUnavailable as exc:
@@ -232,8 +250,8 @@ class TranscriptWriter:
 
         try:
             self._outbox_pool.run(park, timeout=timeout)
-        except (FutureTimeout, RepoError) as exc:
-            detail = "it did not answer in time" if isinstance(exc, FutureTimeout) else str(exc)
+        except (TimeoutError, RepoError) as exc:
+            detail = "it did not answer in time" if isinstance(exc, TimeoutError) else str(exc)
             raise BackendUnavailable(
                 f"session {batch.session_id!r}: the primary could not take the batch "
                 f"({reason}) and neither could the outbox ({detail}); nothing was "
@@ -244,7 +262,7 @@ class TranscriptWriter:
         log.warning(
             "session %r: parked %d messages: %s", batch.session_id, len(batch.messages), reason
         )
-        self._wake.set()
+        self.notify_drainer()
         return WriteResult(
             session_id=batch.session_id,
             status="parked",
@@ -268,7 +286,7 @@ class TranscriptWriter:
     def retry_dead(self, session_id: str | None = None) -> int:
         """Put messages set aside as dead back in line; the next drain tries them."""
         count = self._outbox.retry_dead(session_id)
-        self._wake.set()
+        self.notify_drainer()
         return count
 
     def drain(self, *, session_id: str | None = None, ignore_backoff: bool = False) -> DrainReport:
@@ -335,7 +353,7 @@ class TranscriptWriter:
             batch = rows if not one_by_one else rows[:1]
             try:
                 _count(totals, self._store(claimed.session_id, claimed, [m for _, m, *_ in batch]))
-            except (FutureTimeout, RepoError) as exc:
+            except (TimeoutError, RepoError) as exc:
                 rejected = isinstance(exc, WriteRejected | InvalidMessage)
                 if rejected and len(batch) > 1:
                     one_by_one = True
@@ -386,7 +404,7 @@ class TranscriptWriter:
         base, cap = self._backoff
         delay = 0.0 if dead else random.uniform(0, min(cap, base * 2 ** min(attempts, 30)))
         error = str(exc) or type(exc).__name__
-        if isinstance(exc, FutureTimeout):
+        if isinstance(exc, TimeoutError):
             error = f"the primary did not answer within {self.deadline:g}s"
         elif not rejected and not isinstance(exc, BackendUnavailable):
             log.error("session %r: replay failed: %s", claimed.session_id, error)
@@ -415,19 +433,24 @@ class TranscriptWriter:
 
         def loop() -> None:
             while not self._stop.is_set():
-                wait = interval
-                try:
-                    self.drain()
-                    due = self._outbox.next_due()
-                    if due is not None:
-                        wait = min(interval, max(0.05, (due - utcnow()).total_seconds()))
-                except Exception:  # the drainer must outlive any one failure
-                    log.exception("outbox drain failed; retrying in %.1fs", interval)
-                self._wake.wait(wait)
+                self._wake.wait(self.drain_round(interval))
                 self._wake.clear()
 
         self._drainer = threading.Thread(target=loop, name="sessionrepo-drainer", daemon=True)
         self._drainer.start()
+
+    def drain_round(self, interval: float) -> float:
+        """One round of the background drainer; returns the seconds to wait before the
+        next (at most ``interval``; sooner when a retry falls due)."""
+        try:
+            self.drain()
+            due = self._outbox.next_due()
+        except Exception:  # the drainer must outlive any one failure
+            log.exception("outbox drain failed; retrying in %.1fs", interval)
+            return interval
+        if due is None:
+            return interval
+        return min(interval, max(0.05, (due - utcnow()).total_seconds()))
 
     def stop(self, timeout: float | None = 30.0) -> None:
         """Stop the background drainer; the round in progress finishes first (each of
@@ -457,6 +480,14 @@ class TranscriptWriter:
         self.close()
 
 
+class _Pool(Protocol):
+    """Where the writer runs a call with a deadline: daemon threads, or asyncio tasks."""
+
+    def run(self, work: Callable[[], T], *, timeout: float) -> T: ...
+
+    def shutdown(self) -> None: ...
+
+
 class _DaemonPool:
     """A minimal thread pool of daemon threads with a per-call deadline.
 
@@ -482,7 +513,7 @@ class _DaemonPool:
         self._queue.put((future, work))
         try:
             return future.result(timeout=timeout)
-        except FutureTimeout:
+        except TimeoutError:
             future.cancel()  # not started yet: never start it
             raise
 

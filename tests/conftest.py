@@ -1,8 +1,11 @@
-"""One contract suite, every backend.
+"""One contract suite, every backend, both APIs.
 
 The ``backend`` fixture is parametrized ``sqlite`` / ``postgres`` (with the matching
 markers); every test that uses ``database_url`` or ``repo`` runs on both, each on a fresh
-database whose schema came from ``alembic upgrade head``.
+database whose schema came from ``alembic upgrade head``. In the modules marked
+``contract``, every test that uses ``repo`` also runs on both APIs: ``sync`` (a
+``SessionRepository``) and ``async`` (an ``AsyncSessionRepository``, whose coroutines the
+test's plain calls run on an event loop of their own: see :class:`BlockingAsync`).
 
 PostgreSQL comes from ``SESSIONREPO_TEST_POSTGRES_URL`` (a server where the tests may
 create and drop databases); where that is unset and a Docker engine answers, from
@@ -12,17 +15,21 @@ testcontainers; otherwise the PostgreSQL tests are skipped, with the reason show
 
 from __future__ import annotations
 
+import asyncio
+import inspect
 import os
 import shutil
+import threading
 import uuid
-from collections.abc import Iterator
+from collections.abc import Coroutine, Iterator
 from pathlib import Path
+from typing import Any, TypeVar
 
 import psycopg
 import pytest
 from sqlalchemy.engine import make_url
 
-from repo import SessionRepository, open_repository
+from repo import SessionStore, open_async_repository, open_repository
 from repo._database import Database
 from repo.schema import upgrade
 
@@ -30,6 +37,13 @@ BACKENDS = [
     pytest.param("sqlite", marks=pytest.mark.sqlite),
     pytest.param("postgres", marks=pytest.mark.postgres),
 ]
+T = TypeVar("T")
+APIS = ["sync", pytest.param("async", marks=pytest.mark.asyncapi)]
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "repo" in metafunc.fixturenames and metafunc.definition.get_closest_marker("contract"):
+        metafunc.parametrize("api", APIS)
 
 
 def _require_postgres() -> bool:
@@ -163,8 +177,67 @@ def empty_database_url(
     server.drop(name)
 
 
+class EventLoopThread:
+    """An event loop running in a thread of its own, for synchronous test code."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self._thread.start()
+
+    def run(self, coroutine: Coroutine[Any, Any, T]) -> T:
+        return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result()
+
+    def close(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join()
+        self.loop.close()
+
+
+class BlockingAsync:
+    """An async object, called like its sync twin: each method call runs on the loop
+    (a coroutine to its end; a plain method there too, as asyncio code would call it)."""
+
+    def __init__(self, target: Any, loop: EventLoopThread) -> None:
+        self._target = target
+        self._loop = loop
+
+    def __getattr__(self, name: str) -> Any:
+        attribute = getattr(self._target, name)
+        if not callable(attribute):
+            return attribute
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            async def on_the_loop() -> Any:
+                result = attribute(*args, **kwargs)
+                return await result if inspect.isawaitable(result) else result
+
+            return self._loop.run(on_the_loop())
+
+        return call
+
+
+@pytest.fixture(scope="session")
+def event_loop_thread() -> Iterator[EventLoopThread]:
+    loop = EventLoopThread()
+    yield loop
+    loop.close()
+
+
 @pytest.fixture
-def repo(database_url: str) -> Iterator[SessionRepository]:
-    repository = open_repository(database_url)
-    yield repository
-    repository.close()
+def api() -> str:
+    """``sync`` unless the module is marked ``contract`` (then both; see above)."""
+    return "sync"
+
+
+@pytest.fixture
+def repo(database_url: str, api: str, request: pytest.FixtureRequest) -> Iterator[SessionStore]:
+    if api == "sync":
+        repository = open_repository(database_url)
+        yield repository
+        repository.close()
+        return
+    loop: EventLoopThread = request.getfixturevalue("event_loop_thread")
+    async_repository = loop.run(open_async_repository(database_url))
+    yield BlockingAsync(async_repository, loop)  # type: ignore[misc]
+    loop.run(async_repository.close())

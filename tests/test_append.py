@@ -7,6 +7,8 @@ import pytest
 from models import Message
 from repo import InvalidMessage, NotFound, SessionRepository
 
+pytestmark = pytest.mark.contract  # every repo test runs on the sync and async API
+
 
 def _messages(n: int, prefix: str = "m") -> list[Message]:
     return [Message(role="user", content=f"{prefix}{i}") for i in range(n)]

@@ -34,6 +34,8 @@ if _TESTS_DIR not in sys.path:
 import _workers  # noqa: E402
 from _harness import RUN_TIMEOUT, ThreadCall, children, collect_reports  # noqa: E402
 
+pytestmark = pytest.mark.contract  # every repo test runs on the sync and async API
+
 SPAWN = multiprocessing.get_context("spawn")
 #: Upper bound for a whole multi-process run; a healthy one takes a few seconds.
 #: How long a call that must not wait may take, at most (it takes milliseconds).

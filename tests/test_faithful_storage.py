@@ -33,6 +33,8 @@ from models import MAX_ID_LENGTH, MAX_JSON_DEPTH, MAX_MESSAGE_BYTES, Message, St
 from models.message import KEY_FIELD
 from repo import InvalidMessage, NotFound, SessionRepository, open_repository
 
+pytestmark = pytest.mark.contract  # every repo test runs on the sync and async API
+
 MESSAGE_FIELDS = tuple(Message.model_fields)
 STORED_FIELDS = tuple(StoredMessage.model_fields)
 

@@ -12,6 +12,8 @@ import pytest
 from models import Message
 from repo import SearchIndexUnavailable, SessionRepository, open_repository
 
+pytestmark = pytest.mark.contract  # every repo test runs on the sync and async API
+
 USER_QUERIES = [
     '"',
     "AND",

@@ -9,6 +9,8 @@ import pytest
 from models import Message
 from repo import InvalidMessage, NotFound, SessionRepository
 
+pytestmark = pytest.mark.contract  # every repo test runs on the sync and async API
+
 
 def test_create_session_is_idempotent_and_keeps_what_was_set(repo: SessionRepository) -> None:
     first = repo.create_session("s1", source="discord", user_id="u1", title="Mochi")

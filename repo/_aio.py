@@ -1,0 +1,107 @@
+"""The asyncio bridge: one implementation of the logic, for the sync and the async API.
+
+sessionrepo's logic (validation, statements, transactions, lock-race retries, error
+translation, the outbox protocol) is written once, as ordinary synchronous code against a
+SQLAlchemy ``Connection``. The async API runs that same code on the backend's asyncio
+driver (aiosqlite, psycopg async) the way SQLAlchemy's asyncio extension runs its ORM
+(``AsyncSession`` wraps a ``Session``): inside a greenlet, where every wait on the driver
+suspends the greenlet and gives the event loop back. There is no thread hop per call and
+no second copy of the logic to drift.
+
+Code running under :meth:`TaskPool.call` may use an asynchronous :class:`Database`
+(``asynchronous=True``), :func:`sleep` and :meth:`TaskPool.run`; called anywhere else they
+raise SQLAlchemy's ``MissingGreenlet``.
+
+Cancellation: a call, once started, runs to its end in a task of its own (a transaction
+commits or rolls back and its connection goes back to the pool clean); cancelling the
+caller ends its wait, not the call. So a cancelled write has either committed or not, and
+since every write is keyed, sending it again is a no-op either way. ``close`` waits for
+calls still running.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+from collections.abc import Callable
+from types import TracebackType
+from typing import Any, ParamSpec, TypeVar
+
+# SQLAlchemy's greenlet bridge, the one its asyncio extension is built on (exported by
+# ``sqlalchemy.util`` since 1.4). Only this module touches it.
+from sqlalchemy.util import await_, greenlet_spawn
+
+T = TypeVar("T")
+P = ParamSpec("P")
+
+
+def sleep(seconds: float) -> None:
+    """``time.sleep`` for code running under :meth:`TaskPool.call`: the loop runs on."""
+    await_(asyncio.sleep(seconds))
+
+
+class Lock:
+    """A mutex for code running under :meth:`TaskPool.call` (not reentrant): waiting for
+    it yields to the event loop, where a ``threading`` lock would let every coroutine of
+    the loop's thread in at once."""
+
+    def __init__(self) -> None:
+        self._lock = asyncio.Lock()
+
+    def __enter__(self) -> None:
+        await_(self._lock.acquire())
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self._lock.release()
+
+
+class TaskPool:
+    """Runs synchronous logic for coroutines, each call in a task of its own.
+
+    The asyncio counterpart of the writer's daemon thread pool: :meth:`run` has the same
+    shape (``work`` with a deadline; past it the caller stops waiting and the call runs
+    on, harmlessly, because it is keyed).
+    """
+
+    def __init__(self) -> None:
+        self._running: set[asyncio.Task[Any]] = set()
+
+    async def call(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
+        """``fn(*args, **kwargs)`` with its database waits awaited on the running loop.
+
+        Shielded: cancelling the caller does not cancel the call (see the module's
+        docstring); its result, or its error, is then dropped.
+        """
+        task = asyncio.get_running_loop().create_task(
+            greenlet_spawn(functools.partial(fn, *args, **kwargs))
+        )
+        self._running.add(task)
+        task.add_done_callback(self._finished)
+        return await asyncio.shield(task)
+
+    def _finished(self, task: asyncio.Task[Any]) -> None:
+        self._running.discard(task)
+        if not task.cancelled():
+            # Retrieved here so that a call whose caller was cancelled, and which then
+            # failed, is not reported as "exception never retrieved": nobody waits for it.
+            task.exception()
+
+    def run(self, work: Callable[[], T], *, timeout: float) -> T:
+        """From logic running under :meth:`call`: ``work()`` as a call of its own, waited
+        for at most ``timeout`` seconds (then ``TimeoutError``; the call runs on)."""
+        return await_(asyncio.wait_for(self.call(work), timeout))
+
+    async def settle(self, timeout: float | None = None) -> int:
+        """Wait up to ``timeout`` seconds for the calls still running (a cancelled
+        caller's, an abandoned deadline's); returns how many are still running."""
+        if self._running:
+            await asyncio.wait(set(self._running), timeout=timeout)
+        return len(self._running)
+
+    def shutdown(self) -> None:
+        """Nothing to stop: each call ends with its task (see :meth:`settle`)."""
