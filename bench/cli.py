@@ -20,10 +20,18 @@ from bench.runner import FULL, QUICK, BackendRun, config_dict, run_all
 from bench.workload import describe
 
 RESULTS = Path(__file__).resolve().parent / "results"
-DEFAULT_CONTENDERS = ("raw", "sessionrepo", "sessionrepo-noindex", "openai", "adk", "langchain")
+DEFAULT_CONTENDERS = (
+    "raw",
+    "sessionrepo",
+    "sessionrepo-async",
+    "sessionrepo-noindex",
+    "openai",
+    "adk",
+    "langchain",
+)
 STEPS = ("flush", "reflush", "load", "list", "concurrency")
 #: A failure of these fails the run (exit 1): they are this project's code.
-OURS = ("raw", "sessionrepo", "sessionrepo-noindex")
+OURS = ("raw", "sessionrepo", "sessionrepo-async", "sessionrepo-noindex")
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -143,7 +143,7 @@ def goals(summaries: list[dict[str, Any]], config: Config) -> list[dict[str, Any
             peers = {
                 key: value.get("value")
                 for key, value in summary["cells"]["flush_100"].items()
-                if key not in ("raw", "sessionrepo", "sessionrepo-noindex") and "value" in value
+                if not (key == "raw" or key.startswith("sessionrepo")) and "value" in value
             }
             ahead = all(hundred["value"] > value for value in peers.values() if value)
             checks.append(

@@ -225,15 +225,35 @@ class AsyncSessionRepository:
 
 
 class AsyncTranscriptWriter:
-    """:class:`repo.TranscriptWriter`, awaited, with the same arguments; its background
-    drainer (:meth:`start`) is an asyncio task.
+    """:class:`repo.TranscriptWriter`, awaited, with the same arguments (but ``workers``:
+    primary calls are tasks); its background drainer (:meth:`start`) is an asyncio task.
 
     No I/O happens here: the outbox is checked (and a SQLite outbox file migrated) by the
     first call that uses it.
     """
 
-    def __init__(self, repository: AsyncSessionRepository, **options: Any) -> None:
-        self._writer = TranscriptWriter(repository._repository, **options)
+    def __init__(
+        self,
+        repository: AsyncSessionRepository,
+        *,
+        outbox_url: str | URL | None = None,
+        deadline: float = 5.0,
+        max_attempts: int = 5,
+        batch_size: int = 500,
+        lease: float = 60.0,
+        backoff_base: float = 0.5,
+        backoff_cap: float = 30.0,
+    ) -> None:
+        self._writer = TranscriptWriter(
+            repository._repository,
+            outbox_url=outbox_url,
+            deadline=deadline,
+            max_attempts=max_attempts,
+            batch_size=batch_size,
+            lease=lease,
+            backoff_base=backoff_base,
+            backoff_cap=backoff_cap,
+        )
         self._calls = TaskPool()
         self._wake = asyncio.Event()
         self._writer.notify_drainer = self._wake.set

@@ -12,6 +12,7 @@ from bench.contenders.base import Contender, Unsupported
 CONTENDERS: Final = {
     "raw": ("bench.contenders._raw", "Raw", None),
     "sessionrepo": ("bench.contenders._sessionrepo", "SessionRepo", None),
+    "sessionrepo-async": ("bench.contenders._sessionrepo_async", "SessionRepoAsync", None),
     "sessionrepo-noindex": ("bench.contenders._sessionrepo", "SessionRepoNoIndex", None),
     "openai": ("bench.contenders._openai", "OpenAIAgents", "openai-agents"),
     "adk": ("bench.contenders._adk", "GoogleADK", "google-adk"),
@@ -21,6 +22,7 @@ CONTENDERS: Final = {
 LABELS: Final = {
     "raw": "raw driver",
     "sessionrepo": "sessionrepo",
+    "sessionrepo-async": "sessionrepo (async)",
     "sessionrepo-noindex": "sessionrepo (search_index=False)",
     "openai": "OpenAI Agents SQLAlchemySession",
     "adk": "Google ADK DatabaseSessionService",

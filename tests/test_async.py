@@ -1,0 +1,357 @@
+"""What only the async API can get wrong: cancellation, many tasks at once, the writer's
+deadline and its drainer as asyncio tasks.
+
+The contract itself (append, sessions, transcripts, search) runs on the async API in the
+modules marked ``contract`` (see ``conftest.py``); here each test drives its own event
+loop with ``asyncio.run``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+import sqlite3
+import sys
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+from sqlalchemy import text
+
+from repo import (
+    AsyncSessionRepository,
+    AsyncTranscriptWriter,
+    BackendUnavailable,
+    InvalidMessage,
+    NotFound,
+    open_async_repository,
+)
+
+_TESTS_DIR = str(Path(__file__).resolve().parent)
+if _TESTS_DIR not in sys.path:
+    sys.path.insert(0, _TESTS_DIR)
+from _outbox_workers import FlakyRepository, make_message  # noqa: E402
+
+#: Upper bound for a condition the background drainer must bring about.
+DRAINER_TIMEOUT = 15.0
+
+
+@pytest.fixture(autouse=True)
+def _outbox_only_where_the_test_says(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("SESSIONREPO_OUTBOX_URL", raising=False)
+
+
+async def _keys(repo: AsyncSessionRepository, session_id: str) -> list[str]:
+    try:
+        return [str(m.client_msg_uuid) for m in await repo.load_transcript(session_id)]
+    except NotFound:
+        return []
+
+
+async def _eventually(condition: Callable[[], Awaitable[bool]], what: str) -> None:
+    deadline = time.monotonic() + DRAINER_TIMEOUT
+    while not await condition():
+        if time.monotonic() > deadline:
+            pytest.fail(f"not within {DRAINER_TIMEOUT:g}s: {what}")
+        await asyncio.sleep(0.02)
+
+
+async def _cancel_at_a_random_point(call: Awaitable[Any], rng: random.Random) -> bool:
+    """Start ``call``, cancel it at a random point; ``True`` when it returned first
+    (acknowledged), ``False`` when the cancellation won."""
+    task = asyncio.ensure_future(call)
+    draw = rng.random()
+    if draw < 0.05:
+        pass  # before the call has even started
+    elif draw < 0.5:
+        for _ in range(rng.randrange(300)):
+            await asyncio.sleep(0)  # a point between two steps of the loop
+    else:
+        await asyncio.sleep(rng.uniform(0, 0.02))  # about 0-3 appends' time
+    task.cancel()
+    try:
+        await task
+    except asyncio.CancelledError:
+        return False
+    return True
+
+
+async def _assert_pool_healthy(repo: AsyncSessionRepository) -> None:
+    """No connection left checked out or inside a transaction, and the store works."""
+    assert await repo._calls.settle(30) == 0
+    assert repo.database.engine.pool.checkedout() == 0  # type: ignore[attr-defined]
+    if repo.backend == "postgresql":
+
+        def in_transaction(conn: Any) -> int:
+            return int(
+                conn.execute(
+                    text(
+                        "SELECT count(*) FROM pg_stat_activity WHERE datname = "
+                        "current_database() AND pid <> pg_backend_pid() "
+                        "AND state LIKE 'idle in transaction%'"
+                    )
+                ).scalar_one()
+            )
+
+        assert await repo._calls.call(repo.database.read, in_transaction) == 0
+    probe = make_message("probe", 0)
+    assert len((await repo.append("probe", [probe])).inserted) == 1
+    assert await _keys(repo, "probe") == [probe["client_msg_uuid"]]
+
+
+# -- cancellation ---------------------------------------------------------------------------
+
+
+def test_a_thousand_cancelled_appends_lose_nothing_acknowledged_and_double_nothing(
+    database_url: str,
+) -> None:
+    async def main() -> None:
+        rng = random.Random(20261129)
+        async with await open_async_repository(database_url) as repo:
+            sent: dict[str, list[dict[str, Any]]] = {}
+            acknowledged: set[str] = set()
+            cancelled = 0
+            for index in range(1000):
+                session_id = f"cancel-{index % 7}"
+                batch = [
+                    make_message(session_id, len(sent.get(session_id, [])) + n)
+                    for n in range(rng.randint(1, 3))
+                ]
+                sent.setdefault(session_id, []).extend(batch)
+                if await _cancel_at_a_random_point(repo.append(session_id, batch), rng):
+                    acknowledged.update(m["client_msg_uuid"] for m in batch)
+                else:
+                    cancelled += 1
+            await _assert_pool_healthy(repo)
+
+            stored = {sid: await _keys(repo, sid) for sid in sent}
+            every = [key for keys in stored.values() for key in keys]
+            assert len(every) == len(set(every)), "a message was stored twice"
+            assert acknowledged <= set(every), "an acknowledged message was lost"
+
+            # Re-sending everything stores exactly what the cancellations did not.
+            missing = 0
+            for session_id, messages in sent.items():
+                result = await repo.append(session_id, messages)
+                assert not result.conflicts
+                missing += len(result.inserted)
+                assert len(result.duplicates) == len(stored[session_id])
+            total = sum(len(messages) for messages in sent.values())
+            assert sum([len(await _keys(repo, sid)) for sid in sent]) == total
+            print(
+                f"\n[cancelled appends] calls=1000 cancelled={cancelled} "
+                f"acknowledged={len(acknowledged)} stored_before_resend={len(every)} "
+                f"stored_by_resend={missing} total={total}"
+            )
+            # Cancellation must have hit calls both before and after they committed.
+            assert 0 < cancelled < 1000
+            assert missing > 0
+
+    asyncio.run(main())
+
+
+def test_cancelled_writer_calls_lose_nothing_acknowledged_and_double_nothing(
+    database_url: str, tmp_path: Path
+) -> None:
+    async def main() -> None:
+        rng = random.Random(7)
+        async with await open_async_repository(database_url) as repo:
+            flaky = FlakyRepository(repo._repository)
+            async with AsyncTranscriptWriter(
+                AsyncSessionRepository(flaky), outbox_url=f"sqlite:///{tmp_path / 'outbox.db'}"
+            ) as writer:
+                sent: list[dict[str, Any]] = []
+                acknowledged: set[str] = set()
+                for index in range(300):
+                    flaky.down = index % 50 >= 40  # outages: those writes park
+                    message = make_message("writer", index)
+                    sent.append(message)
+                    call = writer.write("writer", [message])
+                    if await _cancel_at_a_random_point(call, rng):
+                        acknowledged.add(message["client_msg_uuid"])
+                flaky.down = False
+                await writer._calls.settle(30)
+                await writer.drain(ignore_backoff=True)
+                before = await _keys(repo, "writer")
+                assert len(before) == len(set(before))
+                assert acknowledged <= set(before)
+
+                for message in sent:  # the gateway re-sends what it was not told about
+                    await writer.write("writer", [message])
+                await writer.drain(ignore_backoff=True)
+                assert await writer.pending() == 0
+                after = await _keys(repo, "writer")
+                assert sorted(after) == sorted(m["client_msg_uuid"] for m in sent)
+            await _assert_pool_healthy(repo)
+
+    asyncio.run(main())
+
+
+# -- many tasks -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("backend", [pytest.param("postgres", marks=pytest.mark.postgres)])
+def test_two_hundred_tasks_writing_twenty_sessions_store_every_row_in_order(
+    database_url: str,
+) -> None:
+    tasks, sessions, batches, per_batch = 200, 20, 5, 2
+
+    async def writer_task(repo: AsyncSessionRepository, task: int) -> list[str]:
+        session_id = f"many-{task % sessions}"
+        keys = []
+        for batch in range(batches):
+            messages = [
+                make_message(f"{session_id}-t{task}", batch * per_batch + n)
+                for n in range(per_batch)
+            ]
+            result = await repo.append(session_id, messages)
+            assert len(result.inserted) == per_batch
+            keys += [m["client_msg_uuid"] for m in messages]
+        return keys
+
+    async def main() -> None:
+        async with await open_async_repository(database_url, pool_size=10) as repo:
+            written = await asyncio.gather(*(writer_task(repo, task) for task in range(tasks)))
+            for session in range(sessions):
+                stored = await repo.load_transcript(f"many-{session}")
+                assert [m.seq for m in stored] == list(range(1, len(stored) + 1))
+                position = {str(m.client_msg_uuid): m.seq for m in stored}
+                mine = [keys for task, keys in enumerate(written) if task % sessions == session]
+                assert len(stored) == sum(len(keys) for keys in mine)
+                for keys in mine:  # each task's messages in the order it wrote them
+                    seqs = [position[key] for key in keys]
+                    assert seqs == sorted(seqs)
+            await _assert_pool_healthy(repo)
+
+    asyncio.run(main())
+
+
+# -- the writer -----------------------------------------------------------------------------
+
+
+def test_the_async_writer_parks_while_the_primary_is_down_and_its_drainer_task_replays(
+    database_url: str, tmp_path: Path
+) -> None:
+    async def main() -> None:
+        async with await open_async_repository(database_url) as repo:
+            flaky = FlakyRepository(repo._repository)
+            flaky.down = True
+            async with AsyncTranscriptWriter(
+                AsyncSessionRepository(flaky),
+                outbox_url=f"sqlite:///{tmp_path / 'outbox.db'}",
+                backoff_base=0.01,
+                backoff_cap=0.05,
+            ) as writer:
+                messages = [make_message("outage", index) for index in range(30)]
+                for start in range(0, 30, 3):
+                    result = await writer.write("outage", messages[start : start + 3])
+                    assert result.status == "parked"
+                assert await writer.pending() == 30
+                assert await _keys(repo, "outage") == []
+
+                writer.start(interval=0.05)
+                flaky.down = False
+
+                async def drained() -> bool:
+                    return await writer.pending() == 0
+
+                await _eventually(drained, "the drainer task replays the outbox")
+                assert await _keys(repo, "outage") == [m["client_msg_uuid"] for m in messages]
+                status = await writer.status()
+                assert (status.pending, status.dead) == (0, 0)
+
+    asyncio.run(main())
+
+
+def test_the_async_writer_parks_within_its_deadline_when_the_primary_is_held(
+    database_url: str, backend: str, tmp_path: Path
+) -> None:
+    deadline = 1.0
+
+    async def main() -> None:
+        async with await open_async_repository(database_url) as repo:
+            first = make_message("held", 0)
+            await repo.append("held", [first])
+            async with AsyncTranscriptWriter(
+                repo, outbox_url=f"sqlite:///{tmp_path / 'outbox.db'}", deadline=deadline
+            ) as writer:
+                with _holding_the_write_lock(database_url, backend, "held"):
+                    started = time.monotonic()
+                    result, ticks = await _ticking(writer.write("held", [make_message("held", 1)]))
+                    took = time.monotonic() - started
+                    assert result.status == "parked"
+                    assert took < deadline + 0.5, f"write took {took:.2f}s"
+                    assert ticks > 10, "the event loop stalled while the write waited"
+                # Behind the parked one, in order, whatever the primary can do now.
+                result = await writer.write("held", [make_message("held", 2)])
+                assert result.status == "parked"
+                report = await writer.drain(ignore_backoff=True)
+                assert report.remaining == 0
+                stored = await _keys(repo, "held")
+                assert stored[0] == first["client_msg_uuid"]
+                assert len(stored) == len(set(stored)) == 3
+            await _assert_pool_healthy(repo)
+
+    asyncio.run(main())
+
+
+async def _ticking(call: Awaitable[Any]) -> tuple[Any, int]:
+    """``call``'s result, and how many 10 ms ticks another task got while it ran."""
+    ticks = 0
+    task = asyncio.ensure_future(call)
+    while not task.done():
+        ticks += 1
+        await asyncio.sleep(0.01)
+    return await task, ticks
+
+
+@contextlib.contextmanager
+def _holding_the_write_lock(url: str, backend: str, session_id: str) -> Any:
+    """Another connection holds what an append to ``session_id`` must wait for."""
+    if backend == "sqlite":
+        conn = sqlite3.connect(url.removeprefix("sqlite:///"), isolation_level=None)
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            yield
+        finally:
+            conn.rollback()
+            conn.close()
+        return
+    with psycopg.connect(url) as conn:
+        conn.execute("SELECT 1 FROM sessions WHERE id = %s FOR UPDATE", (session_id,))
+        yield
+        conn.rollback()
+
+
+def test_invalid_input_raises_to_the_caller_and_writes_nothing(database_url: str) -> None:
+    async def main() -> None:
+        async with await open_async_repository(database_url) as repo:
+            with pytest.raises(InvalidMessage):
+                await repo.append("bad", [{"role": "wizard", "content": "x"}])
+            with pytest.raises(NotFound):
+                await repo.get_session("bad")
+            async with AsyncTranscriptWriter(repo) as writer:
+                with pytest.raises(InvalidMessage):
+                    await writer.write("bad", [{"role": "user", "content": "\ud800"}])
+                assert await writer.pending() == 0
+
+    asyncio.run(main())
+
+
+def test_an_unreachable_database_raises_backend_unavailable_or_defers_the_check() -> None:
+    url = f"postgresql://postgres@127.0.0.1:1/nowhere-{uuid.uuid4().hex[:6]}"
+
+    async def main() -> None:
+        with pytest.raises(BackendUnavailable):
+            await open_async_repository(url, connect_timeout=1)
+        repo = await open_async_repository(url, require_connection=False, connect_timeout=1)
+        with pytest.raises(BackendUnavailable):
+            await repo.get_session("x")
+        await repo.close()
+
+    asyncio.run(main())
