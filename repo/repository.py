@@ -427,7 +427,7 @@ class SessionRepository:
         if include_ancestors and (after_seq, before_seq, limit) != (None, None, None):
             raise InvalidMessage("include_ancestors", "cannot be combined with a cursor")
 
-        transcript = select(*_codec.load_columns).order_by(M.seq)
+        transcript = select(*self._message_columns).order_by(M.seq)
         query = transcript.where(M.session_id == sid)
         if after_seq is not None:
             query = query.where(M.seq > after_seq)
@@ -454,7 +454,7 @@ class SessionRepository:
         return self._db.read(work)
 
     def _messages(self, conn: Connection, query: Any) -> list[StoredMessage]:
-        return _codec.stored_messages(conn.execute(query))
+        return [_codec.stored_message(row) for row in conn.execute(query)]
 
     def close(self) -> None:
         self._db.dispose()
