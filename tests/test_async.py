@@ -35,7 +35,7 @@ from repo import (
 _TESTS_DIR = str(Path(__file__).resolve().parent)
 if _TESTS_DIR not in sys.path:
     sys.path.insert(0, _TESTS_DIR)
-from _outbox_workers import FlakyRepository, make_message  # noqa: E402
+from _outbox_workers import CLOSED_PORT_URL, FlakyRepository, make_message  # noqa: E402
 
 #: Upper bound for a condition the background drainer must bring about.
 DRAINER_TIMEOUT = 15.0
@@ -352,6 +352,28 @@ def test_an_unreachable_database_raises_backend_unavailable_or_defers_the_check(
         repo = await open_async_repository(url, require_connection=False, connect_timeout=1)
         with pytest.raises(BackendUnavailable):
             await repo.get_session("x")
+        await repo.close()
+
+    asyncio.run(main())
+
+
+def test_a_gateway_starts_with_its_primary_down_and_parks_in_its_outbox_file(
+    tmp_path: Path,
+) -> None:
+    async def main() -> None:
+        repo = await open_async_repository(
+            CLOSED_PORT_URL, require_connection=False, connect_timeout=1
+        )
+        async with AsyncTranscriptWriter(
+            repo, outbox_url=f"sqlite:///{tmp_path / 'outbox.db'}", deadline=2.0
+        ) as writer:
+            writer.start(interval=0.05)  # drain rounds fail quietly while it is down
+            messages = [make_message("down", index) for index in range(4)]
+            results = await asyncio.gather(
+                *(writer.write("down", [message]) for message in messages)
+            )
+            assert {result.status for result in results} == {"parked"}
+            assert await writer.pending("down") == 4
         await repo.close()
 
     asyncio.run(main())
