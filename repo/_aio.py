@@ -23,9 +23,9 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from types import TracebackType
-from typing import Any, ParamSpec, TypeVar
+from typing import Any, Concatenate, Generic, ParamSpec, TypeVar
 
 # SQLAlchemy's greenlet bridge, the one its asyncio extension is built on (exported by
 # ``sqlalchemy.util`` since 1.4). Only this module touches it.
@@ -33,6 +33,7 @@ from sqlalchemy.util import await_, greenlet_spawn
 
 T = TypeVar("T")
 P = ParamSpec("P")
+S = TypeVar("S")
 
 
 def sleep(seconds: float) -> None:
@@ -105,3 +106,24 @@ class TaskPool:
 
     def shutdown(self) -> None:
         """Nothing to stop: each call ends with its task (see :meth:`settle`)."""
+
+
+class AsyncFacade(Generic[S]):
+    """An asyncio face over a synchronous object ``_sync``; see :func:`awaited`."""
+
+    def __init__(self, sync: S, calls: TaskPool | None = None) -> None:
+        self._sync = sync
+        self._calls = calls or TaskPool()
+
+
+def awaited(
+    method: Callable[Concatenate[S, P], T],
+) -> Callable[Concatenate[AsyncFacade[S], P], Coroutine[Any, Any, T]]:
+    """The awaited form of a sync class's ``method``, for an :class:`AsyncFacade` over it:
+    the same parameters, result and docstring by construction, so the two cannot drift."""
+
+    @functools.wraps(method)
+    async def call(self: AsyncFacade[S], /, *args: P.args, **kwargs: P.kwargs) -> T:
+        return await self._calls.call(method, self._sync, *args, **kwargs)
+
+    return call

@@ -2,11 +2,12 @@
 
 Same methods, arguments, results, errors and guarantees as :class:`SessionRepository` and
 :class:`TranscriptWriter`, awaited; on aiosqlite (SQLite) and psycopg 3's async
-connection (PostgreSQL). Not a second implementation: each method runs the sync class's
-own code, whose database waits are awaited on the running event loop (see
-:mod:`repo._aio`). A call, once started, runs to its end even if its caller is
-cancelled; cancelling ends the wait. A cancelled write has therefore either committed or
-not, and sending it again is a no-op either way.
+connection (PostgreSQL). Not a second implementation: each method is the sync class's own
+method (:func:`repo._aio.awaited`: its signature and docstring too), run with its
+database waits awaited on the running event loop (see :mod:`repo._aio`). A call, once
+started, runs to its end even if its caller is cancelled; cancelling ends the wait. A
+cancelled write has therefore either committed or not, and sending it again is a no-op
+either way.
 
 Use one repository from one event loop (its connections belong to that loop).
 """
@@ -17,26 +18,17 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable, Iterable, Mapping
-from datetime import datetime
-from typing import Any, Literal
+from typing import Any
 
 from sqlalchemy.engine import URL
 
-from models import (
-    AppendResult,
-    Message,
-    SearchHit,
-    Session,
-    SessionPage,
-    StoredMessage,
-)
-from repo._aio import TaskPool
+from models import AppendResult, Message
+from repo._aio import AsyncFacade, TaskPool, awaited
 from repo._database import Database
-from repo.outbox import OutboxStatus
 from repo.repository import PreparedBatch, SessionRepository, check_schema
-from repo.writer import DrainReport, TranscriptWriter, WriteResult
+from repo.writer import TranscriptWriter
 
-log = logging.getLogger("sessionrepo.writer")
+log = logging.getLogger("sessionrepo")
 
 #: Seconds ``close`` waits for calls still running (cancelled callers', abandoned ones).
 CLOSE_TIMEOUT = 30.0
@@ -66,7 +58,7 @@ async def open_async_repository(
     return AsyncSessionRepository(await calls.call(open_), calls)
 
 
-class AsyncSessionRepository:
+class AsyncSessionRepository(AsyncFacade[SessionRepository]):
     """:class:`repo.SessionRepository`, awaited. Made by :func:`open_async_repository`.
 
     Every method means what the sync one means (:class:`repo.contract.SessionStore`
@@ -76,16 +68,15 @@ class AsyncSessionRepository:
     def __init__(self, repository: SessionRepository, calls: TaskPool | None = None) -> None:
         if not repository.database.asynchronous:
             raise ValueError("use open_async_repository(): this repository is synchronous")
-        self._repository = repository
-        self._calls = calls or TaskPool()
+        super().__init__(repository, calls)
 
     @property
     def backend(self) -> str:
-        return self._repository.backend
+        return self._sync.backend
 
     @property
     def database(self) -> Database:
-        return self._repository.database
+        return self._sync.database
 
     def __repr__(self) -> str:
         return f"AsyncSessionRepository({self.database.display_url})"
@@ -96,45 +87,18 @@ class AsyncSessionRepository:
     async def __aexit__(self, *exc_info: object) -> None:
         await self.close()
 
-    # -- sessions -------------------------------------------------------------------
-
-    async def create_session(self, session_id: str, **fields: Any) -> Session:
-        return await self._calls.call(self._repository.create_session, session_id, **fields)
-
-    async def get_session(self, session_id: str) -> Session:
-        return await self._calls.call(self._repository.get_session, session_id)
-
-    async def list_sessions(
-        self,
-        *,
-        source: str | None = None,
-        user_id: str | None = None,
-        status: Literal["open", "ended"] | None = None,
-        limit: int = 50,
-        cursor: str | None = None,
-    ) -> SessionPage:
-        return await self._calls.call(
-            self._repository.list_sessions,
-            source=source,
-            user_id=user_id,
-            status=status,
-            limit=limit,
-            cursor=cursor,
-        )
-
-    async def end_session(self, session_id: str, reason: str) -> bool:
-        return await self._calls.call(self._repository.end_session, session_id, reason)
-
-    async def reopen_session(self, session_id: str) -> bool:
-        return await self._calls.call(self._repository.reopen_session, session_id)
-
-    async def resolve_tip(self, session_id: str) -> Session:
-        return await self._calls.call(self._repository.resolve_tip, session_id)
-
-    async def session_chain(self, session_id: str) -> list[Session]:
-        return await self._calls.call(self._repository.session_chain, session_id)
-
-    # -- messages -------------------------------------------------------------------
+    create_session = awaited(SessionRepository.create_session)
+    get_session = awaited(SessionRepository.get_session)
+    list_sessions = awaited(SessionRepository.list_sessions)
+    end_session = awaited(SessionRepository.end_session)
+    reopen_session = awaited(SessionRepository.reopen_session)
+    resolve_tip = awaited(SessionRepository.resolve_tip)
+    session_chain = awaited(SessionRepository.session_chain)
+    append_prepared = awaited(SessionRepository.append_prepared)
+    load_transcript = awaited(SessionRepository.load_transcript)
+    search = awaited(SessionRepository.search)
+    reindex = awaited(SessionRepository.reindex)
+    search_index_state = awaited(SessionRepository.search_index_state)
 
     async def append(
         self,
@@ -142,10 +106,11 @@ class AsyncSessionRepository:
         messages: Iterable[Message | Mapping[str, Any]],
         **session_defaults: Any,
     ) -> AppendResult:
-        # Validated here, before the call starts: bad input raises to the caller
-        # whether or not it is cancelled later, and nothing is written.
-        batch = self._repository.prepare(session_id, messages, **session_defaults)
-        return await self._calls.call(self._repository.append_prepared, batch)
+        """:meth:`repo.SessionRepository.append`, awaited."""
+        # Validated before the call starts: bad input raises to the caller, whether or
+        # not it is cancelled later, and nothing is written.
+        batch = self._sync.prepare(session_id, messages, **session_defaults)
+        return await self._calls.call(self._sync.append_prepared, batch)
 
     def prepare(
         self,
@@ -154,66 +119,7 @@ class AsyncSessionRepository:
         **session_defaults: Any,
     ) -> PreparedBatch:
         """:meth:`repo.SessionRepository.prepare`: validation only, no I/O, so not awaited."""
-        return self._repository.prepare(session_id, messages, **session_defaults)
-
-    async def append_prepared(
-        self, batch: PreparedBatch, *, timeout: float | None = None
-    ) -> AppendResult:
-        return await self._calls.call(self._repository.append_prepared, batch, timeout=timeout)
-
-    async def load_transcript(
-        self,
-        session_id: str,
-        *,
-        after_seq: int | None = None,
-        before_seq: int | None = None,
-        limit: int | None = None,
-        include_ancestors: bool = False,
-    ) -> list[StoredMessage]:
-        return await self._calls.call(
-            self._repository.load_transcript,
-            session_id,
-            after_seq=after_seq,
-            before_seq=before_seq,
-            limit=limit,
-            include_ancestors=include_ancestors,
-        )
-
-    # -- search ---------------------------------------------------------------------
-
-    async def search(
-        self,
-        query: str,
-        *,
-        session_id: str | None = None,
-        source: str | None = None,
-        role: str | None = None,
-        user_id: str | None = None,
-        since: datetime | float | None = None,
-        until: datetime | float | None = None,
-        order: Literal["rank", "newest"] = "rank",
-        limit: int = 20,
-        cursor: int | str | None = None,
-    ) -> list[SearchHit]:
-        return await self._calls.call(
-            self._repository.search,
-            query,
-            session_id=session_id,
-            source=source,
-            role=role,
-            user_id=user_id,
-            since=since,
-            until=until,
-            order=order,
-            limit=limit,
-            cursor=cursor,
-        )
-
-    async def reindex(self, *, progress: Callable[[int, int], None] | None = None) -> int:
-        return await self._calls.call(self._repository.reindex, progress=progress)
-
-    async def search_index_state(self) -> tuple[str, str | None]:
-        return await self._calls.call(self._repository.search_index_state)
+        return self._sync.prepare(session_id, messages, **session_defaults)
 
     async def close(self, *, timeout: float = CLOSE_TIMEOUT) -> None:
         """Wait (up to ``timeout`` seconds) for calls still running, then close the
@@ -221,10 +127,10 @@ class AsyncSessionRepository:
         left = await self._calls.settle(timeout)
         if left:
             log.warning("closing with %d database calls still running", left)
-        await self._calls.call(self._repository.close)
+        await self._calls.call(self._sync.close)
 
 
-class AsyncTranscriptWriter:
+class AsyncTranscriptWriter(AsyncFacade[TranscriptWriter]):
     """:class:`repo.TranscriptWriter`, awaited, with the same arguments (but ``workers``:
     primary calls are tasks); its background drainer (:meth:`start`) is an asyncio task.
 
@@ -244,8 +150,8 @@ class AsyncTranscriptWriter:
         backoff_base: float = 0.5,
         backoff_cap: float = 30.0,
     ) -> None:
-        self._writer = TranscriptWriter(
-            repository._repository,
+        writer = TranscriptWriter(
+            repository._sync,
             outbox_url=outbox_url,
             deadline=deadline,
             max_attempts=max_attempts,
@@ -254,23 +160,26 @@ class AsyncTranscriptWriter:
             backoff_base=backoff_base,
             backoff_cap=backoff_cap,
         )
-        self._calls = TaskPool()
+        # One pool for the facade's calls and the writer's own (primary attempts past
+        # their deadline): ``close`` waits for them all.
+        assert isinstance(writer._primary_pool, TaskPool)
+        super().__init__(writer, writer._primary_pool)
         self._wake = asyncio.Event()
-        self._writer.notify_drainer = self._wake.set
+        writer.notify_drainer = self._wake.set
         self._drainer: asyncio.Task[None] | None = None
 
     @property
     def deadline(self) -> float:
-        return self._writer.deadline
+        return self._sync.deadline
 
     @property
     def fault_hook(self) -> Callable[[str], None] | None:
         """Fault injection for crash tests (see :attr:`TranscriptWriter.fault_hook`)."""
-        return self._writer.fault_hook
+        return self._sync.fault_hook
 
     @fault_hook.setter
     def fault_hook(self, hook: Callable[[str], None] | None) -> None:
-        self._writer.fault_hook = hook
+        self._sync.fault_hook = hook
 
     async def __aenter__(self) -> AsyncTranscriptWriter:
         return self
@@ -278,29 +187,11 @@ class AsyncTranscriptWriter:
     async def __aexit__(self, *exc_info: object) -> None:
         await self.close()
 
-    async def write(
-        self,
-        session_id: str,
-        messages: Iterable[Message | Mapping[str, Any]],
-        **session_defaults: Any,
-    ) -> WriteResult:
-        return await self._calls.call(self._writer.write, session_id, messages, **session_defaults)
-
-    async def drain(
-        self, *, session_id: str | None = None, ignore_backoff: bool = False
-    ) -> DrainReport:
-        return await self._calls.call(
-            self._writer.drain, session_id=session_id, ignore_backoff=ignore_backoff
-        )
-
-    async def pending(self, session_id: str | None = None) -> int:
-        return await self._calls.call(self._writer.pending, session_id)
-
-    async def status(self) -> OutboxStatus:
-        return await self._calls.call(self._writer.status)
-
-    async def retry_dead(self, session_id: str | None = None) -> int:
-        return await self._calls.call(self._writer.retry_dead, session_id)
+    write = awaited(TranscriptWriter.write)
+    drain = awaited(TranscriptWriter.drain)
+    pending = awaited(TranscriptWriter.pending)
+    status = awaited(TranscriptWriter.status)
+    retry_dead = awaited(TranscriptWriter.retry_dead)
 
     def start(self, *, interval: float = 1.0) -> None:
         """Run the drainer as a task of the running loop until :meth:`stop` or
@@ -311,7 +202,7 @@ class AsyncTranscriptWriter:
 
         async def loop() -> None:
             while True:
-                wait = await self._calls.call(self._writer.drain_round, interval)
+                wait = await self._calls.call(self._sync.drain_round, interval)
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), wait)
                 self._wake.clear()
@@ -328,19 +219,11 @@ class AsyncTranscriptWriter:
                 await drainer
 
     async def close(self, *, timeout: float = CLOSE_TIMEOUT) -> None:
-        """Stop the drainer, wait (up to ``timeout`` seconds) for calls still running,
-        and release the outbox. The repository stays open (it is the caller's)."""
+        """Stop the drainer, wait (up to ``timeout`` seconds) for calls still running
+        (primary attempts past their deadline included), and release the outbox. The
+        repository stays open (it is the caller's)."""
         await self.stop()
         left = await self._calls.settle(timeout)
-        left += await self._writer_pool_settle(timeout)
         if left:
             log.warning("closing the writer with %d calls still running", left)
-        await self._calls.call(self._writer.close)
-
-    async def _writer_pool_settle(self, timeout: float) -> int:
-        # Primary attempts past their deadline run in the writer's own task pools.
-        left = 0
-        for pool in (self._writer._primary_pool, self._writer._outbox_pool):
-            if isinstance(pool, TaskPool):
-                left += await pool.settle(timeout)
-        return left
+        await self._calls.call(self._sync.close)

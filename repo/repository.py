@@ -95,7 +95,8 @@ class SessionRepository:
 
     # -- sessions -------------------------------------------------------------------
 
-    def create_session(self, session_id: str, **fields: Any) -> Session:
+    # ``self`` positional-only: repo.aio derives the awaited signature from this one.
+    def create_session(self, /, session_id: str, **fields: Any) -> Session:
         sid = _codec.check_session_id(session_id)
         row = _codec.session_row(_codec.build_session(sid, fields, "session"))
 

@@ -162,14 +162,16 @@ class TranscriptWriter:
         self._backoff = (backoff_base, backoff_cap)
         # Of the deadline, this much is kept for parking after the primary gave up.
         self._park_reserve = min(1.0, deadline / 4)
-        # Daemon threads: a write abandoned on a frozen server must not keep the
-        # process from exiting (the key makes the abandoned attempt harmless).
-        self._primary_pool: _Pool = (
-            _aio.TaskPool() if asynchronous else _DaemonPool(workers, "sessionrepo-primary")
-        )
-        self._outbox_pool: _Pool = (
-            _aio.TaskPool() if asynchronous else _DaemonPool(2, "sessionrepo-outbox")
-        )
+        self._primary_pool: _Pool
+        self._outbox_pool: _Pool
+        if asynchronous:
+            # Tasks: a task waiting on the primary never keeps one from parking.
+            self._primary_pool = self._outbox_pool = _aio.TaskPool()
+        else:
+            # Daemon threads: a write abandoned on a frozen server must not keep the
+            # process from exiting (the key makes the abandoned attempt harmless).
+            self._primary_pool = _DaemonPool(workers, "sessionrepo-primary")
+            self._outbox_pool = _DaemonPool(2, "sessionrepo-outbox")
         self._closed = False
         self._owner = drainer_id()
         self._stop = threading.Event()
@@ -186,8 +188,10 @@ class TranscriptWriter:
 
     # -- write ----------------------------------------------------------------------
 
+    # ``self`` positional-only: repo.aio derives the awaited signature from this one.
     def write(
         self,
+        /,
         session_id: str,
         messages: Iterable[Message | Mapping[str, Any]],
         **session_defaults: Any,

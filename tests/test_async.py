@@ -161,7 +161,7 @@ def test_cancelled_writer_calls_lose_nothing_acknowledged_and_double_nothing(
     async def main() -> None:
         rng = random.Random(7)
         async with await open_async_repository(database_url) as repo:
-            flaky = FlakyRepository(repo._repository)
+            flaky = FlakyRepository(repo._sync)
             async with AsyncTranscriptWriter(
                 AsyncSessionRepository(flaky), outbox_url=f"sqlite:///{tmp_path / 'outbox.db'}"
             ) as writer:
@@ -239,7 +239,7 @@ def test_the_async_writer_parks_while_the_primary_is_down_and_its_drainer_task_r
 ) -> None:
     async def main() -> None:
         async with await open_async_repository(database_url) as repo:
-            flaky = FlakyRepository(repo._repository)
+            flaky = FlakyRepository(repo._sync)
             flaky.down = True
             async with AsyncTranscriptWriter(
                 AsyncSessionRepository(flaky),
