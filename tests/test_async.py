@@ -377,3 +377,24 @@ def test_a_gateway_starts_with_its_primary_down_and_parks_in_its_outbox_file(
         await repo.close()
 
     asyncio.run(main())
+
+
+@pytest.mark.parametrize("backend", [pytest.param("postgres", marks=pytest.mark.postgres)])
+def test_connections_the_server_dropped_are_replaced_on_use(database_url: str) -> None:
+    async def main() -> None:
+        async with await open_async_repository(database_url, pool_size=3) as repo:
+            first = [make_message("dropped", index) for index in range(3)]
+            await asyncio.gather(*(repo.append("dropped", [message]) for message in first))
+            with psycopg.connect(database_url, autocommit=True) as admin:
+                terminated = admin.execute(
+                    "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+                    "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+                ).fetchone()
+            assert terminated is not None
+            assert terminated[0] >= 1
+            second = make_message("dropped", 3)
+            assert len((await repo.append("dropped", [second])).inserted) == 1
+            assert len(await _keys(repo, "dropped")) == 4
+            await _assert_pool_healthy(repo)
+
+    asyncio.run(main())
