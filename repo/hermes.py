@@ -130,14 +130,17 @@ import sqlite3
 import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping
+from datetime import datetime
 from pathlib import Path
 from typing import Any, Final, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from sqlalchemy import update
 
 from models import Message
 from models._limits import MAX_ID_LENGTH, check_identifier, check_json, check_text
-from models.message import KEY_FIELD, WIRE_FIELDS, Role, to_utc
+from models.message import KEY_FIELD, WIRE_FIELDS, Role, to_utc, utcnow
+from models.tables import sessions_table
 from repo.errors import InvalidMessage, NotFound, RepoError
 from repo.repository import SessionRepository
 
@@ -927,6 +930,9 @@ class _Importer:
         self.source = source
         self.repo = repository
         self.batch_size = batch_size
+        self._began = utcnow()
+        #: Newest timestamp of the messages this import stored, per session.
+        self._newest: dict[str, datetime] = {}
         self.progress = progress
         self.counts = {
             "sessions_read": 0,
@@ -1221,10 +1227,33 @@ class _Importer:
                 )
             self._add(live, spooled_message, where)
         self._flush(live)
+        if not existed:
+            self._settle_activity(sid, fields)
         if history is not None:
             history_inserted |= self._flush(history)
+            self._settle_activity(history.session_id, fields)
         if existed and history_inserted:
             self._check_archived(sid, history_inserted)
+
+    def _settle_activity(self, sid: str, fields: Mapping[str, Any]) -> None:
+        """Date a session this import created by its own history: its last activity is
+        its newest message (or its end), not the moment of the import, so that listings
+        keep the Hermes gateway's order. It replaces the stamp this import's appends set
+        (the import's own time), or moves an older one forward."""
+        known = [when for when in [self._newest.pop(sid, None)] if when is not None]
+        for name in ("started_at", "ended_at"):
+            if fields.get(name) is not None:
+                known.append(to_utc(fields[name], name))  # a spool file's time is epoch
+        if not known:
+            return
+        when = max(known)
+        stamp = sessions_table.c.last_active_at
+        statement = (
+            update(sessions_table)
+            .where(sessions_table.c.id == sid, (stamp >= self._began) | (stamp < when))
+            .values(last_active_at=when)
+        )
+        self.repo.database.write(lambda conn: conn.execute(statement))
 
     def _history_session(self, sid: str, fields: Mapping[str, Any], first: Message) -> str:
         if len(sid) + len(HISTORY_SUFFIX) <= MAX_ID_LENGTH:
@@ -1435,6 +1464,10 @@ class _Importer:
             where_of = dict(zip((m.client_msg_uuid for m in messages), wheres, strict=True))
             for key in result.inserted:
                 inserted[key] = where_of[key]
+            if result.inserted:
+                newest = max(message.timestamp for message in messages)
+                known = self._newest.get(pending.session_id)
+                self._newest[pending.session_id] = newest if known is None else max(known, newest)
             self.counts["messages_inserted"] += len(result.inserted)
             self.counts["messages_already_present"] += len(result.duplicates)
             self.counts["messages_changed"] += len(result.conflicts)

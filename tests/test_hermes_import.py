@@ -305,6 +305,13 @@ def test_sessions_keep_every_column_and_the_compression_chain(
             else:
                 assert hermes[column] == value, (session_id, column)
 
+    # Dated by their own history (newest message, or end), not by the import.
+    for session_id in [*db.sessions, s.a + HISTORY_SUFFIX]:
+        session = store.get_session(session_id)
+        times = [m.timestamp for m in store.load_transcript(session_id)]
+        times += [t for t in (session.started_at, session.ended_at) if t is not None]
+        assert session.last_active_at == max(times), session_id
+
     a, b, c = (store.get_session(i) for i in (s.a, s.b, s.c))
     assert a.system_prompt == s.prompt  # from system_prompts, by system_prompt_hash
     assert c.system_prompt == s.prompt
