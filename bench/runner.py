@@ -78,8 +78,9 @@ QUICK = Config(
     cap=0.5,
 )
 
-#: Contenders that run the concurrency step (more would make the run too long for 2 cores).
-CONCURRENT = ("raw", "sessionrepo")
+#: Contenders that run the concurrency step (more would make the run too long for 2 cores;
+#: the search_index=False variant shows how much of the scaling the index costs).
+CONCURRENT = ("raw", "sessionrepo", "sessionrepo-noindex")
 
 
 @dataclass

@@ -25,7 +25,7 @@ def _configured_url() -> str | None:
     )
 
 
-#: Search index objects made by raw DDL in migration 0003 (an FTS5 virtual table and its
+#: Search index objects made by raw DDL in migrations 0003 and 0004 (an FTS5 virtual table and its
 #: shadow tables, or a tsvector table): not in the models' metadata, so autogenerate and
 #: `alembic check` leave them alone.
 _UNMODELLED_PREFIXES = ("messages_fts", "message_search", "ix_message_search")

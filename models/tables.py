@@ -60,6 +60,21 @@ def dump_json(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
 
 
+#: dump_json of a key layout (a tuple of str, immutable): few layouts recur endlessly.
+_LAYOUTS: dict[tuple[str, ...], str] = {}
+
+
+def dump_layout(keys: tuple[str, ...]) -> str:
+    """``dump_json(list(keys))`` for a tuple of strings, remembered."""
+    text = _LAYOUTS.get(keys)
+    if text is None:
+        text = dump_json(list(keys))
+        if len(_LAYOUTS) >= 1024:
+            _LAYOUTS.clear()
+        _LAYOUTS[keys] = text
+    return text
+
+
 def encode_text(value: Any) -> str:
     """Free text as stored: plain when that is safe, else the mark followed by JSON."""
     if type(value) is str and "\x00" not in value and not value.startswith(ENCODED_MARK):

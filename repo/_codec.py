@@ -3,16 +3,42 @@
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterable, Mapping
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from datetime import UTC, datetime
 from typing import Any
 
 from pydantic import ValidationError
-from sqlalchemy import BigInteger, LargeBinary, Row, String, Text, Uuid, column, table
+from sqlalchemy import (
+    BigInteger,
+    LargeBinary,
+    Row,
+    String,
+    Text,
+    Uuid,
+    column,
+    table,
+    type_coerce,
+)
+from sqlalchemy.types import NullType
 
 from models import MAX_MESSAGE_BYTES, Message, Session, StoredMessage
 from models._limits import check_identifier
-from models.message import coerce_message, is_validated, mark_validated
-from models.tables import UTCDateTime, dump_json, encode_text
+from models.message import (
+    coerce_message,
+    is_validated,
+    mark_validated,
+    parse_uuid,
+    trusted_stored_message,
+)
+from models.tables import (
+    ENCODED_MARK,
+    UTCDateTime,
+    dump_json,
+    dump_layout,
+    encode_text,
+    messages_table,
+)
 from repo.errors import InvalidMessage
 
 #: The message fields that make up its content: the hash over them tells a plain re-send
@@ -116,8 +142,9 @@ def message_row(message: Message, field: str) -> dict[str, Any]:
         reasoning = None if message.reasoning is None else encode_text(message.reasoning)
         tool_calls = None if message.tool_calls is None else dump_json(message.tool_calls)
         extra = dump_json(message.extra) if message.extra else None
-        sizes = {
-            name: len(value.encode("utf-8"))
+        # Each large field is encoded to UTF-8 once: its size and the hash use the bytes.
+        encoded = {
+            name: value.encode("utf-8")
             for name, value in (
                 ("content", content),
                 ("reasoning", reasoning),
@@ -128,9 +155,10 @@ def message_row(message: Message, field: str) -> dict[str, Any]:
         }
     except (ValueError, TypeError) as exc:  # UnicodeEncodeError is a ValueError
         raise InvalidMessage(field, f"cannot be stored faithfully: {exc}") from exc
-    size = sum(sizes.values())
+    size = sum(map(len, encoded.values()))
     if size > MAX_MESSAGE_BYTES:
         # Name the field when one field alone is too large, else the whole message.
+        sizes = {name: len(data) for name, data in encoded.items()}
         largest = max(sizes, key=sizes.__getitem__)
         where = f"{field}.{largest}" if sizes[largest] > MAX_MESSAGE_BYTES else field
         raise InvalidMessage(
@@ -150,26 +178,29 @@ def message_row(message: Message, field: str) -> dict[str, Any]:
         "platform_message_id": message.platform_message_id,
         "extra": extra,
         "openai_keys": (
-            dump_json(list(message.openai_keys)) if message.openai_keys is not None else None
+            dump_layout(message.openai_keys) if message.openai_keys is not None else None
         ),
     }
-    row["content_hash"] = content_hash(row)
+    row["content_hash"] = content_hash(row, encoded)
     row["tool_call_total"] = len(message.tool_calls or ())
     return row
 
 
-def content_hash(row: Mapping[str, Any]) -> bytes:
-    """16 bytes of SHA-256 over the encoded content fields of a row."""
-    digest = hashlib.sha256()
+def content_hash(row: Mapping[str, Any], encoded: Mapping[str, bytes] | None = None) -> bytes:
+    """16 bytes of SHA-256 over the encoded content fields of a row (``encoded``: fields
+    already encoded to UTF-8, by name)."""
+    parts = []
     for name in HASHED_FIELDS:
         value = row[name]
         # A tag per field tells None from "" and keeps fields from running together.
         if value is None:
-            digest.update(b"\x00")
+            parts.append(b"\x00")
         else:
-            data = str(value).encode("utf-8")
-            digest.update(b"\x01" + len(data).to_bytes(8, "big") + data)
-    return digest.digest()[:16]
+            data = encoded.get(name) if encoded is not None else None
+            if data is None:
+                data = str(value).encode("utf-8")
+            parts += (b"\x01", len(data).to_bytes(8, "big"), data)
+    return hashlib.sha256(b"".join(parts)).digest()[:16]
 
 
 def prepare_messages(
@@ -218,7 +249,8 @@ def _plain(message: Message) -> Message:
 
 
 def stored_message(row: Row[Any]) -> StoredMessage:
-    """A row read from ``messages`` as a ``StoredMessage``: trusted, so not revalidated."""
+    """A row read from ``messages`` (typed columns) as a ``StoredMessage``: trusted, so
+    not revalidated."""
     keys = row.openai_keys
     message = StoredMessage.model_construct(
         session_id=row.session_id,
@@ -239,6 +271,113 @@ def stored_message(row: Row[Any]) -> StoredMessage:
     )
     mark_validated(message)  # it was validated before it was stored
     return message
+
+
+#: The columns :func:`stored_messages` decodes, in this order.
+LOAD_COLUMNS = (
+    "client_msg_uuid",
+    "role",
+    "content",
+    "tool_calls",
+    "tool_call_id",
+    "tool_name",
+    "reasoning",
+    "finish_reason",
+    "token_count",
+    "timestamp",
+    "platform_message_id",
+    "extra",
+    "openai_keys",
+    "session_id",
+    "seq",
+)
+
+
+#: ``messages``' :data:`LOAD_COLUMNS` as the driver returns them, for ``select()``: no
+#: SQLAlchemy result processing, :func:`stored_messages` decodes them, faster.
+load_columns = tuple(
+    type_coerce(messages_table.c[name], NullType()).label(name) for name in LOAD_COLUMNS
+)
+
+
+def stored_messages(rows: Iterable[Sequence[Any]]) -> list[StoredMessage]:
+    """Rows of :func:`load_columns` as ``StoredMessage`` objects: trusted, so not
+    revalidated.
+
+    Decodes what the column types (``Uuid``, ``UTCDateTime``, ``LosslessText``,
+    ``JSONText``) would, as the driver hands it over: SQLite gives the key as 32 hex
+    digits and the time as naive UTC text, psycopg gives a ``UUID`` and an aware
+    ``datetime``.
+    """
+    loads = json.loads
+    mark = ENCODED_MARK
+    parse_time = datetime.fromisoformat
+    uuid_from_hex = parse_uuid
+    build = trusted_stored_message
+    #: openai_keys as stored -> the tuple (immutable, so one shared copy per layout).
+    layouts: dict[str, tuple[str, ...]] = {}
+    messages: list[StoredMessage] = []
+    append = messages.append
+    for row in rows:
+        (
+            key,
+            role,
+            content,
+            tool_calls,
+            tool_call_id,
+            tool_name,
+            reasoning,
+            finish_reason,
+            token_count,
+            stamp,
+            platform_message_id,
+            extra,
+            openai_keys,
+            session_id,
+            seq,
+        ) = row
+        if type(key) is str:
+            key = uuid_from_hex(key)
+        if type(stamp) is str:
+            # SQLAlchemy's SQLite text for a naive UTC time ("2026-11-29 12:00:00.000000"):
+            # parsed with its zone at once (datetime.replace is slow).
+            if len(stamp) == 26 and stamp[19] == ".":
+                stamp = parse_time(stamp + "+00:00")
+            else:
+                stamp = parse_time(stamp)
+        if stamp.tzinfo is not UTC:
+            stamp = stamp.replace(tzinfo=UTC) if stamp.tzinfo is None else stamp.astimezone(UTC)
+        if content is not None and content.startswith(mark):
+            content = loads(content[1:])
+        if reasoning is not None and reasoning.startswith(mark):
+            reasoning = loads(reasoning[1:])
+        if openai_keys is not None:
+            layout = layouts.get(openai_keys)
+            if layout is None:
+                layout = layouts[openai_keys] = tuple(loads(openai_keys))
+            openai_keys = layout
+        append(
+            build(
+                {
+                    "client_msg_uuid": key,
+                    "role": role,
+                    "content": content,
+                    "tool_calls": None if tool_calls is None else loads(tool_calls),
+                    "tool_call_id": tool_call_id,
+                    "tool_name": tool_name,
+                    "reasoning": reasoning,
+                    "finish_reason": finish_reason,
+                    "token_count": token_count,
+                    "timestamp": stamp,
+                    "platform_message_id": platform_message_id,
+                    "extra": (extra is not None and loads(extra)) or {},
+                    "openai_keys": openai_keys,
+                    "session_id": session_id,
+                    "seq": seq,
+                }
+            )
+        )
+    return messages
 
 
 SESSION_FIELDS = (

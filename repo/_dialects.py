@@ -7,10 +7,12 @@ one raises, naming it.
 
 from __future__ import annotations
 
+import hashlib
 import os
+import re
 import sqlite3
 from collections.abc import Sequence
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, ClassVar, Final
 
@@ -29,7 +31,6 @@ from sqlalchemy import (
     event,
     select,
     text,
-    update,
 )
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.dialects import postgresql, sqlite
@@ -38,8 +39,8 @@ from sqlalchemy.ext.asyncio import create_async_engine
 from sqlalchemy.pool import ConnectionPoolEntry
 from sqlalchemy.types import TypeEngine
 
-from models.tables import UTCDateTime, messages_table, sessions_table
-from repo._codec import ROW_COLUMNS, encoded_messages
+from models.tables import UTCDateTime, messages_table
+from repo._codec import ROW_COLUMNS
 from repo.errors import BackendUnavailable, RepoError, WriteRejected
 
 #: Key of the PostgreSQL advisory lock held while migrating ("sessrepo" in ASCII).
@@ -58,7 +59,6 @@ _CONTENT_HEAD = (
 )
 
 _M = messages_table.c
-_S = sessions_table.c
 #: Keys per ``IN (...)`` list when looking up which of a batch are already stored.
 _LOOKUP_CHUNK = 500
 
@@ -77,9 +77,18 @@ WITH input AS (
     )
 ),
 existing AS (
-    SELECT m.client_msg_uuid, m.content_hash
-    FROM input i
-    JOIN messages m ON m.session_id = %(sid)s AND m.client_msg_uuid = i.client_msg_uuid
+    -- One probe of (session_id, client_msg_uuid) per key, whatever the statistics say:
+    -- a join may be planned as a scan of the whole session (every append would then
+    -- read every message the session has). A correlated subquery is never pulled up.
+    SELECT client_msg_uuid, content_hash FROM (
+        SELECT i.client_msg_uuid, (
+            SELECT m.content_hash FROM messages m
+            WHERE m.session_id = %(sid)s AND m.client_msg_uuid = i.client_msg_uuid
+        ) AS content_hash
+        FROM input i
+        OFFSET 0  -- keeps the probe from being evaluated again for the WHERE below
+    ) probed
+    WHERE content_hash IS NOT NULL
 ),
 fresh AS (
     SELECT i.*, %(next_seq)s::bigint + row_number() OVER (ORDER BY i.ord) - 1 AS seq
@@ -115,6 +124,9 @@ SELECT client_msg_uuid, NULL::bytea AS content_hash FROM inserted
 UNION ALL
 SELECT client_msg_uuid, content_hash FROM existing
 """
+
+
+_PG_LOCK_SESSION = "SELECT next_seq FROM sessions WHERE id = %(sid)s FOR UPDATE"
 
 
 def _lock_bypassed(session_id: str, missing: int) -> RepoError:
@@ -207,45 +219,19 @@ class BackendDialect:
         """Insert the rows whose key the session does not have yet, numbered from
         ``next_seq`` in order, and move the session's counters for them.
 
-        The caller holds the session row's lock and passes rows with distinct keys,
-        encoded by ``repo._codec.message_row``.
+        The caller holds the session row's lock (:meth:`lock_session`) and passes rows
+        with distinct keys, encoded by ``repo._codec.message_row``.
 
         Returns:
             ``{key: content_hash}`` of the rows that were already stored (not inserted).
         """
-        stored: dict[Any, bytes] = {}
-        keys = [row["client_msg_uuid"] for row in rows]
-        for start in range(0, len(keys), _LOOKUP_CHUNK):
-            found = connection.execute(
-                select(_M.client_msg_uuid, _M.content_hash).where(
-                    _M.session_id == session_id,
-                    _M.client_msg_uuid.in_(keys[start : start + _LOOKUP_CHUNK]),
-                )
-            )
-            stored.update((key, digest) for key, digest in found)
-        fresh = [row for row in rows if row["client_msg_uuid"] not in stored]
-        if not fresh:
-            return stored
-        values = [
-            {name: row[name] for name in ROW_COLUMNS}
-            | {"session_id": session_id, "seq": next_seq + index}
-            for index, row in enumerate(fresh)
-        ]
-        insert = self.insert_ignoring(encoded_messages, ["session_id", "client_msg_uuid"])  # type: ignore[arg-type]
-        result = connection.execute(insert, values, execution_options={"preserve_rowcount": True})
-        if result.rowcount != len(fresh):
-            raise _lock_bypassed(session_id, len(fresh) - result.rowcount)
-        connection.execute(
-            update(sessions_table)
-            .where(_S.id == session_id)
-            .values(
-                next_seq=_S.next_seq + len(fresh),
-                message_count=_S.message_count + len(fresh),
-                tool_call_count=_S.tool_call_count + sum(row["tool_call_total"] for row in fresh),
-                last_active_at=now,
-            )
-        )
-        return stored
+        raise NotImplementedError
+
+    def lock_session(self, connection: Connection, session_id: str) -> int | None:
+        """Lock the session's row for the rest of the transaction (appenders to one
+        session queue here) and return its ``next_seq``; ``None`` when there is no such
+        session."""
+        raise NotImplementedError
 
     def lock_outbox_session(self, connection: Connection, session_id: str) -> None:
         """Serialise parkers of one session for the rest of the current transaction."""
@@ -263,13 +249,24 @@ class BackendDialect:
 
     def index_documents(
         self, connection: Connection, session_id: str, seqs: Sequence[int], documents: Sequence[str]
+    ) -> int:
+        """Add prepared documents (space-separated words) of messages inserted in this
+        transaction to the search index; returns how many of them were found and
+        indexed."""
+        raise NotImplementedError
+
+    def index_entries(
+        self, connection: Connection, entries: Sequence[tuple[str, int, datetime, str, str]]
     ) -> None:
-        """Add prepared documents (space-separated words) to the search index."""
+        """Index ``(session_id, seq, timestamp, role, document)`` entries (a rebuild)."""
         raise NotImplementedError
 
     def reset_search_index(self, connection: Connection) -> None:
-        """Empty the search index, recreating it if it is damaged."""
+        """Empty the search index, recreating it if it is damaged (a rebuild starts)."""
         raise NotImplementedError
+
+    def finish_search_index(self, connection: Connection) -> None:
+        """Complete a rebuild once every entry is in."""
 
     def search_messages(
         self,
@@ -280,9 +277,11 @@ class BackendDialect:
         order: str,
         limit: int,
         offset: int,
+        window: int,
     ) -> list[Any]:
         """Rows (session_id, seq, client_msg_uuid, role, timestamp, source, user_id,
-        content, rank) of the messages matching a parsed ``repo.search.Query``."""
+        content, rank) of the messages matching a parsed ``repo.search.Query``; with
+        ``order="rank"``, the newest ``window`` matches ordered by relevance."""
         raise NotImplementedError
 
     def is_search_index_error(self, exc: RepoError) -> bool:
@@ -290,8 +289,10 @@ class BackendDialect:
         return False
 
     def forget_search_documents(self, connection: Connection, session_ids: Sequence[str]) -> None:
-        """Drop the index entries of sessions being deleted (PostgreSQL's foreign key
-        cascades by itself; FTS5 has no foreign keys)."""
+        """Drop the index entries of sessions being deleted (the index has no foreign
+        key to the messages: on PostgreSQL its check locked the message row of every
+        insert)."""
+        raise NotImplementedError
 
     def transaction_alive(self, connection: Connection) -> bool:
         """Whether the transaction survived a failed statement (after its savepoint was
@@ -383,6 +384,68 @@ class SQLiteDialect(BackendDialect):
     def insert_ignoring(self, table: Table, conflict_columns: Sequence[str]) -> Insert:
         return sqlite.insert(table).on_conflict_do_nothing(index_elements=list(conflict_columns))
 
+    # The append path runs its own SQL through the driver: compiling and binding through
+    # SQLAlchemy cost more than SQLite itself (the values are stored exactly as
+    # SQLAlchemy's column types would store them: see _sqlite_time).
+
+    def lock_session(self, connection: Connection, session_id: str) -> int | None:
+        # BEGIN IMMEDIATE took the database's write lock: reading is enough.
+        row = connection.exec_driver_sql(_SQLITE_NEXT_SEQ, (session_id,)).first()
+        return None if row is None else int(row[0])
+
+    def insert_new_messages(
+        self,
+        connection: Connection,
+        session_id: str,
+        next_seq: int,
+        rows: Sequence[dict[str, Any]],
+        now: datetime,
+    ) -> dict[Any, bytes]:
+        # Keys are stored as SQLAlchemy's Uuid stores them without a native type.
+        by_hex = {row["client_msg_uuid"].hex: row["client_msg_uuid"] for row in rows}
+        hexes = list(by_hex)
+        stored: dict[Any, bytes] = {}
+        for start in range(0, len(hexes), _LOOKUP_CHUNK):
+            chunk = hexes[start : start + _LOOKUP_CHUNK]
+            found = connection.exec_driver_sql(
+                f"{_SQLITE_LOOKUP}({', '.join('?' * len(chunk))})", (session_id, *chunk)
+            )
+            stored.update((by_hex[key], bytes(digest)) for key, digest in found)
+        fresh = [row for row in rows if row["client_msg_uuid"] not in stored]
+        if not fresh:
+            return stored
+        values = [
+            (
+                session_id,
+                next_seq + index,
+                row["client_msg_uuid"].hex,
+                row["role"],
+                row["content"],
+                row["tool_calls"],
+                row["tool_call_id"],
+                row["tool_name"],
+                row["reasoning"],
+                row["finish_reason"],
+                row["token_count"],
+                _sqlite_time(row["timestamp"]),
+                row["platform_message_id"],
+                row["extra"],
+                row["openai_keys"],
+                row["content_hash"],
+            )
+            for index, row in enumerate(fresh)
+        ]
+        result = connection.exec_driver_sql(
+            _SQLITE_INSERT, values, execution_options={"preserve_rowcount": True}
+        )
+        if result.rowcount != len(fresh):
+            raise _lock_bypassed(session_id, len(fresh) - result.rowcount)
+        tool_calls = sum(row["tool_call_total"] for row in fresh)
+        connection.exec_driver_sql(
+            _SQLITE_COUNTERS, (len(fresh), len(fresh), tool_calls, _sqlite_time(now), session_id)
+        )
+        return stored
+
     @staticmethod
     def _code(exc: sa_exc.DBAPIError) -> int | None:
         code = getattr(exc.orig, "sqlite_errorcode", None)
@@ -403,8 +466,13 @@ class SQLiteDialect(BackendDialect):
 
     def index_documents(
         self, connection: Connection, session_id: str, seqs: Sequence[int], documents: Sequence[str]
+    ) -> int:
+        return _sqlite_index_documents(connection, session_id, seqs, documents)
+
+    def index_entries(
+        self, connection: Connection, entries: Sequence[tuple[str, int, datetime, str, str]]
     ) -> None:
-        _sqlite_index_documents(connection, session_id, seqs, documents)
+        _sqlite_index_entries(connection, entries)
 
     def reset_search_index(self, connection: Connection) -> None:
         _sqlite_reset_search_index(connection)
@@ -416,12 +484,7 @@ class SQLiteDialect(BackendDialect):
         return bool(connection.connection.driver_connection.in_transaction)  # type: ignore[union-attr]
 
     def forget_search_documents(self, connection: Connection, session_ids: Sequence[str]) -> None:
-        for start in range(0, len(session_ids), _LOOKUP_CHUNK):
-            chunk = list(session_ids[start : start + _LOOKUP_CHUNK])
-            marks = ", ".join("?" * len(chunk))
-            connection.exec_driver_sql(
-                f"DELETE FROM messages_fts WHERE session_id IN ({marks})", tuple(chunk)
-            )
+        _sqlite_forget(connection, session_ids)
 
     def search_messages(
         self,
@@ -432,16 +495,11 @@ class SQLiteDialect(BackendDialect):
         order: str,
         limit: int,
         offset: int,
+        window: int,
     ) -> list[Any]:
-        where, params = _search_filters(filters)
-        rank = "-bm25(messages_fts)" if order == "rank" else "0.0"
-        matches = (
-            f"SELECT f.session_id AS session_id, f.seq AS seq, {rank} AS rank "
-            f"FROM messages_fts f{_search_joins(filters, order, 'f')} "
-            f"WHERE messages_fts MATCH :q{where}"
+        return _sqlite_search(
+            connection, query, filters, order=order, limit=limit, offset=offset, window=window
         )
-        params |= {"q": _fts5_query(query), "limit": limit, "offset": offset}
-        return _run_search(connection, _page_of_hits(matches, order), params, filters)
 
     def is_search_index_error(self, exc: RepoError) -> bool:
         cause = exc.__cause__
@@ -450,21 +508,145 @@ class SQLiteDialect(BackendDialect):
         return code == sqlite3.SQLITE_CORRUPT or "messages_fts" in message or "fts5" in message
 
 
+_SQLITE_NEXT_SEQ = "SELECT next_seq FROM sessions WHERE id = ?"
+_SQLITE_LOOKUP = (
+    "SELECT client_msg_uuid, content_hash FROM messages "
+    "WHERE session_id = ? AND client_msg_uuid IN "
+)
+# The columns in _codec.ROW_COLUMNS order, after session_id and seq.
+_SQLITE_ROW_COLUMNS = ", ".join(f'"{name}"' for name in ROW_COLUMNS)
+_SQLITE_INSERT = (
+    f"INSERT INTO messages (session_id, seq, {_SQLITE_ROW_COLUMNS}) "
+    f"VALUES ({', '.join('?' * (len(ROW_COLUMNS) + 2))}) "
+    "ON CONFLICT (session_id, client_msg_uuid) DO NOTHING"
+)
+_SQLITE_COUNTERS = (
+    "UPDATE sessions SET next_seq = next_seq + ?, message_count = message_count + ?, "
+    "tool_call_count = tool_call_count + ?, last_active_at = ? WHERE id = ?"
+)
+
+
+def _sqlite_time(value: datetime) -> str:
+    """An aware time as ``UTCDateTime`` stores it on SQLite: the UTC wall time as
+    SQLAlchemy's SQLite text ("2026-11-29 12:00:00.000000"), which sorts as time does."""
+    if value.tzinfo is not UTC:
+        if value.tzinfo is None or value.utcoffset() is None:
+            raise RepoError("naive datetime reached the database layer")
+        value = value.astimezone(UTC)
+    return value.isoformat(" ", "microseconds")[:26]
+
+
 _SQLITE_FTS_DDL = (
     "CREATE VIRTUAL TABLE messages_fts USING fts5("
-    "body, session_id UNINDEXED, seq UNINDEXED, "
+    "session_id UNINDEXED, seq UNINDEXED, meta, body, "
     "tokenize = 'unicode61 remove_diacritics 2')"
 )
 _SQLITE_FTS_SHADOWS = ("data", "idx", "content", "docsize", "config")
 
+_EPOCH: Final = datetime(1970, 1, 1, tzinfo=UTC)
+_MILLISECOND: Final = timedelta(milliseconds=1)
+#: A message's FTS5 rowid is its timestamp in milliseconds shifted left by this many
+#: bits; the low bits number the messages of one millisecond in the order they were
+#: indexed. FTS5 walks its index in rowid order, so "newest first" and "the newest N
+#: matches" stop after N rows instead of sorting every match.
+_KEY_SLOT_BITS: Final = 8
+_KEY_SLOTS: Final = 1 << _KEY_SLOT_BITS
+_ROLES: Final = frozenset(("system", "user", "assistant", "tool"))
+
+
+def search_key(timestamp: datetime) -> int:
+    """The smallest FTS5 rowid a message with this timestamp may get."""
+    return ((timestamp - _EPOCH) // _MILLISECOND) << _KEY_SLOT_BITS
+
+
+def _session_token(session_id: str) -> str:
+    """The word standing for a session in the ``meta`` column (a hash: any session id
+    becomes one ASCII word; a collision is filtered out by the exact ``session_id``)."""
+    digest = hashlib.blake2b(session_id.encode("utf-8", "surrogatepass"), digest_size=8)
+    return "s" + digest.hexdigest()
+
 
 def _sqlite_index_documents(
     connection: Connection, session_id: str, seqs: Sequence[int], documents: Sequence[str]
+) -> int:
+    found = {
+        seq: (timestamp, role)
+        for seq, timestamp, role in connection.execute(
+            select(_M.seq, _M.timestamp, _M.role).where(
+                _M.session_id == session_id, _M.seq >= min(seqs), _M.seq <= max(seqs)
+            )
+        )
+    }
+    entries = [
+        (session_id, seq, *found[seq], body)
+        for seq, body in zip(seqs, documents, strict=True)
+        if seq in found
+    ]
+    _sqlite_index_entries(connection, entries)
+    return len(entries)
+
+
+def _sqlite_index_entries(
+    connection: Connection, entries: Sequence[tuple[str, int, datetime, str, str]]
 ) -> None:
-    connection.exec_driver_sql(
-        "INSERT INTO messages_fts (body, session_id, seq) VALUES (?, ?, ?)",
-        [(text, session_id, seq) for text, seq in zip(documents, seqs, strict=True)],
+    if not entries:
+        return
+    keys = _sqlite_allocate_keys(connection, [search_key(entry[2]) for entry in entries])
+    rows = sorted(  # ascending rowids: FTS5 appends them to its pending segment
+        (key, session_id, seq, f"{_session_token(session_id)} r{role}", body)
+        for key, (session_id, seq, _, role, body) in zip(keys, entries, strict=True)
     )
+    connection.exec_driver_sql(
+        "INSERT INTO messages_fts (rowid, session_id, seq, meta, body) VALUES (?, ?, ?, ?, ?)",
+        rows,
+    )
+
+
+def _sqlite_allocate_keys(connection: Connection, bases: Sequence[int]) -> list[int]:
+    """A free rowid for each base key: after the last one taken in its millisecond."""
+    last: dict[int, int | None] = {}
+    distinct = sorted(set(bases))
+    for start in range(0, len(distinct), _LOOKUP_CHUNK):
+        chunk = distinct[start : start + _LOOKUP_CHUNK]
+        values = ", ".join(["(?)"] * len(chunk))
+        last.update(
+            connection.exec_driver_sql(
+                f"WITH b(base) AS (VALUES {values}) SELECT base, (SELECT max(rowid) "
+                f"FROM messages_fts WHERE rowid BETWEEN b.base AND b.base + {_KEY_SLOTS - 1}) "
+                "FROM b",
+                tuple(chunk),
+            ).all()
+        )
+    keys: list[int] = []
+    taken: set[int] = set()
+    for base in bases:
+        previous = last[base]
+        key = base if previous is None else previous + 1
+        while key in taken:
+            key += 1
+        if key >= base + _KEY_SLOTS:
+            # More messages in one millisecond than it has slots: the next free rowid
+            # after it (such a message sorts as a little newer than it is).
+            key = _sqlite_free_key(connection, key, taken)
+        last[base] = key
+        taken.add(key)
+        keys.append(key)
+    return keys
+
+
+def _sqlite_free_key(connection: Connection, candidate: int, taken: set[int]) -> int:
+    while True:
+        used = {
+            row[0]
+            for row in connection.exec_driver_sql(
+                "SELECT rowid FROM messages_fts WHERE rowid >= ? ORDER BY rowid LIMIT 512",
+                (candidate,),
+            )
+        }
+        for key in range(candidate, candidate + 512):
+            if key not in used and key not in taken:
+                return key
+        candidate += 512
 
 
 def _sqlite_reset_search_index(connection: Connection) -> None:
@@ -481,14 +663,136 @@ def _sqlite_reset_search_index(connection: Connection) -> None:
     connection.exec_driver_sql(_SQLITE_FTS_DDL)
 
 
-def _fts5_query(query: Any) -> str:
+def _sqlite_forget(connection: Connection, session_ids: Sequence[str]) -> None:
+    for session_id in session_ids:
+        connection.exec_driver_sql(
+            "DELETE FROM messages_fts WHERE rowid IN (SELECT rowid FROM messages_fts "
+            "WHERE messages_fts MATCH ? AND session_id = ?)",
+            (f'meta : "{_session_token(session_id)}"', session_id),
+        )
+
+
+def _fts5_query(query: Any, filters: dict[str, Any]) -> str | None:
+    """The FTS5 expression: the user's terms in ``body``, the session and role filters
+    as words of ``meta``. ``None`` when nothing can match (an unknown role)."""
+
     def quoted(term: Any) -> str:
-        return '"' + " ".join(term.words) + '"' + ("*" if term.prefix else "")
+        return 'body : "' + " ".join(term.words) + '"' + ("*" if term.prefix else "")
 
     expression = " AND ".join(quoted(term) for term in query.positive)
     for term in query.negative:
         expression = f"({expression}) NOT {quoted(term)}"
+    meta: list[str] = []
+    if filters.get("session_id") is not None:
+        meta.append(f'meta : "{_session_token(filters["session_id"])}"')
+    role = filters.get("role")
+    if role is not None:
+        if role not in _ROLES:
+            return None
+        meta.append(f'meta : "r{role}"')
+    if meta:
+        expression = " AND ".join(meta) + f" AND ({expression})"
     return expression
+
+
+def _sqlite_search(
+    connection: Connection,
+    query: Any,
+    filters: dict[str, Any],
+    *,
+    order: str,
+    limit: int,
+    offset: int,
+    window: int,
+) -> list[Any]:
+    expression = _fts5_query(query, filters)
+    if expression is None:
+        return []
+    params: dict[str, Any] = {"q": expression, "limit": limit, "offset": offset}
+    clauses = ["messages_fts MATCH :q"]
+    joins = ""
+    # The FTS5 table drives (CROSS JOIN keeps it outermost), in rowid order.
+    if filters.get("session_id") is not None:
+        clauses.append("f.session_id = :f_session_id")
+        params["f_session_id"] = filters["session_id"]
+    since, until = filters.get("since"), filters.get("until")
+    if since is not None or until is not None:
+        joins += " CROSS JOIN messages m ON m.session_id = f.session_id AND m.seq = f.seq"
+    if since is not None:
+        clauses += ["f.rowid >= :k_since", "m.timestamp >= :f_since"]
+        params |= {"k_since": search_key(since), "f_since": since}
+    if until is not None:
+        clauses.append("m.timestamp < :f_until")
+        params["f_until"] = until
+    if filters.get("source") is not None or filters.get("user_id") is not None:
+        joins += " CROSS JOIN sessions s ON s.id = f.session_id"
+        for name in ("source", "user_id"):
+            if filters.get(name) is not None:
+                clauses.append(f"s.{name} = :f_{name}")
+                params[f"f_{name}"] = filters[name]
+    where = " AND ".join(clauses)
+    if order == "newest":
+        matches = (
+            "SELECT f.rowid AS k, f.session_id AS session_id, f.seq AS seq, 0.0 AS rank "
+            f"FROM messages_fts f{joins} WHERE {where} "
+            "ORDER BY f.rowid DESC LIMIT :limit OFFSET :offset"
+        )
+        return _run_search(connection, _page_of_hits(matches, "top.k DESC"), params)
+    # The newest `window` matches (see repo.search.RANK_WINDOW), scored here: FTS5's
+    # bm25() counts every match of every term first (for its idf), which for a
+    # common word is most of the table.
+    window_sql = (
+        "SELECT f.rowid AS k, f.session_id AS session_id, f.seq AS seq, f.body AS body "
+        f"FROM messages_fts f{joins} WHERE {where} ORDER BY f.rowid DESC LIMIT :window"
+    )
+    params["window"] = window
+    found = connection.execute(_bind_times(text(window_sql), params), params).all()
+    scores = _relevance(query, [row.body for row in found])
+    ranked = sorted(zip(scores, found, strict=True), key=lambda pair: (-pair[0], -pair[1].k))[
+        offset : offset + limit
+    ]
+    if not ranked:
+        return []
+    values: dict[str, Any] = {}
+    for index, (score, row) in enumerate(ranked):
+        values |= {f"k{index}": row.k, f"s{index}": row.session_id}
+        values |= {f"q{index}": row.seq, f"r{index}": score}
+    rows = ", ".join(f"(:k{i}, :s{i}, :q{i}, :r{i})" for i in range(len(ranked)))
+    matches = (
+        "SELECT column1 AS k, column2 AS session_id, column3 AS seq, column4 AS rank "
+        f"FROM (VALUES {rows})"
+    )
+    return _run_search(connection, _page_of_hits(matches, "top.rank DESC, top.k DESC"), values)
+
+
+#: BM25's term-frequency saturation and length normalisation.
+_BM25_K1: Final = 1.2
+_BM25_B: Final = 0.75
+
+
+def _relevance(query: Any, bodies: Sequence[str]) -> list[float]:
+    """BM25 without its idf factor (every document here holds every term) of indexed
+    documents for a query's positive terms; a document's length is its length in
+    characters, against the average of ``bodies``."""
+    patterns = [
+        re.compile(
+            " "  # a literal first: the regex engine then skips ahead to candidates
+            + " +".join(re.escape(word) for word in term.words)
+            + ("" if term.prefix else "(?= )")
+        )
+        for term in query.positive
+    ]
+    average = max(1.0, sum(map(len, bodies)) / max(1, len(bodies)))
+    scores: list[float] = []
+    for body in bodies:
+        padded = f" {body} "
+        norm = _BM25_K1 * (1 - _BM25_B + _BM25_B * len(body) / average)
+        score = 0.0
+        for pattern in patterns:
+            count = len(pattern.findall(padded))
+            score += count * (_BM25_K1 + 1) / (count + norm)
+        scores.append(score)
+    return scores
 
 
 _SEARCH_COLUMNS: dict[str, TypeEngine[Any]] = {
@@ -504,66 +808,20 @@ _SEARCH_COLUMNS: dict[str, TypeEngine[Any]] = {
 }
 
 
-def _search_filters(filters: dict[str, Any]) -> tuple[str, dict[str, Any]]:
-    clauses: list[str] = []
-    params: dict[str, Any] = {}
-    columns = {
-        "session_id": "m.session_id = :f_session_id",
-        "source": "s.source = :f_source",
-        "role": "m.role = :f_role",
-        "user_id": "s.user_id = :f_user_id",
-        "since": "m.timestamp >= :f_since",
-        "until": "m.timestamp < :f_until",
-    }
-    for name, clause in columns.items():
-        if filters.get(name) is not None:
-            clauses.append(clause)
-            params[f"f_{name}"] = filters[name]
-    return "".join(f" AND {clause}" for clause in clauses), params
-
-
-def _search_joins(filters: dict[str, Any], order: str, index: str) -> str:
-    """The joins the filters and the order need while choosing a page of hits (none for
-    an unfiltered ranked search: the page is chosen on the index alone)."""
-    joins = ""
-    needs_sessions = filters.get("source") is not None or filters.get("user_id") is not None
-    needs_messages = (
-        needs_sessions
-        or order == "newest"
-        or any(filters.get(name) is not None for name in ("session_id", "role", "since", "until"))
-    )
-    if needs_messages:
-        joins += f" JOIN messages m ON m.session_id = {index}.session_id AND m.seq = {index}.seq"
-    if needs_sessions:
-        joins += " JOIN sessions s ON s.id = m.session_id"
-    return joins
-
-
-def _page_of_hits(matches: str, order: str) -> str:
-    """Choose the page on keys alone, then read the content of those hits only (never
-    carry message text through the sort of every match)."""
-    inner_order = "rank DESC" if order == "rank" else "m.timestamp DESC, m.session_id, m.seq DESC"
-    if order == "newest":
-        matches = matches.replace(" AS rank ", " AS rank, m.timestamp AS ts ", 1)
-    outer_order = (
-        "top.rank DESC" if order == "rank" else "m.timestamp DESC, m.session_id, m.seq DESC"
-    )
+def _page_of_hits(matches: str, outer_order: str) -> str:
+    """Choose the page on the index alone, then read the content of those hits only
+    (never carry message text through the choice)."""
     return (
         f"SELECT m.session_id, m.seq, m.client_msg_uuid, m.role, m.timestamp, s.source, "
         f"s.user_id, {_CONTENT_HEAD} AS content, top.rank AS rank "
-        f"FROM ({matches} ORDER BY {inner_order} LIMIT :limit OFFSET :offset) top "
+        f"FROM ({matches}) top "
         "JOIN messages m ON m.session_id = top.session_id AND m.seq = top.seq "
         "JOIN sessions s ON s.id = m.session_id "
         f"ORDER BY {outer_order}"
     )
 
 
-def _run_search(
-    connection: Connection,
-    sql: str,
-    params: dict[str, Any],
-    filters: dict[str, Any],
-) -> list[Any]:
+def _run_search(connection: Connection, sql: str, params: dict[str, Any]) -> list[Any]:
     statement = text(sql).columns(**_SEARCH_COLUMNS)
     bind_types = {"f_since": UTCDateTime(), "f_until": UTCDateTime()}
     statement = statement.bindparams(
@@ -618,6 +876,10 @@ class PostgresDialect(BackendDialect):
 
     def lock_for_migration(self, connection: Connection) -> None:
         connection.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": MIGRATION_LOCK_KEY})
+
+    def lock_session(self, connection: Connection, session_id: str) -> int | None:
+        row = connection.exec_driver_sql(_PG_LOCK_SESSION, {"sid": session_id}).first()
+        return None if row is None else int(row[0])
 
     def insert_new_messages(
         self,
@@ -677,24 +939,66 @@ class PostgresDialect(BackendDialect):
 
     def index_documents(
         self, connection: Connection, session_id: str, seqs: Sequence[int], documents: Sequence[str]
+    ) -> int:
+        # The timestamp and role come from the rows just inserted (one statement).
+        return int(
+            connection.exec_driver_sql(
+                "INSERT INTO message_search (session_id, seq, ts, role, document) "
+                "SELECT m.session_id, m.seq, m.timestamp, m.role, "
+                "to_tsvector(%(cfg)s::regconfig, d.body) "
+                "FROM unnest(%(seqs)b::bigint[], %(bodies)b::text[]) AS d(seq, body) "
+                "JOIN messages m ON m.session_id = %(sid)s AND m.seq = d.seq",
+                {
+                    "sid": session_id,
+                    "cfg": self.search_config,
+                    "seqs": list(seqs),
+                    "bodies": list(documents),
+                },
+            ).rowcount
+        )
+
+    def index_entries(
+        self, connection: Connection, entries: Sequence[tuple[str, int, datetime, str, str]]
     ) -> None:
+        if not entries:
+            return
+        sids, seqs, stamps, roles, bodies = (list(column) for column in zip(*entries, strict=True))
         connection.exec_driver_sql(
-            "INSERT INTO message_search (session_id, seq, document) "
-            "SELECT %(sid)s, d.seq, to_tsvector(%(cfg)s::regconfig, d.body) "
-            "FROM unnest(%(seqs)b::bigint[], %(bodies)b::text[]) AS d(seq, body) "
-            "ON CONFLICT (session_id, seq) DO UPDATE SET document = EXCLUDED.document",
+            "INSERT INTO message_search (session_id, seq, ts, role, document) "
+            "SELECT d.sid, d.seq, d.ts, d.role, to_tsvector(%(cfg)s::regconfig, d.body) "
+            "FROM unnest(%(sids)b::text[], %(seqs)b::bigint[], %(stamps)b::timestamptz[], "
+            "%(roles)b::text[], %(bodies)b::text[]) AS d(sid, seq, ts, role, body)",
             {
-                "sid": session_id,
                 "cfg": self.search_config,
-                "seqs": list(seqs),
-                "bodies": list(documents),
+                "sids": sids,
+                "seqs": seqs,
+                "stamps": stamps,
+                "roles": roles,
+                "bodies": bodies,
             },
         )
 
     def reset_search_index(self, connection: Connection) -> None:
+        # Appends wait (the share lock) until the rebuild commits; the indexes are
+        # built once over the whole table, after the rows, not maintained row by row.
         connection.exec_driver_sql("LOCK TABLE messages IN SHARE MODE")
         connection.exec_driver_sql("TRUNCATE message_search")
-        connection.exec_driver_sql("REINDEX INDEX ix_message_search_document")
+        connection.exec_driver_sql("DROP INDEX IF EXISTS ix_message_search_document")
+        connection.exec_driver_sql("DROP INDEX IF EXISTS ix_message_search_ts")
+        connection.exec_driver_sql("DROP INDEX IF EXISTS ix_message_search_session_ts")
+
+    def finish_search_index(self, connection: Connection) -> None:
+        connection.exec_driver_sql("SET LOCAL maintenance_work_mem = '256MB'")
+        connection.exec_driver_sql(_PG_SEARCH_TS_INDEX)
+        connection.exec_driver_sql(_PG_SEARCH_SESSION_TS_INDEX)
+        connection.exec_driver_sql(_PG_SEARCH_GIN_INDEX)
+        connection.exec_driver_sql("ANALYZE message_search")
+
+    def forget_search_documents(self, connection: Connection, session_ids: Sequence[str]) -> None:
+        connection.exec_driver_sql(
+            "DELETE FROM message_search WHERE session_id = ANY(%(ids)s)",
+            {"ids": list(session_ids)},
+        )
 
     def search_messages(
         self,
@@ -705,30 +1009,158 @@ class PostgresDialect(BackendDialect):
         order: str,
         limit: int,
         offset: int,
+        window: int,
     ) -> list[Any]:
-        where, params = _search_filters(filters)
-        parts: list[str] = []
-        for index, term in enumerate(query.terms):
-            name = f"t{index}"
-            if term.prefix:
-                params[name] = term.words[0]
-                part = f"to_tsquery(CAST(:cfg AS regconfig), quote_literal(:{name}) || ':*')"
-            else:
-                params[name] = " ".join(term.words)
-                part = f"phraseto_tsquery(CAST(:cfg AS regconfig), :{name})"
-            parts.append(f"!! {part}" if term.excluded else part)
-        tsquery = " && ".join(parts)
-        rank = "ts_rank(ms.document, q.query)" if order == "rank" else "0.0"
-        joins = _search_joins(filters, order, "ms")
-        matches = (
-            f"SELECT ms.session_id AS session_id, ms.seq AS seq, {rank} AS rank "
-            f"FROM (SELECT {tsquery} AS query) q "
-            f"JOIN message_search ms ON ms.document @@ q.query{joins} "
-            f"WHERE true{where}"
+        return _pg_search(
+            connection,
+            self.search_config,
+            query,
+            filters,
+            order=order,
+            limit=limit,
+            offset=offset,
+            window=window,
         )
-        params |= {"cfg": self.search_config, "limit": limit, "offset": offset}
-        return _run_search(connection, _page_of_hits(matches, order), params, filters)
 
     def is_search_index_error(self, exc: RepoError) -> bool:
         code = getattr(exc, "code", None)
         return code in ("XX001", "XX002") or "message_search" in str(exc)
+
+
+_PG_SEARCH_TS_INDEX = "CREATE INDEX ix_message_search_ts ON message_search (ts)"
+_PG_SEARCH_SESSION_TS_INDEX = (
+    "CREATE INDEX ix_message_search_session_ts ON message_search (session_id, ts)"
+)
+_PG_SEARCH_GIN_INDEX = (
+    "CREATE INDEX ix_message_search_document ON message_search USING gin (document)"
+)
+#: Rows of the newest end of ``message_search`` read to measure how common a query is.
+_PG_PROBE_ROWS: Final = 500
+
+
+def _pg_search(
+    connection: Connection,
+    config: str,
+    query: Any,
+    filters: dict[str, Any],
+    *,
+    order: str,
+    limit: int,
+    offset: int,
+    window: int,
+) -> list[Any]:
+    """Two ways to the newest matches, chosen by measuring, not by the planner's guess
+    (its estimates for words it has no statistics for are off by orders of magnitude):
+    walk the ``ts`` (or ``(session_id, ts)``) index from the newest row, testing each
+    document (cheap when the query is common), or take every match from the GIN index
+    and sort them by time (cheap when it is rare). A probe of the newest 500 rows
+    measures which. Either way the answer is the same; only its cost differs."""
+    params: dict[str, Any] = {"cfg": config, "limit": limit, "offset": offset}
+    parts: list[str] = []
+    for index, term in enumerate(query.terms):
+        name = f"t{index}"
+        if term.prefix:
+            params[name] = term.words[0]
+            part = f"to_tsquery(CAST(:cfg AS regconfig), quote_literal(:{name}) || ':*')"
+        else:
+            params[name] = " ".join(term.words)
+            part = f"phraseto_tsquery(CAST(:cfg AS regconfig), :{name})"
+        parts.append(f"!! {part}" if term.excluded else part)
+    tsquery = "(" + " && ".join(parts) + ")"
+    time_clauses: list[str] = []
+    clauses: list[str] = []
+    for name, clause, kind in (
+        ("since", "ms.ts >= :f_since", time_clauses),
+        ("until", "ms.ts < :f_until", time_clauses),
+        ("session_id", "ms.session_id = :f_session_id", clauses),
+        ("role", "ms.role = :f_role", clauses),
+        ("source", "s.source = :f_source", clauses),
+        ("user_id", "s.user_id = :f_user_id", clauses),
+    ):
+        if filters.get(name) is not None:
+            kind.append(clause)
+            params[f"f_{name}"] = filters[name]
+    joins = ""
+    if filters.get("source") is not None or filters.get("user_id") is not None:
+        joins = " JOIN sessions s ON s.id = ms.session_id"
+    need = window if order == "rank" else offset + limit
+    settings = ["jit = off", "max_parallel_workers_per_gather = 0", "enable_seqscan = off"]
+    connection.exec_driver_sql("; ".join(f"SET LOCAL {setting}" for setting in settings))
+    # The probe: the newest rows (of the session, with a session filter), how many match
+    # the query with every filter, how many the query alone.
+    scope = "".join(f" AND {clause}" for clause in time_clauses)
+    if filters.get("session_id") is not None:
+        scope += " AND ms.session_id = :f_session_id"
+    probe = (
+        f"SELECT count(*) FILTER (WHERE ms.document @@ {tsquery}"
+        + "".join(f" AND {clause}" for clause in clauses)
+        + f"), count(*) FILTER (WHERE ms.document @@ {tsquery}), count(*), "
+        "(SELECT reltuples FROM pg_class WHERE oid = CAST('message_search' AS regclass)) "
+        "FROM (SELECT ms.session_id, ms.role, ms.document FROM message_search ms "
+        f"WHERE true{scope} ORDER BY ms.ts DESC LIMIT :probe) ms{joins}"
+    )
+    probe_params = params | {"probe": _PG_PROBE_ROWS}
+    hits, term_hits, scanned, total = connection.execute(
+        _bind_times(text(probe), probe_params), probe_params
+    ).one()
+    density = hits / scanned if scanned else 0.0
+    if not hits and term_hits and (filters.get("source") or filters.get("user_id")):
+        # The newest rows come from a few sessions (a session's messages are close in
+        # time): the share of recently active sessions the filters keep is the better
+        # guess of how many of the rows walked they keep.
+        kept = connection.execute(
+            text(
+                "SELECT avg(CASE WHEN true"
+                + "".join(f" AND {c}" for c in clauses if c.startswith("s."))
+                + " THEN 1.0 ELSE 0.0 END) FROM (SELECT s.source, s.user_id FROM sessions s "
+                "ORDER BY s.last_active_at DESC LIMIT 200) s"
+            ),
+            params,
+        ).scalar()
+        density = term_hits / scanned * float(kept or 0.0)
+    if scanned < _PG_PROBE_ROWS:
+        walk = True  # the probe read every candidate row: so will the walk
+    elif not density:
+        walk = False
+    elif filters.get("session_id") is not None:
+        walk = True  # a walk reads the session's rows at most; the GIN way, every match
+    else:
+        # Rows the walk tests (each one's document read and matched), against the
+        # matches of the query the GIN way reads: their time only (a third of the work)
+        # unless the index cannot decide alone (a phrase, an exclusion: every candidate
+        # document is read again).
+        recheck = any(len(term.words) > 1 or term.excluded for term in query.terms)
+        walk_rows = need / density * (1 if recheck else 3)
+        walk = walk_rows <= term_hits / scanned * max(float(total), float(scanned))
+    connection.exec_driver_sql(
+        "SET LOCAL enable_bitmapscan = off" if walk else "SET LOCAL enable_indexscan = off"
+    )
+    where = "".join(f" AND {clause}" for clause in (*time_clauses, *clauses))
+    newest = (
+        f"FROM message_search ms{joins} WHERE ms.document @@ {tsquery}{where} "
+        "ORDER BY ms.ts DESC, ms.session_id DESC, ms.seq DESC"
+    )
+    if order == "newest":
+        matches = (
+            "SELECT ms.session_id AS session_id, ms.seq AS seq, ms.ts AS ts, 0.0 AS rank "
+            f"{newest} LIMIT :limit OFFSET :offset"
+        )
+        outer = "top.ts DESC, top.session_id DESC, top.seq DESC"
+    else:
+        matches = (
+            f"SELECT w.session_id, w.seq, w.ts, ts_rank(w.document, {tsquery}) AS rank "
+            f"FROM (SELECT ms.session_id, ms.seq, ms.ts, ms.document {newest} "
+            "LIMIT :window) w "
+            "ORDER BY rank DESC, w.ts DESC, w.session_id DESC, w.seq DESC "
+            "LIMIT :limit OFFSET :offset"
+        )
+        params["window"] = window
+        outer = "top.rank DESC, top.ts DESC, top.session_id DESC, top.seq DESC"
+    return _run_search(connection, _page_of_hits(matches, outer), params)
+
+
+def _bind_times(statement: Any, params: dict[str, Any]) -> Any:
+    kinds = {"f_since": UTCDateTime(), "f_until": UTCDateTime()}
+    return statement.bindparams(
+        *(bindparam(name, type_=kind) for name, kind in kinds.items() if name in params)
+    )

@@ -70,11 +70,6 @@ class SessionRepository:
         self._index_appends = search_index
         dialect = database.dialect
         self._insert_session = dialect.insert_ignoring(sessions_table, ["id"])
-        self._message_columns = [
-            M.session_id,
-            M.seq,
-            *(M[name] for name in _codec.MESSAGE_COLUMNS),
-        ]
 
     @property
     def backend(self) -> str:
@@ -318,11 +313,13 @@ class SessionRepository:
         rows: list[dict[str, Any]],
         new_session: dict[str, Any],
     ) -> AppendResult:
-        lock = select(S.next_seq).where(S.id == sid).with_for_update()
-        next_seq = conn.execute(lock).scalar()
+        dialect = self._db.dialect
+        next_seq = dialect.lock_session(conn, sid)
         if next_seq is None:
             conn.execute(self._insert_session.values(**new_session))
-            next_seq = conn.execute(lock).scalar_one()
+            next_seq = dialect.lock_session(conn, sid)
+            if next_seq is None:  # pragma: no cover - inserted just above
+                raise RepoError(f"session {sid!r} vanished while it was being created")
 
         # The session row is locked: nobody else can add to this session until we
         # commit, so what is stored now is what the insert would collide with.
@@ -428,7 +425,7 @@ class SessionRepository:
         if include_ancestors and (after_seq, before_seq, limit) != (None, None, None):
             raise InvalidMessage("include_ancestors", "cannot be combined with a cursor")
 
-        transcript = select(*self._message_columns).order_by(M.seq)
+        transcript = select(*_codec.load_columns).order_by(M.seq)
         query = transcript.where(M.session_id == sid)
         if after_seq is not None:
             query = query.where(M.seq > after_seq)
@@ -455,7 +452,7 @@ class SessionRepository:
         return self._db.read(work)
 
     def _messages(self, conn: Connection, query: Any) -> list[StoredMessage]:
-        return [_codec.stored_message(row) for row in conn.execute(query)]
+        return _codec.stored_messages(conn.execute(query))
 
     def close(self) -> None:
         self._db.dispose()

@@ -15,6 +15,14 @@ word of its own (symbols as ``u`` + hex code point), so both tokenizers see the 
 
 User queries are words, "quoted phrases", ``prefix*`` and ``-excluded``; anything else is
 literal text. Nothing a user types reaches SQL except as a bound parameter.
+
+What a query costs does not grow with how common its words are. ``order="newest"`` walks
+the index from the newest message (SQLite: the FTS5 rowid is derived from the message
+time; PostgreSQL: a b-tree on the time, or the GIN index for a rare query, chosen by a
+probe) and stops after a page. ``order="rank"`` orders by relevance the newest
+``RANK_WINDOW`` matches only (see there), and every hit is checked against the message
+text, which also yields its snippet: an index that names a message not saying what was
+asked raises ``SearchIndexUnavailable`` instead of answering wrongly.
 """
 
 from __future__ import annotations
@@ -44,6 +52,12 @@ MAX_QUERY_CHARS: Final = 10_000
 #: Most terms a query may have (the rest are ignored).
 MAX_TERMS: Final = 32
 SNIPPET_CHARS: Final = 160
+#: ``order="rank"`` orders by relevance the newest ``RANK_WINDOW`` messages that match
+#: (after the filters), not every match: a word found in most of a million messages
+#: would otherwise cost seconds to rank, and in a chat history the best matches among
+#: the recent ones are what is looked for. Pages past the window are empty; older
+#: matches are reached with ``order="newest"`` or ``until=``.
+RANK_WINDOW: Final = 200
 
 _INDEX_NAME: Final = "messages"
 M = messages_table.c
@@ -116,15 +130,42 @@ def _collect_text(value: Any, texts: list[str]) -> None:
 
 
 def document(content: Any) -> str:
-    """What is indexed for a message with this (decoded) content: its words, one space
-    apart."""
+    """What is indexed for a message with this (decoded) content: its words, space apart.
+
+    ASCII text (most of it) is folded in one byte-level pass; in other text only the
+    whitespace-separated chunks that hold a non-ASCII character take the Unicode path of
+    :func:`normalize` (the words are the same as normalising the whole text: no step of it
+    crosses whitespace).
+    """
     text = content_text(content)[:INDEX_CHARS]
     if text.isascii():
-        return _ASCII_SEPARATORS.sub(" ", text.lower()).strip()
-    return " ".join(_WORD.findall(normalize(text)))
+        return _ascii_words(text)
+    pieces: list[str] = []
+    last = 0
+    for match in _NON_ASCII_CHUNK.finditer(text):
+        pieces.append(_ascii_words(text[last : match.start()]))
+        pieces.append(" ".join(_WORD.findall(normalize(match.group()))))
+        last = match.end()
+    pieces.append(_ascii_words(text[last:]))
+    return " ".join(pieces)
 
 
-_ASCII_SEPARATORS = re.compile(r"[^a-z0-9]+")
+#: ASCII letters folded to lower case, digits kept, every other byte a separator.
+_ASCII_FOLD = (
+    bytes(
+        (code | 0x20) if chr(code).isalpha() else code if chr(code).isdigit() else 0x20
+        for code in range(128)
+    )
+    + b" " * 128
+)
+#: A whitespace-separated chunk holding a non-ASCII character (the lookbehind anchors
+#: it at the chunk's start, so a long ASCII run is scanned once, not once per position),
+#: or a lone non-ASCII space.
+_NON_ASCII_CHUNK = re.compile(r"(?<!\S)\S*?[^\x00-\x7f]\S*|[^\x00-\x7f]")
+
+
+def _ascii_words(text: str) -> str:
+    return text.encode("ascii").translate(_ASCII_FOLD).decode("ascii")
 
 
 # -- queries -------------------------------------------------------------------------
@@ -206,11 +247,18 @@ class SearchIndex:
         documents = [document(content) for content in contents]
         try:
             with conn.begin_nested():
-                self.dialect.index_documents(conn, session_id, seqs, documents)
+                indexed = self.dialect.index_documents(conn, session_id, seqs, documents)
         except sa_exc.DBAPIError as exc:
             if exc.connection_invalidated or not self.dialect.transaction_alive(conn):
                 raise
             reason = f"indexing session {session_id!r} seq {seqs[0]}..{seqs[-1]} failed: {exc.orig}"
+            self._set_state(conn, "stale", reason)
+            return
+        if indexed != len(seqs):  # messages not found where the caller said they were
+            reason = (
+                f"indexing session {session_id!r} seq {seqs[0]}..{seqs[-1]}: "
+                f"{indexed} of {len(seqs)} messages found"
+            )
             self._set_state(conn, "stale", reason)
 
     def mark_stale_in(self, conn: Connection, reason: str) -> None:
@@ -262,16 +310,17 @@ class SearchIndex:
             self.dialect.reset_search_index(conn)
             done = 0
             for batch in _message_batches(conn):
-                by_session: dict[str, tuple[list[int], list[str]]] = {}
-                for session_id, seq, content in batch:
-                    seqs, documents = by_session.setdefault(session_id, ([], []))
-                    seqs.append(seq)
-                    documents.append(document(content))
-                for session_id, (seqs, documents) in by_session.items():
-                    self.dialect.index_documents(conn, session_id, seqs, documents)
+                self.dialect.index_entries(
+                    conn,
+                    [
+                        (session_id, seq, timestamp, role, document(content))
+                        for session_id, seq, timestamp, role, content in batch
+                    ],
+                )
                 done += len(batch)
                 if progress is not None:
                     progress(done, total)
+            self.dialect.finish_search_index(conn)
             self._set_state(conn, "ok", None)
             return done
 
@@ -318,7 +367,13 @@ class SearchIndex:
 
         def work(conn: Connection) -> list[SearchHit]:
             rows = self.dialect.search_messages(
-                conn, parsed, filters, order=order, limit=limit, offset=offset
+                conn,
+                parsed,
+                filters,
+                order=order,
+                limit=limit,
+                offset=offset,
+                window=RANK_WINDOW,
             )
             return [self._hit(parsed, row) for row in rows]
 
@@ -359,14 +414,18 @@ class SearchIndex:
         )
 
 
-def _message_batches(conn: Connection, size: int = 1000) -> Iterator[list[tuple[str, int, Any]]]:
-    """Every message's (session_id, seq, content), in key order, a batch at a time."""
+def _message_batches(
+    conn: Connection, size: int = 5000
+) -> Iterator[list[tuple[str, int, datetime, str, Any]]]:
+    """Every message's (session_id, seq, timestamp, role, content), in key order, a
+    batch at a time."""
     after: tuple[str, int] | None = None
+    columns = (M.session_id, M.seq, M.timestamp, M.role, M.content)
     while True:
-        query = select(M.session_id, M.seq, M.content).order_by(M.session_id, M.seq).limit(size)
+        query = select(*columns).order_by(M.session_id, M.seq).limit(size)
         if after is not None:
             query = query.where(tuple_(M.session_id, M.seq) > tuple_(*after))
-        rows = [(r.session_id, r.seq, r.content) for r in conn.execute(query)]
+        rows = [tuple(row) for row in conn.execute(query)]
         if not rows:
             return
         yield rows
@@ -379,27 +438,33 @@ def _message_batches(conn: Connection, size: int = 1000) -> Iterator[list[tuple[
 def make_snippet(text: str, parsed: Query) -> str | None:
     """A short extract around the first match, matches in [brackets]; ``None`` when the
     text does not satisfy the query (so the index was wrong)."""
-    words = _WORD.findall(normalize(text))
-    if not all(_occurs(term, words) for term in parsed.positive):
+    words = " " + document(text) + " "
+    positive = parsed.positive
+    if not all(_occurs(term, words) for term in positive):
         return None
     if any(_occurs(term, words) for term in parsed.negative):
         return None
-    # Walk the source words only as far as the extract needs.
+    # Walk the source words only as far as the extract needs, from where the first
+    # match may begin (again from the start if the guess was wrong: see below).
     begin = end = -1
     marked: list[tuple[int, int]] = []
-    flat: list[tuple[str, int, int]] = []  # (index word, source start, source end)
-    for match in _iter_words(text):
-        if end >= 0 and match.start() >= end:
+    hint = _first_possible_match(text, parsed)
+    for start in (hint, 0) if hint else (0,):
+        flat: list[tuple[str, int, int]] = []  # (index word, source start, source end)
+        for match in _SOURCE_WORD.finditer(text, start):
+            if end >= 0 and match.start() >= end:
+                break
+            for part in _WORD.findall(normalize(match.group())):
+                flat.append((part, match.start(), match.end()))
+                for term in positive:
+                    size = len(term.words)
+                    if len(flat) >= size and _matches(term, [w for w, _, _ in flat[-size:]]):
+                        marked.append((flat[-size][1], flat[-1][2]))
+                        if begin < 0:
+                            begin = max(0, flat[-size][1] - SNIPPET_CHARS // 3)
+                            end = min(len(text), begin + SNIPPET_CHARS)
+        if begin >= 0:
             break
-        for part in _WORD.findall(normalize(match.group())):
-            flat.append((part, match.start(), match.end()))
-            for term in parsed.positive:
-                size = len(term.words)
-                if len(flat) >= size and _matches(term, [w for w, _, _ in flat[-size:]]):
-                    marked.append((flat[-size][1], flat[-1][2]))
-                    if begin < 0:
-                        begin = max(0, flat[-size][1] - SNIPPET_CHARS // 3)
-                        end = min(len(text), begin + SNIPPET_CHARS)
     if begin < 0:  # matched words the source splits differently: show the start
         begin, end = 0, min(len(text), SNIPPET_CHARS)
     pieces: list[str] = ["…" if begin else ""]
@@ -416,9 +481,24 @@ def make_snippet(text: str, parsed: Query) -> str | None:
     return " ".join("".join(pieces).split()).replace("][", "")
 
 
-def _iter_words(text: str) -> Iterator[re.Match[str]]:
-    """Source words: runs of letters and digits, and every CJK character or symbol."""
-    return re.finditer(rf"[{_CJK}]|[^\w\s]|[^\W_]+", text)
+#: Source words: runs of letters and digits, and every CJK character or symbol.
+_SOURCE_WORD = re.compile(rf"[{_CJK}]|[^\w\s]|[^\W_]+")
+
+
+def _first_possible_match(text: str, parsed: Query) -> int:
+    """Where the first word of a positive term first occurs in the source text as it
+    is (0 when it does not), so that a long text is not walked word by word up to
+    there. In ASCII text no match can begin before it; in other text the index word may
+    come from other source letters (fullwidth "cafe" is "cafe"), so a walk from there that
+    finds nothing is done again from the start."""
+    first = len(text)
+    for term in parsed.positive:
+        word = re.escape(term.words[0])
+        tail = "" if term.prefix else "(?![A-Za-z0-9])"
+        found = re.search(f"(?<![A-Za-z0-9]){word}{tail}", text, re.IGNORECASE)
+        if found is not None:
+            first = min(first, found.start())
+    return 0 if first == len(text) else first
 
 
 def _matches(term: Term, window: list[str]) -> bool:
@@ -428,14 +508,10 @@ def _matches(term: Term, window: list[str]) -> bool:
     return last == wanted or (term.prefix and last.startswith(wanted))
 
 
-def _occurs(term: Term, words: list[str]) -> bool:
-    """Whether ``term`` occurs in a document's index words."""
-    first = term.words[0]
-    size = len(term.words)
-    if size == 1 and not term.prefix:
-        return first in words
-    return any(
-        _matches(term, words[index : index + size])
-        for index in range(len(words) - size + 1)
-        if words[index] == first or (size == 1 and words[index].startswith(first))
-    )
+def _occurs(term: Term, words: str) -> bool:
+    """Whether ``term`` occurs in a document's index words (space-separated, with a
+    space before the first and after the last)."""
+    if len(term.words) == 1:
+        needle = " " + term.words[0]
+        return needle in words if term.prefix else needle + " " in words
+    return re.search(" " + " +".join(map(re.escape, term.words)) + " ", words) is not None

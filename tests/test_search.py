@@ -181,7 +181,7 @@ def _corrupt(path: str, how: str) -> None:
             conn.execute("DELETE FROM messages_fts_data WHERE id = 10")
         elif how == "out-of-sync":
             # The index names messages for words they do not contain.
-            conn.execute("UPDATE messages_fts_content SET c2 = c2 + 1")
+            conn.execute("UPDATE messages_fts_content SET c1 = c1 + 1")
             conn.execute("INSERT INTO messages_fts(messages_fts) VALUES ('rebuild')")
 
 
@@ -228,3 +228,129 @@ def test_a_bulk_load_without_indexing_leaves_search_refusing_until_reindex(
             bulk.search("okapi")
         assert bulk.reindex() == 1
         assert _found(bulk.search("okapi")) == [("s", 1)]
+
+
+# -- order, windows and filters inside the index ---------------------------------------
+
+
+def test_newest_is_by_message_time_not_by_when_it_was_stored(repo: SessionRepository) -> None:
+    # An import stores old messages after new ones: "newest" still means by timestamp.
+    repo.append(
+        "new", [Message(role="user", content=f"okapi {i}", timestamp=9_000 + i) for i in range(3)]
+    )
+    repo.append(
+        "old", [Message(role="user", content=f"okapi {i}", timestamp=1_000 + i) for i in range(3)]
+    )
+    repo.append("mid", [Message(role="user", content="okapi mid", timestamp=5_000)])
+    hits = repo.search("okapi", order="newest", limit=10)
+    assert [(hit.session_id, hit.seq) for hit in hits] == [
+        ("new", 3),
+        ("new", 2),
+        ("new", 1),
+        ("mid", 1),
+        ("old", 3),
+        ("old", 2),
+        ("old", 1),
+    ]
+    assert [hit.timestamp for hit in hits] == sorted((hit.timestamp for hit in hits), reverse=True)
+    since = datetime.fromtimestamp(5_000, UTC)
+    assert [hit.session_id for hit in repo.search("okapi", order="newest", since=since)] == [
+        "new",
+        "new",
+        "new",
+        "mid",
+    ]
+    assert [hit.seq for hit in repo.search("okapi", order="rank", until=since)] != []
+    assert {hit.session_id for hit in repo.search("okapi", until=since)} == {"old"}
+
+
+def test_many_messages_in_one_millisecond_are_all_indexed_and_found(
+    repo: SessionRepository,
+) -> None:
+    # More than the index has slots for one millisecond (256): none is lost or refused.
+    for start in range(0, 600, 200):
+        repo.append(
+            "burst",
+            [
+                Message(role="user", content=f"lemur {start + i}", timestamp=7_000)
+                for i in range(200)
+            ],
+        )
+    repo.append("after", [Message(role="user", content="lemur later", timestamp=7_001)])
+    assert repo.search_index_state() == ("ok", None)
+    seen: list[tuple[str, int]] = []
+    for page in range(7):
+        seen += [
+            (h.session_id, h.seq)
+            for h in repo.search("lemur", order="newest", limit=100, cursor=page * 100)
+        ]
+    assert len(seen) == len(set(seen)) == 601
+    assert seen[0] == ("after", 1)
+
+
+def test_rank_orders_the_newest_window_of_matches(repo: SessionRepository) -> None:
+    from repo.search import RANK_WINDOW
+
+    old = [Message(role="user", content="tapir " * 5, timestamp=1_000 + i) for i in range(5)]
+    new = [
+        Message(role="user", content=f"tapir and other words {i}", timestamp=10_000 + i)
+        for i in range(RANK_WINDOW)
+    ]
+    repo.append("s", old)
+    repo.append("s", new)
+    ranked = repo.search("tapir", order="rank", limit=1000)
+    # The five strongest matches are older than the window: ranking does not reach them.
+    assert len(ranked) == RANK_WINDOW
+    assert all(hit.seq > len(old) for hit in ranked)
+    assert repo.search("tapir", order="rank", limit=10, cursor=RANK_WINDOW) == []
+    assert len(repo.search("tapir", order="newest", limit=10, cursor=RANK_WINDOW)) == 5
+
+
+def test_role_and_session_filters_are_exact(repo: SessionRepository) -> None:
+    _seed(repo)
+    assert repo.search("mochi", role="User") == []  # roles are exact, and never a syntax
+    assert repo.search("mochi", role='x" OR "') == []
+    assert repo.search("mochi", session_id='"; --') == []
+    assert _found(repo.search("mochi", role="user", order="newest")) == [
+        ("cats", 1),
+        ("cats", 3),
+        ("trips", 3),
+    ]
+    assert _found(repo.search("mochi", session_id="cats", role="assistant")) == [("cats", 2)]
+
+
+def test_index_words_are_the_words_of_the_text(repo: SessionRepository) -> None:
+    from repo.search import _WORD, document, normalize
+
+    samples = [
+        "Plain ASCII, with punctuation: a_b x-y 3.14 e-mail@example.com\tTAB\nline",
+        "Café, naïve façade — résumé ÉCOLE ﬁne ²",
+        "東京タワーに行きました 🥶👍🏽 Москва ЁЖИК\u00a0nbsp\u3000wide",
+        "mixed ascii then ünïcödé then ascii again " * 3,
+        "e\u0301 combining at the start \u0301 and alone",
+    ]
+    for text in samples:
+        assert document(text).split() == _WORD.findall(normalize(text))
+
+
+def test_a_pruned_session_leaves_nothing_in_the_index(database_url: str) -> None:
+    from datetime import timedelta
+
+    from test_maintenance import _set_times
+
+    from models.message import utcnow
+    from repo.maintenance import prune_sessions
+
+    with open_repository(database_url) as repo:
+        repo.append("gone", [Message(role="user", content=f"wombat {i}") for i in range(3)])
+        repo.append("kept", [Message(role="user", content="wombat kept")])
+        repo.end_session("gone", "done")
+        long_ago = utcnow() - timedelta(days=400)
+        _set_times(database_url, "gone", ended_at=long_ago, last_active_at=long_ago)
+        report = prune_sessions(repo, cutoff=utcnow() - timedelta(days=30))
+        assert report.session_ids == ["gone"]
+        # The same id again, with other words: no hit may come from the pruned messages.
+        repo.append("gone", [Message(role="user", content="koala")])
+        assert _found(repo.search("wombat", limit=100)) == [("kept", 1)]
+        assert _found(repo.search("koala")) == [("gone", 1)]
+        assert repo.search_index_state() == ("ok", None)
