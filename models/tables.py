@@ -269,7 +269,22 @@ class SearchIndexStateRow(Base):
     updated_at: Mapped[datetime]
 
 
+class SearchBacklogRow(Base):
+    """Messages appended but not indexed yet: one row per append (its session, first
+    ``seq`` and how many consecutive messages it inserted), written in the append's own
+    transaction and deleted by the catch-up that indexes them (``repo/search.py``)."""
+
+    __tablename__ = "search_backlog"
+    __table_args__ = (PrimaryKeyConstraint("session_id", "first_seq"),)
+
+    # Goes with its session: a pruned session leaves no backlog behind.
+    session_id: Mapped[str] = mapped_column(ForeignKey("sessions.id", ondelete="CASCADE"))
+    first_seq: Mapped[int]
+    count: Mapped[int]
+
+
 sessions_table: Table = SessionRow.__table__  # type: ignore[assignment]
 messages_table: Table = MessageRow.__table__  # type: ignore[assignment]
 outbox_table: Table = OutboxRow.__table__  # type: ignore[assignment]
 search_state_table: Table = SearchIndexStateRow.__table__  # type: ignore[assignment]
+search_backlog_table: Table = SearchBacklogRow.__table__  # type: ignore[assignment]

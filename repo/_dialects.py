@@ -22,12 +22,14 @@ from sqlalchemy import (
     Engine,
     Float,
     Insert,
+    Row,
     String,
     Table,
     Text,
     Uuid,
     bindparam,
     create_engine,
+    delete,
     event,
     select,
     text,
@@ -39,7 +41,7 @@ from sqlalchemy.ext.asyncio import create_async_engine
 from sqlalchemy.pool import ConnectionPoolEntry
 from sqlalchemy.types import TypeEngine
 
-from models.tables import UTCDateTime, messages_table
+from models.tables import UTCDateTime, messages_table, search_backlog_table
 from repo._codec import ROW_COLUMNS
 from repo.errors import BackendUnavailable, RepoError, WriteRejected
 
@@ -59,6 +61,7 @@ _CONTENT_HEAD = (
 )
 
 _M = messages_table.c
+_B = search_backlog_table.c
 #: Keys per ``IN (...)`` list when looking up which of a batch are already stored.
 _LOOKUP_CHUNK = 500
 
@@ -289,10 +292,30 @@ class BackendDialect:
         return False
 
     def forget_search_documents(self, connection: Connection, session_ids: Sequence[str]) -> None:
-        """Drop the index entries of sessions being deleted (the index has no foreign
-        key to the messages: on PostgreSQL its check locked the message row of every
-        insert)."""
+        """Drop the index entries and backlog rows of sessions being deleted (the index
+        has no foreign key to the messages: on PostgreSQL its check locked the message
+        row of every insert; the backlog's cascade does not hold on a SQLite connection
+        with foreign keys off)."""
         raise NotImplementedError
+
+    def take_search_backlog(
+        self, connection: Connection, limit: int, *, wait: bool
+    ) -> list[Row[Any]]:
+        """Up to ``limit`` backlog rows (session_id, first_seq, messages) in key order, locked
+        for the rest of the transaction. Rows another transaction holds are skipped
+        (``FOR UPDATE SKIP LOCKED``: concurrent catch-ups never take the same rows) or,
+        with ``wait``, waited for: then a row that transaction deleted is left out, so
+        an empty answer means every row visible when the statement began is done. SQLite
+        renders no lock clause: the catch-up holds the write lock already."""
+        # Labelled: a Row's ``count`` is the tuple method.
+        query = select(_B.session_id, _B.first_seq, _B.count.label("messages"))
+        query = query.order_by(_B.session_id, _B.first_seq).limit(limit)
+        return list(connection.execute(query.with_for_update(skip_locked=not wait)))
+
+    def _forget_backlog(self, connection: Connection, session_ids: Sequence[str]) -> None:
+        # First: on PostgreSQL this waits for a catch-up holding these rows, whose index
+        # entries are then committed and deleted below, not left behind.
+        connection.execute(delete(search_backlog_table).where(_B.session_id.in_(session_ids)))
 
     def transaction_alive(self, connection: Connection) -> bool:
         """Whether the transaction survived a failed statement (after its savepoint was
@@ -484,6 +507,7 @@ class SQLiteDialect(BackendDialect):
         return bool(connection.connection.driver_connection.in_transaction)  # type: ignore[union-attr]
 
     def forget_search_documents(self, connection: Connection, session_ids: Sequence[str]) -> None:
+        self._forget_backlog(connection, session_ids)
         _sqlite_forget(connection, session_ids)
 
     def search_messages(
@@ -982,6 +1006,10 @@ class PostgresDialect(BackendDialect):
         # Appends wait (the share lock) until the rebuild commits; the indexes are
         # built once over the whole table, after the rows, not maintained row by row.
         connection.exec_driver_sql("LOCK TABLE messages IN SHARE MODE")
+        # Catch-ups in progress finish first and later ones wait (plain reads do not):
+        # the rebuild then empties a backlog nobody holds, and no catch-up can be
+        # waiting for message_search while this transaction waits for its rows.
+        connection.exec_driver_sql("LOCK TABLE search_backlog IN EXCLUSIVE MODE")
         connection.exec_driver_sql("TRUNCATE message_search")
         connection.exec_driver_sql("DROP INDEX IF EXISTS ix_message_search_document")
         connection.exec_driver_sql("DROP INDEX IF EXISTS ix_message_search_ts")
@@ -995,6 +1023,7 @@ class PostgresDialect(BackendDialect):
         connection.exec_driver_sql("ANALYZE message_search")
 
     def forget_search_documents(self, connection: Connection, session_ids: Sequence[str]) -> None:
+        self._forget_backlog(connection, session_ids)
         connection.exec_driver_sql(
             "DELETE FROM message_search WHERE session_id = ANY(%(ids)s)",
             {"ids": list(session_ids)},

@@ -18,7 +18,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any
+from typing import Any, Literal
 
 from sqlalchemy.engine import URL
 
@@ -39,7 +39,7 @@ async def open_async_repository(
     *,
     auto_migrate: bool | None = None,
     require_connection: bool = True,
-    search_index: bool = True,
+    search_index: bool | Literal["immediate"] = True,
     **options: Any,
 ) -> AsyncSessionRepository:
     """:func:`repo.open_repository` for asyncio: the same arguments and checks.
@@ -99,6 +99,8 @@ class AsyncSessionRepository(AsyncFacade[SessionRepository]):
     search = awaited(SessionRepository.search)
     reindex = awaited(SessionRepository.reindex)
     search_index_state = awaited(SessionRepository.search_index_state)
+    search_index_backlog = awaited(SessionRepository.search_index_backlog)
+    catch_up_search_index = awaited(SessionRepository.catch_up_search_index)
 
     async def append(
         self,

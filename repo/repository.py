@@ -64,7 +64,11 @@ class SessionRepository:
     Thread-safe: every call runs in its own transaction on a pooled connection.
     """
 
-    def __init__(self, database: Database, *, search_index: bool = True) -> None:
+    def __init__(
+        self, database: Database, *, search_index: bool | Literal["immediate"] = True
+    ) -> None:
+        if search_index not in (True, False, "immediate"):
+            raise ValueError("search_index must be True, False or 'immediate'")
         self._db = database
         self._search = SearchIndex(database)
         self._index_appends = search_index
@@ -293,8 +297,16 @@ class SessionRepository:
             if not self._index_appends:
                 self._search.mark_stale_in(conn, "appends without indexing (search_index=False)")
                 return result
-            # In a savepoint: a broken index can never make the transcript write fail
-            # (its failure marks the index stale instead; see repo/search.py).
+            if self._index_appends is True:
+                # Named for the catch-up in this transaction: the index work (several
+                # times this append's) runs later, batched, and a message committed is
+                # a message indexed or named (see repo/search.py).
+                self._search.enqueue_in(
+                    conn, batch.session_id, result.first_seq, len(result.inserted)
+                )
+                return result
+            # "immediate": in a savepoint, so a broken index can never make the transcript
+            # write fail (its failure marks the index stale instead; see repo/search.py).
             content = {message.client_msg_uuid: message.content for message in batch.messages}
             self._search.index_in_transaction(
                 conn,
@@ -406,6 +418,27 @@ class SessionRepository:
         for it, or park through a ``TranscriptWriter``."""
         return self._search.reindex(progress=progress)
 
+    def catch_up_search_index(self, *, limit: int | None = None) -> int:
+        """Index messages appended since the last catch-up (``search`` does this first,
+        and a ``TranscriptWriter``'s drainer every round); returns how many were indexed.
+
+        Safe to run from several processes at once: no message is indexed twice. An
+        indexing failure marks the index stale instead of raising (``reindex`` repairs
+        it) and never affects appends.
+
+        Args:
+            limit: stop after about this many messages (``None``: the whole backlog).
+
+        Raises:
+            BackendUnavailable: the database cannot be reached (nothing is lost: the
+                backlog stays for the next catch-up).
+        """
+        return self._search.catch_up(limit)
+
+    def search_index_backlog(self) -> int:
+        """How many appended messages wait for the catch-up to index them."""
+        return self._search.backlog()
+
     def search_index_state(self) -> tuple[str, str | None]:
         """``("ok", None)``, or ``("stale", why)`` when search refuses until a reindex."""
         return self._search.state()
@@ -490,7 +523,7 @@ def open_repository(
     *,
     auto_migrate: bool | None = None,
     require_connection: bool = True,
-    search_index: bool = True,
+    search_index: bool | Literal["immediate"] = True,
     **options: Any,
 ) -> SessionRepository:
     """Open the store at ``url``.
@@ -506,9 +539,15 @@ def open_repository(
             not an error: the schema is checked on the first call that reaches it. A
             gateway writing through ``TranscriptWriter`` wants this, so that it starts
             (and parks messages in its outbox) while the primary is down.
-        search_index: with ``False``, appends do not maintain the full-text index (a
-            bulk load); the index is then marked stale, and search refuses until
-            ``reindex``.
+        search_index: how appends keep the full-text index. ``True`` (the default):
+            an append names its messages in the search backlog, in its own transaction,
+            and they are indexed later, batched (by ``search``, which first indexes
+            everything committed before it, by a ``TranscriptWriter``'s drainer, or by
+            ``catch_up_search_index``): appends stay as fast as without an index.
+            ``"immediate"``: an append indexes its messages in its own transaction
+            (the index is complete at every commit; appends are several times slower).
+            ``False``: appends do not maintain the index (a bulk load); the index is
+            then marked stale, and search refuses until ``reindex``.
         **options: engine options: ``pool_size``, ``max_overflow``, ``busy_timeout``
             (SQLite, seconds), ``sqlite_synchronous`` (default ``"FULL"``),
             ``connect_timeout`` (PostgreSQL, seconds), ``search_config`` (PostgreSQL

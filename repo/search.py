@@ -1,12 +1,22 @@
 """Full-text search over message content, the same on SQLite and PostgreSQL.
 
 The index (FTS5 on SQLite, a ``tsvector`` table with a GIN index on PostgreSQL; the SQL
-lives in ``repo/_dialects.py``) is kept *beside* the transcript, never inside its write:
-an append indexes its messages in a savepoint of its own transaction (no trigger). Whatever
-goes wrong there (a corrupt FTS5 file, a missing table, an oversized document) rolls back
-the savepoint only, marks the index ``stale`` in ``search_index_state``, and the append
-still commits. A stale index refuses to answer (``SearchIndexUnavailable``) until
-``reindex`` rebuilds it.
+lives in ``repo/_dialects.py``) is kept *beside* the transcript, never inside its write.
+An append records what it inserted in ``search_backlog`` (one row, in its own
+transaction: a committed message is always either indexed or named there), and
+:meth:`SearchIndex.catch_up` indexes the backlog later, in transactions of its own that
+index a batch of rows and delete them. Indexing costs several times what storing a
+message does (an FTS5 segment, GIN maintenance); batched, off the append, it costs the
+writer nothing and costs less in all. ``search`` catches up first, so its answers
+include every message committed before it was called; a ``TranscriptWriter``'s drainer
+catches up every round, so the backlog stays small. With ``search_index="immediate"``,
+an append indexes its messages itself, in a savepoint of its own transaction.
+
+Whatever goes wrong while indexing (a corrupt FTS5 file, a missing table, an oversized
+document) rolls back the indexing only, marks the index ``stale`` in
+``search_index_state``, and the append (or the catch-up's removal of its rows) still
+commits. A stale index refuses to answer (``SearchIndexUnavailable``) until ``reindex``
+rebuilds it from the messages, emptying the backlog in the same transaction.
 
 The text is prepared in Python, identically for both backends: content parts are reduced
 to their text, the first ``INDEX_CHARS`` characters are kept, case is folded, Latin and
@@ -35,12 +45,17 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Final, Literal
 
-from sqlalchemy import Connection, func, select, tuple_
+from sqlalchemy import Connection, bindparam, delete, exists, func, select, tuple_
 from sqlalchemy import exc as sa_exc
 
 from models.message import utcnow
 from models.search import SearchHit
-from models.tables import decode_text, messages_table, search_state_table
+from models.tables import (
+    decode_text,
+    messages_table,
+    search_backlog_table,
+    search_state_table,
+)
 from repo._database import Database
 from repo.errors import BackendUnavailable, InvalidMessage, RepoError, SearchIndexUnavailable
 
@@ -59,9 +74,15 @@ SNIPPET_CHARS: Final = 160
 #: matches are reached with ``order="newest"`` or ``until=``.
 RANK_WINDOW: Final = 200
 
+#: Backlog rows one catch-up transaction takes, and the messages it stops adding rows
+#: at: a transaction holds SQLite's write lock (appends wait) for a bounded time.
+CATCH_UP_ROWS: Final = 200
+CATCH_UP_MESSAGES: Final = 2000
+
 _INDEX_NAME: Final = "messages"
 M = messages_table.c
 ST = search_state_table.c
+B = search_backlog_table.c
 
 # CJK ideographs, kana, Hangul and their compatibility forms: one character, one word.
 _CJK = (
@@ -261,6 +282,107 @@ class SearchIndex:
             )
             self._set_state(conn, "stale", reason)
 
+    def enqueue_in(self, conn: Connection, session_id: str, first_seq: int, count: int) -> None:
+        """Name ``count`` messages just inserted in ``conn``'s transaction (``seq``
+        ``first_seq`` onwards) for the catch-up: committed with them, or not at all."""
+        conn.execute(
+            search_backlog_table.insert().values(
+                session_id=session_id, first_seq=first_seq, count=count
+            )
+        )
+
+    def backlog(self) -> int:
+        """Messages appended and not indexed yet."""
+        return int(
+            self.database.read(
+                lambda conn: conn.execute(select(func.coalesce(func.sum(B.count), 0))).scalar_one()
+            )
+        )
+
+    def catch_up(self, limit: int | None = None, *, wait: bool = False) -> int:
+        """Index the backlog, in transactions of up to ``CATCH_UP_ROWS`` rows (and about
+        ``CATCH_UP_MESSAGES`` messages) that each index their rows' messages and delete
+        the rows; returns how many messages were indexed.
+
+        Concurrent catch-ups never index the same rows: on PostgreSQL they skip rows
+        another holds (``FOR UPDATE SKIP LOCKED``), on SQLite the write lock serialises
+        them. With ``wait``, rows another catch-up holds are waited for instead, so that
+        on return every message committed before the call is indexed (or the index is
+        stale): what ``search`` needs. A failure to index marks the index stale and
+        still deletes the rows (``reindex`` indexes every message; until then search
+        refuses); appends are never affected. While the index is stale, rows are
+        deleted without indexing, for the same reason.
+
+        Args:
+            limit: stop after the transaction that reaches this many messages
+                (``None``: until the backlog is empty).
+
+        Raises:
+            RepoError: the database failed the transaction as a whole (it is rolled
+                back; the rows stay for the next catch-up).
+        """
+        if not self.database.read(_backlog_exists):
+            return 0  # the common case, without the write lock
+        indexed = done = 0
+        while limit is None or done < limit:
+            taken, count = self.database.write(lambda conn: self._catch_up_batch(conn, wait))
+            if not taken:
+                break
+            done += taken
+            indexed += count
+        return indexed
+
+    def _catch_up_batch(self, conn: Connection, wait: bool) -> tuple[int, int]:
+        """One catch-up transaction: (messages taken off the backlog, messages indexed)."""
+        rows = self.dialect.take_search_backlog(conn, CATCH_UP_ROWS, wait=wait)
+        chosen: list[Any] = []
+        total = 0
+        for row in rows:
+            if chosen and total + row.messages > CATCH_UP_MESSAGES:
+                break  # the rest stay for the next transaction (locks end at commit)
+            chosen.append(row)
+            total += row.messages
+        if not chosen:
+            return 0, 0
+        conn.execute(
+            delete(search_backlog_table).where(
+                B.session_id == bindparam("sid"), B.first_seq == bindparam("first")
+            ),
+            [{"sid": row.session_id, "first": row.first_seq} for row in chosen],
+        )
+        # Read after the rows are locked: a rebuild that emptied the backlog before them
+        # has committed by now, and its "ok" is seen (PostgreSQL: a new statement).
+        state = conn.execute(select(ST.state).where(ST.name == _INDEX_NAME)).scalar()
+        if state == "stale":
+            return total, 0  # the reindex that repairs the index indexes these too
+        entries = []
+        for row in chosen:
+            messages = conn.execute(
+                select(M.seq, M.timestamp, M.role, M.content).where(
+                    M.session_id == row.session_id,
+                    M.seq >= row.first_seq,
+                    M.seq < row.first_seq + row.messages,
+                )
+            )
+            entries += [
+                (row.session_id, seq, timestamp, role, document(content))
+                for seq, timestamp, role, content in messages
+            ]
+        first = chosen[0]
+        try:
+            with conn.begin_nested():
+                self.dialect.index_entries(conn, entries)
+        except sa_exc.DBAPIError as exc:
+            if exc.connection_invalidated or not self.dialect.transaction_alive(conn):
+                raise
+            reason = (
+                f"indexing {total} messages from session {first.session_id!r} seq "
+                f"{first.first_seq} onwards failed: {exc.orig}"
+            )
+            self._set_state(conn, "stale", reason)
+            return total, 0
+        return total, len(entries)
+
     def mark_stale_in(self, conn: Connection, reason: str) -> None:
         """Mark the index stale in ``conn``'s transaction (once: an index already stale is
         not written again, so concurrent appenders do not queue on its row)."""
@@ -301,13 +423,16 @@ class SearchIndex:
     def reindex(self, *, progress: Callable[[int, int], None] | None = None) -> int:
         """Rebuild the whole index from the messages; returns how many were indexed.
 
-        Runs in one transaction: appends wait for it (or, through a ``TranscriptWriter``,
-        park in the outbox) and nothing is indexed twice or missed.
+        Runs in one transaction, which also empties the backlog: appends and catch-ups
+        wait for it (appends through a ``TranscriptWriter`` park in the outbox) and
+        nothing is indexed twice or missed.
         """
 
         def work(conn: Connection) -> int:
-            total = conn.execute(select(func.count()).select_from(messages_table)).scalar_one()
             self.dialect.reset_search_index(conn)
+            # After the reset: on PostgreSQL it locks out appends and catch-ups first.
+            conn.execute(delete(search_backlog_table))
+            total = conn.execute(select(func.count()).select_from(messages_table)).scalar_one()
             done = 0
             for batch in _message_batches(conn):
                 self.dialect.index_entries(
@@ -351,7 +476,12 @@ class SearchIndex:
         parsed = parse_query(query)
         if not parsed.positive:
             return []  # nothing to look for (only exclusions, or no words at all)
-        state, reason = self.state()
+        state, reason, behind = self.database.read(_state_and_backlog)
+        if behind and state == "ok":
+            # Complete answers: index what was committed before this call (waiting for
+            # catch-ups that hold some of it), then read the state that left.
+            self._catch_up_for_search()
+            state, reason = self.state()
         if state != "ok":
             raise SearchIndexUnavailable(
                 f"the search index is stale ({reason}); run `sessionrepo reindex`"
@@ -390,6 +520,17 @@ class SearchIndex:
                 ) from exc
             raise
 
+    def _catch_up_for_search(self) -> None:
+        try:
+            self.catch_up(wait=True)
+        except (BackendUnavailable, RepoError) as exc:
+            if self.dialect.is_search_index_error(exc):
+                self.mark_stale(f"catching up the index failed: {exc}")
+                raise SearchIndexUnavailable(
+                    f"the search index is broken ({exc}); run `sessionrepo reindex`"
+                ) from exc
+            raise
+
     def _hit(self, parsed: Query, row: Any) -> SearchHit:
         content = decode_text(row.content) if row.content is not None else None
         text = content_text(content)[:INDEX_CHARS]
@@ -412,6 +553,21 @@ class SearchIndex:
             snippet=snippet,
             rank=float(row.rank),
         )
+
+
+def _backlog_exists(conn: Connection) -> bool:
+    return bool(conn.execute(select(exists().select_from(search_backlog_table))).scalar())
+
+
+def _state_and_backlog(conn: Connection) -> tuple[str, str | None, bool]:
+    """Whether the backlog has rows, then the index state. In this order: on PostgreSQL
+    each statement sees its own moment, and an empty backlog proves the index complete
+    only with the state of that moment or later (a failed catch-up marks the index stale
+    as it deletes its rows)."""
+    behind = _backlog_exists(conn)
+    row = conn.execute(select(ST.state, ST.reason).where(ST.name == _INDEX_NAME)).first()
+    state, reason = ("ok", None) if row is None else (row.state, row.reason)
+    return state, reason, behind
 
 
 def _message_batches(

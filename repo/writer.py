@@ -452,9 +452,23 @@ class TranscriptWriter:
         except Exception:  # the drainer must outlive any one failure
             log.exception("outbox drain failed; retrying in %.1fs", interval)
             return interval
-        if due is None:
-            return interval
-        return min(interval, max(0.05, (due - utcnow()).total_seconds()))
+        wait = interval
+        if due is not None:
+            wait = min(interval, max(0.05, (due - utcnow()).total_seconds()))
+        # Index what appends left in the search backlog, a bounded amount per round and
+        # within the deadline (a catch-up past it finishes in the background), so that
+        # searches find little to do; sooner again while more is left. Its failures are
+        # the index's, never the transcript's: logged, not raised.
+        limit = 2000
+        try:
+            indexed = self._primary_pool.run(
+                lambda: self._repository.catch_up_search_index(limit=limit),
+                timeout=self.deadline,
+            )
+        except Exception:
+            log.warning("search index catch-up failed; retrying next round", exc_info=True)
+            return wait
+        return min(wait, 0.05) if indexed >= limit else wait
 
     def stop(self, timeout: float | None = 30.0) -> None:
         """Stop the background drainer; the round in progress finishes first (each of

@@ -198,6 +198,7 @@ def test_sqlite_a_corrupt_index_blocks_no_write_and_reindex_repairs_it(
     try:
         repo.append("s", [Message(role="user", content=f"before {i} zebra") for i in range(5)])
         repo.append("other", [Message(role="user", content="zebra crossing")])
+        assert repo.catch_up_search_index() == 6  # an index with something to corrupt
         repo.close()
         _corrupt(path, how)
         repo = open_repository(f"sqlite:///{path}")
@@ -347,10 +348,185 @@ def test_a_pruned_session_leaves_nothing_in_the_index(database_url: str) -> None
         repo.end_session("gone", "done")
         long_ago = utcnow() - timedelta(days=400)
         _set_times(database_url, "gone", ended_at=long_ago, last_active_at=long_ago)
+        assert repo.search_index_backlog() == 4  # not indexed yet when pruned
         report = prune_sessions(repo, cutoff=utcnow() - timedelta(days=30))
         assert report.session_ids == ["gone"]
+        assert repo.search_index_backlog() == 1  # the pruned session's rows went with it
         # The same id again, with other words: no hit may come from the pruned messages.
         repo.append("gone", [Message(role="user", content="koala")])
         assert _found(repo.search("wombat", limit=100)) == [("kept", 1)]
         assert _found(repo.search("koala")) == [("gone", 1)]
         assert repo.search_index_state() == ("ok", None)
+
+
+# -- the backlog: appends name their messages, catch-ups index them --------------------
+
+
+def test_appended_messages_are_found_by_the_next_search(repo: SessionRepository) -> None:
+    repo.append("s", [Message(role="user", content=f"ocelot {i}") for i in range(3)])
+    repo.append("t", [Message(role="user", content="ocelot again")])
+    assert repo.search_index_backlog() == 4  # named in the appends' transactions
+    assert _found(repo.search("ocelot")) == [("s", 1), ("s", 2), ("s", 3), ("t", 1)]
+    assert repo.search_index_backlog() == 0
+    repo.append("s", [Message(role="assistant", content="one more ocelot")])
+    assert _found(repo.search("ocelot", role="assistant")) == [("s", 4)]
+    assert repo.search_index_state() == ("ok", None)
+
+
+def test_catch_up_indexes_the_backlog_once(repo: SessionRepository) -> None:
+    repo.append("s", [Message(role="user", content=f"ibis {i}") for i in range(5)])
+    repo.append("s", [Message(role="user", content="ibis five")])
+    assert repo.catch_up_search_index() == 6
+    assert repo.search_index_backlog() == 0
+    assert repo.catch_up_search_index() == 0
+    assert len(repo.search("ibis")) == 6
+
+
+def test_reindex_empties_the_backlog(repo: SessionRepository) -> None:
+    repo.append("s", [Message(role="user", content=f"heron {i}") for i in range(4)])
+    assert repo.search_index_backlog() == 4
+    assert repo.reindex() == 4
+    assert repo.search_index_backlog() == 0
+    assert len(repo.search("heron")) == 4  # indexed by the rebuild, and only once
+
+
+def test_immediate_mode_indexes_in_the_append(database_url: str) -> None:
+    with open_repository(database_url, search_index="immediate") as repo:
+        repo.append("s", [Message(role="user", content=f"puffin {i}") for i in range(3)])
+        assert repo.search_index_backlog() == 0
+        assert repo.search_index_state() == ("ok", None)
+        assert _found(repo.search("puffin")) == [("s", 1), ("s", 2), ("s", 3)]
+    with open_repository(database_url) as deferred:  # the modes mix: each indexed once
+        deferred.append("s", [Message(role="user", content="puffin later")])
+        assert len(deferred.search("puffin")) == 4
+
+
+def test_the_writers_drainer_catches_up(database_url: str) -> None:
+    from repo import TranscriptWriter
+
+    with open_repository(database_url) as repo, TranscriptWriter(repo) as writer:
+        writer.write("s", [Message(role="user", content=f"marmot {i}") for i in range(3)])
+        assert repo.search_index_backlog() == 3
+        writer.drain_round(1.0)
+        assert repo.search_index_backlog() == 0
+        assert len(repo.search("marmot")) == 3
+
+
+def _index_entries(database_url: str) -> int:
+    from sqlalchemy import create_engine
+
+    engine = create_engine(database_url)
+    table = "messages_fts" if engine.dialect.name == "sqlite" else "message_search"
+    try:
+        with engine.connect() as conn:
+            return int(conn.exec_driver_sql(f"SELECT count(*) FROM {table}").scalar_one())
+    finally:
+        engine.dispose()
+
+
+def test_concurrent_appends_and_searches_find_every_message_once(database_url: str) -> None:
+    import threading
+
+    appenders, batches, size = 2, 25, 4
+    start = threading.Barrier(4)
+    appending = threading.Event()
+    appending.set()
+    errors: list[BaseException] = []
+
+    with open_repository(database_url) as repo:
+
+        def append(worker: int) -> None:
+            try:
+                start.wait()
+                for batch in range(batches):
+                    repo.append(
+                        f"w{worker}-{batch % 3}",
+                        [
+                            Message(role="user", content=f"narwhal {worker} {batch} {i}")
+                            for i in range(size)
+                        ],
+                    )
+            except BaseException as exc:
+                errors.append(exc)
+
+        def search(worker: int) -> None:
+            try:
+                start.wait()
+                while appending.is_set():
+                    if worker:
+                        repo.catch_up_search_index()
+                    repo.search("narwhal", order="newest", limit=50)
+            except BaseException as exc:
+                errors.append(exc)
+
+        threads = [threading.Thread(target=append, args=(n,)) for n in range(appenders)]
+        searchers = [threading.Thread(target=search, args=(n,)) for n in range(2)]
+        for thread in threads + searchers:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        appending.clear()
+        for thread in searchers:
+            thread.join()
+        assert errors == []
+
+        total = appenders * batches * size
+        seen: list[tuple[str, int]] = []
+        while page := repo.search("narwhal", order="newest", limit=1000, cursor=len(seen)):
+            seen += [(hit.session_id, hit.seq) for hit in page]
+        assert len(seen) == len(set(seen)) == total
+        assert repo.search_index_backlog() == 0
+        assert repo.search_index_state() == ("ok", None)
+    assert _index_entries(database_url) == total  # nothing indexed twice
+
+
+def _break_index(database_url: str, *, broken: bool) -> None:
+    """Make indexing fail (or work again): SQLite loses its FTS5 table (``reindex``
+    recreates it), PostgreSQL's index table refuses every new row."""
+    from sqlalchemy import create_engine
+
+    engine = create_engine(database_url)
+    try:
+        with engine.begin() as conn:
+            if engine.dialect.name == "sqlite":
+                if broken:
+                    conn.exec_driver_sql("ALTER TABLE messages_fts RENAME TO broken_fts")
+            elif broken:
+                conn.exec_driver_sql(
+                    "ALTER TABLE message_search ADD CONSTRAINT ck_broken CHECK (false) NOT VALID"
+                )
+            else:
+                conn.exec_driver_sql("ALTER TABLE message_search DROP CONSTRAINT ck_broken")
+    finally:
+        engine.dispose()
+
+
+def test_a_failing_catch_up_marks_the_index_stale_and_appends_go_on(database_url: str) -> None:
+    with open_repository(database_url) as repo:
+        repo.append("s", [Message(role="user", content="gecko one")])
+        assert len(repo.search("gecko")) == 1
+        _break_index(database_url, broken=True)
+        for i in range(5):
+            assert repo.append("s", [Message(role="user", content=f"gecko {i}")]).inserted
+        assert repo.catch_up_search_index() == 0  # failed: marked, not raised
+        assert repo.search_index_state()[0] == "stale"
+        assert repo.append("s", [Message(role="user", content="gecko after")]).inserted
+        with pytest.raises(SearchIndexUnavailable, match="reindex"):
+            repo.search("gecko")
+        _break_index(database_url, broken=False)
+        assert repo.reindex() == 7
+        assert repo.search_index_backlog() == 0
+        assert len(repo.search("gecko")) == 7
+
+
+def test_doctor_reports_the_backlog(database_url: str) -> None:
+    from repo.maintenance import run_doctor
+
+    with open_repository(database_url) as repo:
+        repo.append("s", [Message(role="user", content=f"dingo {i}") for i in range(3)])
+        [check] = [c for c in run_doctor(database_url).checks if c.name == "search"]
+        assert check.status == "ok"
+        assert "3 messages wait for indexing" in check.detail
+        repo.search("dingo")
+        [check] = [c for c in run_doctor(database_url).checks if c.name == "search"]
+        assert "backlog empty" in check.detail
