@@ -24,6 +24,7 @@ DEFAULT_CONTENDERS = (
     "raw",
     "sessionrepo",
     "sessionrepo-async",
+    "sessionrepo-immediate",
     "sessionrepo-noindex",
     "openai",
     "adk",
@@ -31,7 +32,7 @@ DEFAULT_CONTENDERS = (
 )
 STEPS = ("flush", "reflush", "load", "list", "concurrency")
 #: A failure of these fails the run (exit 1): they are this project's code.
-OURS = ("raw", "sessionrepo", "sessionrepo-async", "sessionrepo-noindex")
+OURS = ("raw", "sessionrepo", "sessionrepo-async", "sessionrepo-immediate", "sessionrepo-noindex")
 
 
 def _parser() -> argparse.ArgumentParser:
