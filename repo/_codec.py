@@ -273,24 +273,9 @@ def stored_message(row: Row[Any]) -> StoredMessage:
     return message
 
 
-#: The columns :func:`stored_messages` decodes, in this order.
-LOAD_COLUMNS = (
-    "client_msg_uuid",
-    "role",
-    "content",
-    "tool_calls",
-    "tool_call_id",
-    "tool_name",
-    "reasoning",
-    "finish_reason",
-    "token_count",
-    "timestamp",
-    "platform_message_id",
-    "extra",
-    "openai_keys",
-    "session_id",
-    "seq",
-)
+#: The columns :func:`stored_messages` decodes, in this order: an encoded row's, but the
+#: content hash, then the message's place.
+LOAD_COLUMNS = (*(name for name in ROW_COLUMNS if name != "content_hash"), "session_id", "seq")
 
 
 #: ``messages``' :data:`LOAD_COLUMNS` as the driver returns them, for ``select()``: no
