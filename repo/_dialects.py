@@ -33,6 +33,7 @@ from sqlalchemy import (
     event,
     select,
     text,
+    tuple_,
 )
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.dialects import postgresql, sqlite
@@ -299,16 +300,24 @@ class BackendDialect:
         raise NotImplementedError
 
     def take_search_backlog(
-        self, connection: Connection, limit: int, *, wait: bool
+        self,
+        connection: Connection,
+        limit: int,
+        *,
+        wait: bool,
+        among: Sequence[tuple[str, int]] | None = None,
     ) -> list[Row[Any]]:
         """Up to ``limit`` backlog rows (session_id, first_seq, messages) in key order, locked
-        for the rest of the transaction. Rows another transaction holds are skipped
-        (``FOR UPDATE SKIP LOCKED``: concurrent catch-ups never take the same rows) or,
-        with ``wait``, waited for: then a row that transaction deleted is left out, so
-        an empty answer means every row visible when the statement began is done. SQLite
-        renders no lock clause: the catch-up holds the write lock already."""
+        for the rest of the transaction; only those keyed ``among`` when given. Rows
+        another transaction holds are skipped (``FOR UPDATE SKIP LOCKED``: concurrent
+        catch-ups never take the same rows) or, with ``wait``, waited for: then a row
+        that transaction deleted is left out, so an empty answer means every row visible
+        when the statement began is done. SQLite renders no lock clause: the catch-up
+        holds the write lock already."""
         # Labelled: a Row's ``count`` is the tuple method.
         query = select(_B.session_id, _B.first_seq, _B.count.label("messages"))
+        if among is not None:
+            query = query.where(tuple_(_B.session_id, _B.first_seq).in_(among))
         query = query.order_by(_B.session_id, _B.first_seq).limit(limit)
         return list(connection.execute(query.with_for_update(skip_locked=not wait)))
 

@@ -306,16 +306,18 @@ class SearchIndex:
 
         Concurrent catch-ups never index the same rows: on PostgreSQL they skip rows
         another holds (``FOR UPDATE SKIP LOCKED``), on SQLite the write lock serialises
-        them. With ``wait``, rows another catch-up holds are waited for instead, so that
-        on return every message committed before the call is indexed (or the index is
-        stale): what ``search`` needs. A failure to index marks the index stale and
-        still deletes the rows (``reindex`` indexes every message; until then search
-        refuses); appends are never affected. While the index is stale, rows are
-        deleted without indexing, for the same reason.
+        them. With ``wait``, the call does the rows that were in the backlog when it began
+        (rows another catch-up holds are waited for instead of skipped), so that on return
+        every message committed before the call is indexed (or the index is stale): what
+        ``search`` needs, without chasing appends that keep coming. A failure to index
+        marks the index stale and still deletes the rows (``reindex`` indexes every
+        message; until then search refuses); appends are never affected. While the index
+        is stale, rows are deleted without indexing, for the same reason.
 
         Args:
             limit: stop after the transaction that reaches this many messages
-                (``None``: until the backlog is empty).
+                (``None``: until the backlog is empty, or with ``wait`` until the rows
+                of the call's start are done).
 
         Raises:
             RepoError: the database failed the transaction as a whole (it is rolled
@@ -323,18 +325,33 @@ class SearchIndex:
         """
         if not self.database.read(_backlog_exists):
             return 0  # the common case, without the write lock
+        # With ``wait``: the rows of this moment, a slice at a time; each slice is done
+        # when taking from it finds nothing (its rows indexed, here or by another).
+        slices: list[list[tuple[str, int]] | None] = [None]
+        if wait:
+            keys = self.database.read(_backlog_keys)
+            slices = [keys[i : i + CATCH_UP_ROWS] for i in range(0, len(keys), CATCH_UP_ROWS)]
         indexed = done = 0
-        while limit is None or done < limit:
-            taken, count = self.database.write(lambda conn: self._catch_up_batch(conn, wait))
-            if not taken:
-                break
-            done += taken
-            indexed += count
+        for among in slices:
+
+            def batch(
+                conn: Connection, among: list[tuple[str, int]] | None = among
+            ) -> tuple[int, int]:
+                return self._catch_up_batch(conn, wait, among)
+
+            while limit is None or done < limit:
+                taken, count = self.database.write(batch)
+                if not taken:
+                    break
+                done += taken
+                indexed += count
         return indexed
 
-    def _catch_up_batch(self, conn: Connection, wait: bool) -> tuple[int, int]:
+    def _catch_up_batch(
+        self, conn: Connection, wait: bool, among: list[tuple[str, int]] | None
+    ) -> tuple[int, int]:
         """One catch-up transaction: (messages taken off the backlog, messages indexed)."""
-        rows = self.dialect.take_search_backlog(conn, CATCH_UP_ROWS, wait=wait)
+        rows = self.dialect.take_search_backlog(conn, CATCH_UP_ROWS, wait=wait, among=among)
         chosen: list[Any] = []
         total = 0
         for row in rows:
@@ -553,6 +570,11 @@ class SearchIndex:
             snippet=snippet,
             rank=float(row.rank),
         )
+
+
+def _backlog_keys(conn: Connection) -> list[tuple[str, int]]:
+    query = select(B.session_id, B.first_seq).order_by(B.session_id, B.first_seq)
+    return [(session_id, first_seq) for session_id, first_seq in conn.execute(query)]
 
 
 def _backlog_exists(conn: Connection) -> bool:

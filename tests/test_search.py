@@ -6,6 +6,7 @@ from __future__ import annotations
 import random
 import sqlite3
 from datetime import UTC, datetime
+from typing import Any
 
 import pytest
 
@@ -380,6 +381,35 @@ def test_catch_up_indexes_the_backlog_once(repo: SessionRepository) -> None:
     assert repo.search_index_backlog() == 0
     assert repo.catch_up_search_index() == 0
     assert len(repo.search("ibis")) == 6
+
+
+def test_a_search_catches_up_what_came_before_it_not_what_keeps_coming(
+    database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import repo.search
+
+    monkeypatch.setattr(repo.search, "CATCH_UP_ROWS", 1)  # one append per transaction
+    with open_repository(database_url) as store, open_repository(database_url) as gateway:
+        for i in range(5):
+            store.append(f"s{i}", [Message(role="user", content=f"egret {i}")])
+        # A gateway that appends again before every transaction of the search's catch-up:
+        # a catch-up that chased the backlog would never end (here: 40 more, then stop).
+        during: list[int] = []
+        write = store.database.write
+
+        def busy_write(work: Any) -> Any:
+            if len(during) < 40:
+                during.append(len(during))
+                gateway.append("late", [Message(role="user", content=f"egret late {len(during)}")])
+            return write(work)
+
+        monkeypatch.setattr(store.database, "write", busy_write)
+        found = _found(store.search("egret", limit=100))
+        assert {(f"s{i}", 1) for i in range(5)} <= set(found)  # all it came after
+        # It did the five rows it found and one transaction to see each was done: the
+        # messages that came meanwhile wait for the next catch-up.
+        assert 0 < len(during) <= 10
+        assert store.search_index_backlog() == len(during)
 
 
 def test_reindex_empties_the_backlog(repo: SessionRepository) -> None:
