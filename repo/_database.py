@@ -55,7 +55,7 @@ class Database:
         self._attempts = attempts
         self._first_use: Callable[[Database], None] | None = None
         self._first_use_lock: AbstractContextManager[Any] = (
-            _aio.Lock() if asynchronous else threading.RLock()
+            _aio.Lock() if asynchronous else threading.Lock()
         )
 
     def check_on_first_use(self, check: Callable[[Database], None]) -> None:

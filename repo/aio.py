@@ -25,7 +25,8 @@ from sqlalchemy.engine import URL
 from models import AppendResult, Message
 from repo._aio import AsyncFacade, TaskPool, awaited
 from repo._database import Database
-from repo.repository import PreparedBatch, SessionRepository, check_schema
+from repo.repository import PreparedBatch, SessionRepository
+from repo.schema import check_schema
 from repo.writer import TranscriptWriter
 
 log = logging.getLogger("sessionrepo")

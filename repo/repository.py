@@ -25,7 +25,7 @@ from models.message import to_utc, utcnow
 from models.tables import ENCODED_MARK, decode_text, messages_table, sessions_table
 from repo import _codec, schema
 from repo._database import Database
-from repo.errors import BackendUnavailable, InvalidMessage, NotFound, RepoError
+from repo.errors import InvalidMessage, NotFound, RepoError
 from repo.search import SearchIndex, content_text
 
 S = sessions_table.c
@@ -559,27 +559,5 @@ def open_repository(
         BackendUnavailable: the database cannot be reached.
     """
     database = Database(url, **options)
-    check_schema(database, auto_migrate=auto_migrate, require_connection=require_connection)
+    schema.check_schema(database, auto_migrate=auto_migrate, require_connection=require_connection)
     return SessionRepository(database, search_index=search_index)
-
-
-def check_schema(
-    database: Database, *, auto_migrate: bool | None, require_connection: bool
-) -> None:
-    """``open_repository``'s schema check (see its arguments); disposes of ``database``
-    when it fails."""
-    migrate = database.backend == "sqlite" if auto_migrate is None else auto_migrate
-
-    def check(database: Database) -> None:
-        schema.ensure_current(database, auto_migrate=migrate)
-
-    try:
-        check(database)
-    except BackendUnavailable:
-        if require_connection:
-            database.dispose()
-            raise
-        database.check_on_first_use(check)
-    except BaseException:
-        database.dispose()
-        raise

@@ -13,7 +13,7 @@ from alembic.util.exc import CommandError
 from sqlalchemy import Connection
 
 from repo._database import Database
-from repo.errors import RepoError, SchemaOutOfDate
+from repo.errors import BackendUnavailable, RepoError, SchemaOutOfDate
 
 #: The Alembic environment ships beside the ``repo`` package (source tree and wheel).
 MIGRATIONS_DIR: Final = Path(__file__).resolve().parent.parent / "migrations"
@@ -61,6 +61,42 @@ def downgrade(database: Database, revision: str) -> None:
         database.write(work)
     except CommandError as exc:
         raise RepoError(f"migration failed: {exc}") from exc
+
+
+def check_schema(
+    database: Database,
+    *,
+    auto_migrate: bool | None = None,
+    require_connection: bool = True,
+    defer: bool = False,
+) -> None:
+    """:func:`ensure_current` for a database being opened; disposes of it when that fails.
+
+    Args:
+        auto_migrate: upgrade instead of refusing; ``None``: on SQLite only.
+        require_connection: with ``False``, a database that cannot be reached now is
+            checked by the first unit of work that reaches it.
+        defer: check on first use in any case (no I/O now: the asyncio API opens
+            databases where none may happen).
+    """
+    migrate = database.backend == "sqlite" if auto_migrate is None else auto_migrate
+
+    def check(database: Database) -> None:
+        ensure_current(database, auto_migrate=migrate)
+
+    if defer:
+        database.check_on_first_use(check)
+        return
+    try:
+        check(database)
+    except BackendUnavailable:
+        if require_connection:
+            database.dispose()
+            raise
+        database.check_on_first_use(check)
+    except BaseException:
+        database.dispose()
+        raise
 
 
 def ensure_current(database: Database, *, auto_migrate: bool) -> None:

@@ -91,18 +91,8 @@ def open_outbox_database(url: str | URL, *, asynchronous: bool = False) -> Datab
             if not path.exists():
                 os.close(os.open(path, os.O_CREAT | os.O_WRONLY, 0o600))
     database = Database(parsed, asynchronous=asynchronous, **options)
-
-    def check(database: Database) -> None:
-        schema.ensure_current(database, auto_migrate=database.backend == "sqlite")
-
-    if asynchronous:
-        database.check_on_first_use(check)  # no I/O outside the event loop's calls
-        return database
-    try:
-        check(database)
-    except BaseException:
-        database.dispose()
-        raise
+    # Asynchronous: no I/O outside the event loop's calls, so on first use.
+    schema.check_schema(database, defer=asynchronous)
     return database
 
 
