@@ -137,7 +137,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    from repo import open_repository
+    from sessionrepo import open_repository
 
     transcripts = Transcripts(20261129)
     with Databases(args.postgres_url, f"bench_profile_{os.getpid()}") as databases:

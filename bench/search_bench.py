@@ -61,10 +61,10 @@ from typing import Any
 
 from sqlalchemy import event, text
 
-from models import Message
-from repo import SessionRepository, open_repository
-from repo._dialects import _fts5_query
-from repo.search import parse_query
+from sessionrepo import SessionRepository, open_repository
+from sessionrepo.dialects import _fts5_query
+from sessionrepo.models import Message
+from sessionrepo.store.search_index import parse_query
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 DEFAULT_POSTGRES = "postgresql://postgres@127.0.0.1:5432/postgres"
@@ -966,7 +966,7 @@ def _append_cost(
 
 
 def _force_index_ok(repo: SessionRepository) -> None:
-    from models.tables import search_state_table
+    from sessionrepo.models.tables import search_state_table
 
     repo.database.write(
         lambda conn: conn.execute(search_state_table.update().values(state="ok", reason=None))

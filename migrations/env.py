@@ -11,9 +11,9 @@ from __future__ import annotations
 from alembic import context
 from sqlalchemy import Connection
 
-from models.tables import Base
-from repo._database import Database
-from repo._dialects import dialect_for, normalize_url
+from sessionrepo.dialects import dialect_for, normalize_url
+from sessionrepo.models.tables import Base
+from sessionrepo.store.database import Database
 
 config = context.config
 target_metadata = Base.metadata

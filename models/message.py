@@ -11,7 +11,7 @@ from typing import Any, Final, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
-from models._limits import check_identifier, check_json, check_text
+from sessionrepo.models._limits import check_identifier, check_json, check_text
 
 try:  # Python 3.14 has it in the standard library.
     from uuid import uuid7 as _uuid7  # type: ignore[attr-defined,unused-ignore]

@@ -8,8 +8,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from models._limits import check_identifier, check_json, check_text
-from models.message import to_utc, utcnow
+from sessionrepo.models._limits import check_identifier, check_json, check_text
+from sessionrepo.models.message import to_utc, utcnow
 
 
 class Session(BaseModel):

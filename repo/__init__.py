@@ -5,9 +5,9 @@ Start with :func:`open_repository` (asyncio: :func:`open_async_repository`); the
 guarantees are stated in :mod:`repo.contract`.
 """
 
-from repo.aio import AsyncSessionRepository, AsyncTranscriptWriter, open_async_repository
-from repo.contract import SessionStore
-from repo.errors import (
+from sessionrepo.aio.api import AsyncSessionRepository, AsyncTranscriptWriter, open_async_repository
+from sessionrepo.contract import SessionStore
+from sessionrepo.errors import (
     BackendUnavailable,
     ConflictError,
     InvalidMessage,
@@ -17,9 +17,9 @@ from repo.errors import (
     SearchIndexUnavailable,
     WriteRejected,
 )
-from repo.outbox import OutboxStatus, SessionBacklog
-from repo.repository import SessionRepository, open_repository
-from repo.writer import DrainReport, TranscriptWriter, WriteResult
+from sessionrepo.outbox.table import OutboxStatus, SessionBacklog
+from sessionrepo.outbox.writer import DrainReport, TranscriptWriter, WriteResult
+from sessionrepo.store.repository import SessionRepository, open_repository
 
 __all__ = [
     "AsyncSessionRepository",

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any, Literal, Protocol
 
-from models import AppendResult, Message, Session, SessionPage, StoredMessage
+from sessionrepo.models import AppendResult, Message, Session, SessionPage, StoredMessage
 
 
 class SessionStore(Protocol):

@@ -15,13 +15,13 @@ import time
 import traceback
 from typing import Any
 
-from models import ensure_key
-from repo import (
+from sessionrepo import (
     BackendUnavailable,
     SessionRepository,
     TranscriptWriter,
     open_repository,
 )
+from sessionrepo.models import ensure_key
 
 #: How long a worker waits at the start barrier, or for the restart, at most.
 WAIT_TIMEOUT = 120.0

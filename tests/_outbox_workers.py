@@ -20,16 +20,16 @@ import traceback
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from models import ensure_key
-from repo import (
+from sessionrepo import (
     BackendUnavailable,
     SessionRepository,
     TranscriptWriter,
     WriteRejected,
     open_repository,
 )
-from repo.outbox import ClaimedBatch
-from repo.repository import PreparedBatch
+from sessionrepo.models import ensure_key
+from sessionrepo.outbox.table import ClaimedBatch
+from sessionrepo.store.repository import PreparedBatch
 
 #: A PostgreSQL URL where nothing listens: connecting is refused at once.
 CLOSED_PORT_URL = "postgresql://postgres@127.0.0.1:1/nowhere"

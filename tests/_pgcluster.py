@@ -35,8 +35,8 @@ from typing import Literal
 import psycopg
 import pytest
 
-from repo._database import Database
-from repo.schema import upgrade
+from sessionrepo.store.database import Database
+from sessionrepo.store.schema import upgrade
 
 #: Seconds ``pg_ctl`` may take to start or stop the server (crash recovery included).
 PG_CTL_TIMEOUT = 60

@@ -15,8 +15,8 @@ import random
 import traceback
 from typing import Any
 
-from models import ensure_key
-from repo import SessionRepository, open_repository
+from sessionrepo import SessionRepository, open_repository
+from sessionrepo.models import ensure_key
 
 #: How long a worker waits at the start barrier for the others.
 BARRIER_TIMEOUT = 120.0

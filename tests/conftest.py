@@ -29,9 +29,9 @@ import psycopg
 import pytest
 from sqlalchemy.engine import make_url
 
-from repo import SessionStore, open_async_repository, open_repository
-from repo._database import Database
-from repo.schema import upgrade
+from sessionrepo import SessionStore, open_async_repository, open_repository
+from sessionrepo.store.database import Database
+from sessionrepo.store.schema import upgrade
 
 BACKENDS = [
     pytest.param("sqlite", marks=pytest.mark.sqlite),

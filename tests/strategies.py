@@ -23,10 +23,10 @@ from typing import Any, Final
 
 from hypothesis import strategies as st
 
-from models import MAX_ID_LENGTH
-from models._limits import MAX_JSON_INT_BITS
-from models.message import KEY_FIELD, WIRE_FIELDS
-from models.tables import ENCODED_MARK
+from sessionrepo.models import MAX_ID_LENGTH
+from sessionrepo.models._limits import MAX_JSON_INT_BITS
+from sessionrepo.models.message import KEY_FIELD, WIRE_FIELDS
+from sessionrepo.models.tables import ENCODED_MARK
 
 #: Characters the storage layer, a driver or a database could plausibly mishandle.
 TRICKY_CHARACTERS: Final = (

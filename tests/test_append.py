@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from models import Message
-from repo import InvalidMessage, NotFound, SessionRepository
+from sessionrepo import InvalidMessage, NotFound, SessionRepository
+from sessionrepo.models import Message
 
 pytestmark = pytest.mark.contract  # every repo test runs on the sync and async API
 

@@ -23,7 +23,7 @@ import psycopg
 import pytest
 from sqlalchemy import text
 
-from repo import (
+from sessionrepo import (
     AsyncSessionRepository,
     AsyncTranscriptWriter,
     BackendUnavailable,

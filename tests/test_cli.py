@@ -16,10 +16,10 @@ from click.testing import CliRunner, Result
 from sqlalchemy import create_engine, inspect, text
 from sqlalchemy.engine import make_url
 
-from repo import SchemaOutOfDate, open_repository
-from repo.cli import main
-from repo.demo import GatewayReport, OutageReport, _verify, outbox_paths, run_demo
-from repo.schema import head_revision
+from sessionrepo import SchemaOutOfDate, open_repository
+from sessionrepo.cli import main
+from sessionrepo.demo import GatewayReport, OutageReport, _verify, outbox_paths, run_demo
+from sessionrepo.store.schema import head_revision
 
 if TYPE_CHECKING:
     from conftest import PostgresServer

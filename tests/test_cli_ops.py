@@ -19,13 +19,13 @@ from click.testing import CliRunner, Result
 from sqlalchemy import text
 from test_maintenance import BIG, _set_times, assert_same_store, build_corpus, snapshot
 
-from models import Message, Session
-from models.message import utcnow
-from repo import SessionRepository
-from repo._database import Database
-from repo.cli import main
-from repo.outbox import Outbox
-from repo.schema import current_revision, downgrade, head_revision
+from sessionrepo import SessionRepository
+from sessionrepo.cli import main
+from sessionrepo.models import Message, Session
+from sessionrepo.models.message import utcnow
+from sessionrepo.outbox.table import Outbox
+from sessionrepo.store.database import Database
+from sessionrepo.store.schema import current_revision, downgrade, head_revision
 
 #: Port 1 refuses connections at once: a server that is down.
 DOWN = "postgresql://ops:s3cr3t-pw@127.0.0.1:1/chat"

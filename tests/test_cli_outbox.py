@@ -18,13 +18,13 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner, Result
 
-from models import Message, Session
-from models.message import utcnow
-from repo import NotFound, OutboxStatus, TranscriptWriter, open_repository
-from repo._database import Database
-from repo.cli import EXIT_DEAD, EXIT_INCOMPLETE, EXIT_STALE, main
-from repo.outbox import Outbox
-from repo.writer import DrainReport, open_outbox_database
+from sessionrepo import NotFound, OutboxStatus, TranscriptWriter, open_repository
+from sessionrepo.cli import EXIT_DEAD, EXIT_INCOMPLETE, EXIT_STALE, main
+from sessionrepo.models import Message, Session
+from sessionrepo.models.message import utcnow
+from sessionrepo.outbox.table import Outbox
+from sessionrepo.outbox.writer import DrainReport, open_outbox_database
+from sessionrepo.store.database import Database
 
 #: Port 1 refuses connections at once: a primary that is down.
 DOWN_PRIMARY = "postgresql://gateway:pa55-w0rd@127.0.0.1:1/chat"

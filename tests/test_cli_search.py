@@ -6,9 +6,9 @@ import json
 
 from click.testing import CliRunner
 
-from models import Message
-from repo import open_repository
-from repo.cli import main
+from sessionrepo import open_repository
+from sessionrepo.cli import main
+from sessionrepo.models import Message
 
 
 def _seed(url: str) -> None:

@@ -23,8 +23,8 @@ import psycopg
 import pytest
 from sqlalchemy.engine import make_url
 
-from models import Message
-from repo import SessionRepository, open_repository
+from sessionrepo import SessionRepository, open_repository
+from sessionrepo.models import Message
 
 # The spawned children import the workers by module name, with the parent's sys.path;
 # put this directory on it whatever pytest's import mode.

@@ -24,10 +24,15 @@ from pydantic import ValidationError
 from sqlalchemy import select
 from sqlalchemy.dialects import sqlite as sqlite_dialect
 
-from models import Message, StoredMessage
-from models.message import is_validated, mark_validated, parse_uuid, trusted_stored_message
-from models.tables import UTCDateTime, dump_json, dump_layout, messages_table
-from repo import SessionRepository, _codec, open_repository
+from sessionrepo import SessionRepository, _codec, open_repository
+from sessionrepo.models import Message, StoredMessage
+from sessionrepo.models.message import (
+    is_validated,
+    mark_validated,
+    parse_uuid,
+    trusted_stored_message,
+)
+from sessionrepo.models.tables import UTCDateTime, dump_json, dump_layout, messages_table
 
 M = messages_table.c
 

@@ -28,9 +28,10 @@ from _hermes_fixtures import (
 )
 from click.testing import CliRunner, Result
 
-from models import StoredMessage
-from repo import BackendUnavailable, SessionRepository, open_repository
-from repo.hermes import (
+from sessionrepo import BackendUnavailable, SessionRepository, open_repository
+from sessionrepo.cli.hermes import EXIT_ATTENTION
+from sessionrepo.cli.hermes import import_hermes as command
+from sessionrepo.importers.hermes import (
     HISTORY_SUFFIX,
     HermesImportError,
     HermesImportSummary,
@@ -39,8 +40,7 @@ from repo.hermes import (
     spool_key,
     uid_key,
 )
-from repo.hermes_cli import EXIT_ATTENTION
-from repo.hermes_cli import import_hermes as command
+from sessionrepo.models import StoredMessage
 
 #: ``messages`` columns that are ``Message`` fields.
 FIELD_COLUMNS = {

@@ -17,12 +17,11 @@ from typing import Any
 import pytest
 from sqlalchemy import select, update
 
-from models import Message, Session
-from models.message import utcnow
-from models.tables import messages_table, sessions_table
-from repo import SessionRepository, open_repository
-from repo._database import Database
-from repo.maintenance import (
+from sessionrepo import SessionRepository, open_repository
+from sessionrepo.models import Message, Session
+from sessionrepo.models.message import utcnow
+from sessionrepo.models.tables import messages_table, sessions_table
+from sessionrepo.ops import (
     EXPORT_VERSION,
     MAX_BATCH,
     BadExportFile,
@@ -34,8 +33,9 @@ from repo.maintenance import (
     parse_duration,
     prune_sessions,
 )
-from repo.outbox import Outbox
-from repo.schema import upgrade
+from sessionrepo.outbox.table import Outbox
+from sessionrepo.store.database import Database
+from sessionrepo.store.schema import upgrade
 
 S = sessions_table.c
 M = messages_table.c

@@ -11,9 +11,15 @@ from alembic import command
 from alembic.script import ScriptDirectory
 from sqlalchemy import inspect, text
 
-from repo import SchemaOutOfDate, open_repository
-from repo._database import Database
-from repo.schema import alembic_config, current_revision, downgrade, head_revision, upgrade
+from sessionrepo import SchemaOutOfDate, open_repository
+from sessionrepo.store.database import Database
+from sessionrepo.store.schema import (
+    alembic_config,
+    current_revision,
+    downgrade,
+    head_revision,
+    upgrade,
+)
 
 SESSION_SCOPED_TABLES = ("sessions", "messages")
 

@@ -24,8 +24,8 @@ from strategies import (
     timestamps,
 )
 
-from models import MAX_JSON_DEPTH, Message, ensure_key
-from models.message import KEY_FIELD
+from sessionrepo.models import MAX_JSON_DEPTH, Message, ensure_key
+from sessionrepo.models.message import KEY_FIELD
 
 
 @settings(max_examples=400, deadline=None)

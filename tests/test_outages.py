@@ -27,8 +27,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from models import Message, ensure_key
-from repo import (
+from sessionrepo import (
     BackendUnavailable,
     DrainReport,
     OutboxStatus,
@@ -37,6 +36,7 @@ from repo import (
     WriteRejected,
     open_repository,
 )
+from sessionrepo.models import Message, ensure_key
 
 # The spawned children import the workers by module name, with the parent's sys.path.
 _TESTS_DIR = str(Path(__file__).resolve().parent)

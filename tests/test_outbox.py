@@ -37,10 +37,7 @@ from typing import Any
 import pytest
 from sqlalchemy import event, func, select, text
 
-from models import Message, ensure_key
-from models.message import utcnow
-from models.tables import outbox_table
-from repo import (
+from sessionrepo import (
     BackendUnavailable,
     InvalidMessage,
     NotFound,
@@ -49,6 +46,9 @@ from repo import (
     WriteRejected,
     open_repository,
 )
+from sessionrepo.models import Message, ensure_key
+from sessionrepo.models.message import utcnow
+from sessionrepo.models.tables import outbox_table
 
 _TESTS_DIR = str(Path(__file__).resolve().parent)
 if _TESTS_DIR not in sys.path:
@@ -627,7 +627,7 @@ def test_sqlite_outbox_file_keeps_every_acknowledged_message_through_random_sigk
     # twenty interpreter starts. Each child is forked from a clean, single-threaded
     # server process, so it starts like a spawned one, only faster.
     forkserver = multiprocessing.get_context("forkserver")
-    forkserver.set_forkserver_preload(["repo", "repo.writer", "psycopg"])
+    forkserver.set_forkserver_preload(["sessionrepo", "sessionrepo.outbox.writer", "psycopg"])
     rng = random.Random(20261129)
     path = str(tmp_path / "outbox.db")
     attempted: set[str] = set()

@@ -10,8 +10,9 @@ from typing import Any
 
 import pytest
 
-from models import Message
-from repo import SearchIndexUnavailable, SessionRepository, open_repository
+import sessionrepo.store.search_index
+from sessionrepo import SearchIndexUnavailable, SessionRepository, open_repository
+from sessionrepo.models import Message
 
 pytestmark = pytest.mark.contract  # every repo test runs on the sync and async API
 
@@ -291,7 +292,7 @@ def test_many_messages_in_one_millisecond_are_all_indexed_and_found(
 
 
 def test_rank_orders_the_newest_window_of_matches(repo: SessionRepository) -> None:
-    from repo.search import RANK_WINDOW
+    from sessionrepo.store.search_index import RANK_WINDOW
 
     old = [Message(role="user", content="tapir " * 5, timestamp=1_000 + i) for i in range(5)]
     new = [
@@ -322,7 +323,7 @@ def test_role_and_session_filters_are_exact(repo: SessionRepository) -> None:
 
 
 def test_index_words_are_the_words_of_the_text(repo: SessionRepository) -> None:
-    from repo.search import _WORD, document, normalize
+    from sessionrepo.store.search_index import _WORD, document, normalize
 
     samples = [
         "Plain ASCII, with punctuation: a_b x-y 3.14 e-mail@example.com\tTAB\nline",
@@ -340,8 +341,8 @@ def test_a_pruned_session_leaves_nothing_in_the_index(database_url: str) -> None
 
     from test_maintenance import _set_times
 
-    from models.message import utcnow
-    from repo.maintenance import prune_sessions
+    from sessionrepo.models.message import utcnow
+    from sessionrepo.ops import prune_sessions
 
     with open_repository(database_url) as repo:
         repo.append("gone", [Message(role="user", content=f"wombat {i}") for i in range(3)])
@@ -386,9 +387,10 @@ def test_catch_up_indexes_the_backlog_once(repo: SessionRepository) -> None:
 def test_a_search_catches_up_what_came_before_it_not_what_keeps_coming(
     database_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import repo.search
 
-    monkeypatch.setattr(repo.search, "CATCH_UP_ROWS", 1)  # one append per transaction
+    monkeypatch.setattr(
+        sessionrepo.store.search_index, "CATCH_UP_ROWS", 1
+    )  # one append per transaction
     with open_repository(database_url) as store, open_repository(database_url) as gateway:
         for i in range(5):
             store.append(f"s{i}", [Message(role="user", content=f"egret {i}")])
@@ -432,7 +434,7 @@ def test_immediate_mode_indexes_in_the_append(database_url: str) -> None:
 
 
 def test_the_writers_drainer_catches_up(database_url: str) -> None:
-    from repo import TranscriptWriter
+    from sessionrepo import TranscriptWriter
 
     with open_repository(database_url) as repo, TranscriptWriter(repo) as writer:
         writer.write("s", [Message(role="user", content=f"marmot {i}") for i in range(3)])
@@ -550,7 +552,7 @@ def test_a_failing_catch_up_marks_the_index_stale_and_appends_go_on(database_url
 
 
 def test_doctor_reports_the_backlog(database_url: str) -> None:
-    from repo.maintenance import run_doctor
+    from sessionrepo.ops import run_doctor
 
     with open_repository(database_url) as repo:
         repo.append("s", [Message(role="user", content=f"dingo {i}") for i in range(3)])

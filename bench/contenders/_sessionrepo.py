@@ -73,7 +73,7 @@ class SessionRepo(Contender):
     )
 
     def open(self) -> None:
-        from repo import open_repository
+        from sessionrepo import open_repository
 
         location = self.target.location
         self.repo = open_repository(location, auto_migrate=True)
@@ -149,7 +149,7 @@ class SessionRepoNoIndex(SessionRepo):
     def open(self) -> None:
         import inspect
 
-        from repo import open_repository
+        from sessionrepo import open_repository
 
         if "search_index" not in inspect.signature(open_repository).parameters:
             raise Unsupported("this sessionrepo has no search_index option")
@@ -168,7 +168,7 @@ class SessionRepoImmediate(SessionRepo):
     )
 
     def open(self) -> None:
-        from repo import open_repository
+        from sessionrepo import open_repository
 
         self.repo = open_repository(
             self.target.location, auto_migrate=True, search_index="immediate"

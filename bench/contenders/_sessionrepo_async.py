@@ -22,7 +22,7 @@ class SessionRepoAsync(AsyncContender, SessionRepo):
     )
 
     def open(self) -> None:
-        from repo import open_async_repository
+        from sessionrepo import open_async_repository
 
         self.arepo = self.run(open_async_repository(self.target.location, auto_migrate=True))
         self.repo = self.arepo  # for the base class's untimed helpers that only read

@@ -12,7 +12,8 @@ from typing import Any, Literal
 from sqlalchemy import Connection, Text, case, func, literal, select, tuple_, update
 from sqlalchemy.engine import URL
 
-from models import (
+from sessionrepo.errors import InvalidMessage, NotFound, RepoError
+from sessionrepo.models import (
     AppendResult,
     Message,
     SearchHit,
@@ -21,12 +22,12 @@ from models import (
     SessionSummary,
     StoredMessage,
 )
-from models.message import to_utc, utcnow
-from models.tables import ENCODED_MARK, decode_text, messages_table, sessions_table
-from repo import _codec, schema
-from repo._database import Database
-from repo.errors import InvalidMessage, NotFound, RepoError
-from repo.search import SearchIndex, content_text
+from sessionrepo.models.message import to_utc, utcnow
+from sessionrepo.models.tables import ENCODED_MARK, decode_text, messages_table, sessions_table
+from sessionrepo.store import codec as _codec
+from sessionrepo.store import schema
+from sessionrepo.store.database import Database
+from sessionrepo.store.search_index import SearchIndex, content_text
 
 S = sessions_table.c
 M = messages_table.c

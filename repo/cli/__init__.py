@@ -28,13 +28,7 @@ from sqlalchemy import exc as sa_exc
 from sqlalchemy import func, select
 from sqlalchemy.engine import make_url
 
-from models import Session, StoredMessage
-from models.message import utcnow
-from models.tables import messages_table
-from repo import schema
-from repo._database import Database
-from repo._dialects import normalize_url
-from repo.demo import (
+from sessionrepo.demo import (
     EXIT_PATHS,
     DemoResult,
     GatewayReport,
@@ -42,8 +36,12 @@ from repo.demo import (
     outbox_paths,
     run_demo,
 )
-from repo.errors import RepoError
-from repo.maintenance import (
+from sessionrepo.dialects import normalize_url
+from sessionrepo.errors import RepoError
+from sessionrepo.models import Session, StoredMessage
+from sessionrepo.models.message import utcnow
+from sessionrepo.models.tables import messages_table
+from sessionrepo.ops import (
     MAX_BATCH,
     DoctorReport,
     ExportReport,
@@ -58,9 +56,11 @@ from repo.maintenance import (
     prune_sessions,
     run_doctor,
 )
-from repo.outbox import Outbox, OutboxStatus
-from repo.repository import SessionRepository, open_repository
-from repo.writer import DrainReport, TranscriptWriter, open_outbox_database
+from sessionrepo.outbox.table import Outbox, OutboxStatus
+from sessionrepo.outbox.writer import DrainReport, TranscriptWriter, open_outbox_database
+from sessionrepo.store import schema
+from sessionrepo.store.database import Database
+from sessionrepo.store.repository import SessionRepository, open_repository
 
 
 class _Group(click.Group):
@@ -1491,6 +1491,6 @@ def _message_total(connection: Any) -> int:
     return int(connection.execute(select(func.count()).select_from(messages_table)).scalar_one())
 
 
-from repo.hermes_cli import import_hermes  # noqa: E402  (it borrows helpers defined above)
+from sessionrepo.cli.hermes import import_hermes  # noqa: E402  (it borrows helpers defined above)
 
 main.add_command(import_hermes)

@@ -12,11 +12,12 @@ from alembic.script import ScriptDirectory
 from alembic.util.exc import CommandError
 from sqlalchemy import Connection
 
-from repo._database import Database
-from repo.errors import BackendUnavailable, RepoError, SchemaOutOfDate
+import sessionrepo.migrations
+from sessionrepo.errors import BackendUnavailable, RepoError, SchemaOutOfDate
+from sessionrepo.store.database import Database
 
-#: The Alembic environment ships beside the ``repo`` package (source tree and wheel).
-MIGRATIONS_DIR: Final = Path(__file__).resolve().parent.parent / "migrations"
+#: The Alembic environment, installed as ``sessionrepo.migrations`` (source tree and wheel).
+MIGRATIONS_DIR: Final = Path(sessionrepo.migrations.__file__).resolve().parent
 
 
 def alembic_config(connection: Connection | None = None) -> Config:

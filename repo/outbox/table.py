@@ -26,11 +26,11 @@ from typing import Any, Final
 from pydantic import BaseModel, ConfigDict, ValidationError
 from sqlalchemy import Connection, case, delete, func, select, update
 
-from models import Message, Session
-from models.message import utcnow
-from models.tables import outbox_table
-from repo._database import Database
-from repo.errors import RepoError
+from sessionrepo.errors import RepoError
+from sessionrepo.models import Message, Session
+from sessionrepo.models.message import utcnow
+from sessionrepo.models.tables import outbox_table
+from sessionrepo.store.database import Database
 
 O = outbox_table.c  # noqa: E741
 

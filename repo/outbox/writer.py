@@ -24,14 +24,15 @@ from typing import Any, Literal, Protocol, TypeVar
 from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy.engine import URL
 
-from models import AppendResult, Message
-from models.message import utcnow
-from repo import _aio, schema
-from repo._database import Database
-from repo._dialects import normalize_url
-from repo.errors import BackendUnavailable, InvalidMessage, RepoError, WriteRejected
-from repo.outbox import ClaimedBatch, Outbox, OutboxStatus, drainer_id
-from repo.repository import PreparedBatch, SessionRepository
+from sessionrepo.dialects import normalize_url
+from sessionrepo.errors import BackendUnavailable, InvalidMessage, RepoError, WriteRejected
+from sessionrepo.models import AppendResult, Message
+from sessionrepo.models.message import utcnow
+from sessionrepo.outbox.table import ClaimedBatch, Outbox, OutboxStatus, drainer_id
+from sessionrepo.store import bridge as _aio
+from sessionrepo.store import schema
+from sessionrepo.store.database import Database
+from sessionrepo.store.repository import PreparedBatch, SessionRepository
 
 log = logging.getLogger("sessionrepo.writer")
 

@@ -137,12 +137,12 @@ from typing import Any, Final, Literal, get_args
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from sqlalchemy import update
 
-from models import Message
-from models._limits import MAX_ID_LENGTH, check_identifier, check_json, check_text
-from models.message import KEY_FIELD, WIRE_FIELDS, Role, to_utc, utcnow
-from models.tables import sessions_table
-from repo.errors import InvalidMessage, NotFound, RepoError
-from repo.repository import SessionRepository
+from sessionrepo.errors import InvalidMessage, NotFound, RepoError
+from sessionrepo.models import Message
+from sessionrepo.models._limits import MAX_ID_LENGTH, check_identifier, check_json, check_text
+from sessionrepo.models.message import KEY_FIELD, WIRE_FIELDS, Role, to_utc, utcnow
+from sessionrepo.models.tables import sessions_table
+from sessionrepo.store.repository import SessionRepository
 
 #: The uuid5 namespace of every key this importer makes (see :func:`uid_key`).
 NAMESPACE: Final = uuid.UUID("0b4f6c1e-8a57-5d0c-9e3a-6d2f1b7c4a90")

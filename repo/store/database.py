@@ -14,9 +14,9 @@ from sqlalchemy import Connection, Engine
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import URL
 
-from repo import _aio
-from repo._dialects import READ_ONLY, BackendDialect, dialect_for, normalize_url, safe_url
-from repo.errors import BackendUnavailable, RepoError
+from sessionrepo.dialects import READ_ONLY, BackendDialect, dialect_for, normalize_url, safe_url
+from sessionrepo.errors import BackendUnavailable, RepoError
+from sessionrepo.store import bridge as _aio
 
 T = TypeVar("T")
 

@@ -22,12 +22,12 @@ from typing import Any, Literal
 
 from sqlalchemy.engine import URL
 
-from models import AppendResult, Message
-from repo._aio import AsyncFacade, TaskPool, awaited
-from repo._database import Database
-from repo.repository import PreparedBatch, SessionRepository
-from repo.schema import check_schema
-from repo.writer import TranscriptWriter
+from sessionrepo.models import AppendResult, Message
+from sessionrepo.outbox.writer import TranscriptWriter
+from sessionrepo.store.bridge import AsyncFacade, TaskPool, awaited
+from sessionrepo.store.database import Database
+from sessionrepo.store.repository import PreparedBatch, SessionRepository
+from sessionrepo.store.schema import check_schema
 
 log = logging.getLogger("sessionrepo")
 

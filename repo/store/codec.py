@@ -22,16 +22,17 @@ from sqlalchemy import (
 )
 from sqlalchemy.types import NullType
 
-from models import MAX_MESSAGE_BYTES, Message, Session, StoredMessage
-from models._limits import check_identifier
-from models.message import (
+from sessionrepo.errors import InvalidMessage
+from sessionrepo.models import MAX_MESSAGE_BYTES, Message, Session, StoredMessage
+from sessionrepo.models._limits import check_identifier
+from sessionrepo.models.message import (
     coerce_message,
     is_validated,
     mark_validated,
     parse_uuid,
     trusted_stored_message,
 )
-from models.tables import (
+from sessionrepo.models.tables import (
     ENCODED_MARK,
     UTCDateTime,
     dump_json,
@@ -39,7 +40,6 @@ from models.tables import (
     encode_text,
     messages_table,
 )
-from repo.errors import InvalidMessage
 
 #: The message fields that make up its content: the hash over them tells a plain re-send
 #: (same key, same content) from a conflict. The key, the timestamp and the key order of

@@ -42,9 +42,9 @@ from sqlalchemy.ext.asyncio import create_async_engine
 from sqlalchemy.pool import ConnectionPoolEntry
 from sqlalchemy.types import TypeEngine
 
-from models.tables import UTCDateTime, messages_table, search_backlog_table
-from repo._codec import ROW_COLUMNS
-from repo.errors import BackendUnavailable, RepoError, WriteRejected
+from sessionrepo.errors import BackendUnavailable, RepoError, WriteRejected
+from sessionrepo.models.tables import UTCDateTime, messages_table, search_backlog_table
+from sessionrepo.store.codec import ROW_COLUMNS
 
 #: Key of the PostgreSQL advisory lock held while migrating ("sessrepo" in ASCII).
 MIGRATION_LOCK_KEY: Final = 0x7365737372657070 & 0x7FFFFFFFFFFFFFFF

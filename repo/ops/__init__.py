@@ -82,16 +82,17 @@ from sqlalchemy import (
 )
 from sqlalchemy.engine import URL
 
-from models import Message, Session, StoredMessage
-from models.message import utcnow
-from models.tables import dump_json, messages_table, outbox_table, sessions_table
-from repo import _codec, schema
-from repo._database import Database
-from repo._dialects import BackendDialect, normalize_url, safe_url
-from repo.errors import InvalidMessage, NotFound, RepoError
-from repo.outbox import Outbox
-from repo.repository import SessionRepository
-from repo.search import SearchIndex
+from sessionrepo.dialects import BackendDialect, normalize_url, safe_url
+from sessionrepo.errors import InvalidMessage, NotFound, RepoError
+from sessionrepo.models import Message, Session, StoredMessage
+from sessionrepo.models.message import utcnow
+from sessionrepo.models.tables import dump_json, messages_table, outbox_table, sessions_table
+from sessionrepo.outbox.table import Outbox
+from sessionrepo.store import codec as _codec
+from sessionrepo.store import schema
+from sessionrepo.store.database import Database
+from sessionrepo.store.repository import SessionRepository
+from sessionrepo.store.search_index import SearchIndex
 
 S = sessions_table.c
 M = messages_table.c

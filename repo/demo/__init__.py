@@ -46,11 +46,11 @@ from typing import Any, Final
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import URL
 
-from models import ensure_key
-from repo import schema
-from repo._database import Database
-from repo.repository import SessionRepository, open_repository
-from repo.writer import DrainReport, TranscriptWriter
+from sessionrepo.models import ensure_key
+from sessionrepo.outbox.writer import DrainReport, TranscriptWriter
+from sessionrepo.store import schema
+from sessionrepo.store.database import Database
+from sessionrepo.store.repository import SessionRepository, open_repository
 
 #: Seconds a process waits for a peer (or the parent for a report) before giving up, so
 #: a crashed process fails the demo instead of hanging it.
@@ -531,7 +531,7 @@ def _context() -> Any:
     the platform has one), else plain spawn."""
     if "forkserver" in multiprocessing.get_all_start_methods():
         context = multiprocessing.get_context("forkserver")
-        context.set_forkserver_preload(["repo.demo"])
+        context.set_forkserver_preload(["sessionrepo.demo"])
         return context
     return multiprocessing.get_context("spawn")
 

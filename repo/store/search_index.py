@@ -48,16 +48,16 @@ from typing import Any, Final, Literal
 from sqlalchemy import Connection, bindparam, delete, exists, func, select, tuple_
 from sqlalchemy import exc as sa_exc
 
-from models.message import utcnow
-from models.search import SearchHit
-from models.tables import (
+from sessionrepo.errors import BackendUnavailable, InvalidMessage, RepoError, SearchIndexUnavailable
+from sessionrepo.models.message import utcnow
+from sessionrepo.models.search import SearchHit
+from sessionrepo.models.tables import (
     decode_text,
     messages_table,
     search_backlog_table,
     search_state_table,
 )
-from repo._database import Database
-from repo.errors import BackendUnavailable, InvalidMessage, RepoError, SearchIndexUnavailable
+from sessionrepo.store.database import Database
 
 #: Characters of each message that are indexed (a 20 MB tool output is findable by its
 #: beginning; the rest is stored, not indexed).

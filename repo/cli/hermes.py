@@ -14,10 +14,10 @@ from typing import Any
 import click
 from click.core import ParameterSource
 
-from repo import hermes
-from repo.errors import RepoError
-from repo.hermes import HermesImportSummary, Problem
-from repo.repository import open_repository
+from sessionrepo.errors import RepoError
+from sessionrepo.importers import hermes
+from sessionrepo.importers.hermes import HermesImportSummary, Problem
+from sessionrepo.store.repository import open_repository
 
 #: The import finished, but something needs an operator's look (see the help).
 EXIT_ATTENTION = 3
@@ -33,13 +33,13 @@ SHOWN = 20
 
 def _check_url(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
     # repo.cli registers this command, so it is imported when the callback runs.
-    from repo.cli import _check_url as check
+    from sessionrepo.cli import _check_url as check
 
     return check(ctx, param, value)
 
 
 def _one_line(message: str, *urls: str | None) -> str:
-    from repo.cli import _one_line as one_line
+    from sessionrepo.cli import _one_line as one_line
 
     return one_line(message, *urls)
 

@@ -1,0 +1,1 @@
+"""Importers from other stores, each on the public repository API only."""
