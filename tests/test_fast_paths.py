@@ -24,7 +24,7 @@ from pydantic import ValidationError
 from sqlalchemy import select
 from sqlalchemy.dialects import sqlite as sqlite_dialect
 
-from sessionrepo import SessionRepository, _codec, open_repository
+from sessionrepo import SessionRepository, open_repository
 from sessionrepo.models import Message, StoredMessage
 from sessionrepo.models.message import (
     is_validated,
@@ -33,6 +33,7 @@ from sessionrepo.models.message import (
     trusted_stored_message,
 )
 from sessionrepo.models.tables import UTCDateTime, dump_json, dump_layout, messages_table
+from sessionrepo.store import codec as _codec
 
 M = messages_table.c
 
