@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from importlib import resources
 from pathlib import Path
 from typing import Final
 
@@ -12,12 +13,12 @@ from alembic.script import ScriptDirectory
 from alembic.util.exc import CommandError
 from sqlalchemy import Connection
 
-import sessionrepo.migrations
 from sessionrepo.errors import BackendUnavailable, RepoError, SchemaOutOfDate
 from sessionrepo.store.database import Database
 
-#: The Alembic environment, installed as ``sessionrepo.migrations`` (source tree and wheel).
-MIGRATIONS_DIR: Final = Path(sessionrepo.migrations.__file__).resolve().parent
+#: The Alembic environment, installed as ``sessionrepo.migrations`` (found by name, not
+#: imported: the migrations sit above the store, whose code they run).
+MIGRATIONS_DIR: Final = Path(str(resources.files("sessionrepo.migrations")))
 
 
 def alembic_config(connection: Connection | None = None) -> Config:
