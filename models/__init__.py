@@ -1,6 +1,6 @@
 """sessionrepo's wire format: Pydantic v2 models for messages and sessions.
 
-The SQLAlchemy tables they are stored in live in :mod:`models.tables`.
+The SQLAlchemy tables they are stored in live in :mod:`sessionrepo.models.tables`.
 """
 
 from sessionrepo.models._limits import MAX_ID_LENGTH, MAX_JSON_DEPTH, MAX_MESSAGE_BYTES
