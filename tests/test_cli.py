@@ -78,6 +78,29 @@ def test_every_command_has_help_with_an_example(path: tuple[str, ...]) -> None:
     assert f"sessionrepo {' '.join(path)}".strip() in result.stdout.split("Example:", 1)[1]
 
 
+@pytest.mark.parametrize("path", COMMAND_PATHS, ids=lambda p: " ".join(("sessionrepo", *p)))
+def test_every_command_describes_itself_in_help_and_in_its_group_listing(
+    path: tuple[str, ...],
+) -> None:
+    # The walk finds every registered command (sqlite-utils' pattern): one added to any
+    # command module without a description fails here, whoever registers it.
+    command = _resolve(path)
+    assert command.help is not None
+    described = " ".join(command.help.split("\n\n", 1)[0].split())
+    assert described
+
+    result = _run(*path, "--help")
+
+    assert result.exit_code == 0, result.output
+    usage, _, rest = result.stdout.partition("\n\n")
+    assert usage.startswith(f"Usage: sessionrepo {' '.join(path)}".rstrip())
+    assert " ".join(rest.split("\n\n", 1)[0].split()) == described
+    if path:
+        listing = _run(*path[:-1], "--help").stdout.split("Commands:\n", 1)[1]
+        row = next(line.split() for line in listing.splitlines() if line.split()[:1] == [path[-1]])
+        assert len(row) > 1, f"{path[-1]} has no short help in its group's listing"
+
+
 # -- migrate ------------------------------------------------------------------------
 
 

@@ -239,7 +239,7 @@ def test_sessions_show_pages_tail_and_after(
     repo: SessionRepository, database_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     repo.append("s", [Message(role="user", content=f"m{i}") for i in range(1, 12)])
-    monkeypatch.setattr("repo.cli.TRANSCRIPT_PAGE", 4)  # so that paging shows
+    monkeypatch.setattr("sessionrepo.cli.sessions.TRANSCRIPT_PAGE", 4)  # so that paging shows
 
     def seqs(*options: str) -> list[int]:
         out = _ok(_run("--url", database_url, "sessions", "show", "s", "--json", *options)).stdout

@@ -19,7 +19,8 @@ import pytest
 from click.testing import CliRunner, Result
 
 from sessionrepo import NotFound, OutboxStatus, TranscriptWriter, open_repository
-from sessionrepo.cli import EXIT_DEAD, EXIT_INCOMPLETE, EXIT_STALE, main
+from sessionrepo.cli import main
+from sessionrepo.cli.outbox import EXIT_DEAD, EXIT_INCOMPLETE, EXIT_STALE
 from sessionrepo.models import Message, Session
 from sessionrepo.models.message import utcnow
 from sessionrepo.outbox.table import Outbox

@@ -1,7 +1,9 @@
 """``sessionrepo import-hermes``: move a Hermes gateway's history into the store.
 
-A thin shell over :mod:`repo.hermes` (read its docstring for what goes where). Registered
-in the ``sessionrepo`` group by :mod:`repo.cli`; it also works on its own (``--url``).
+A thin shell over :mod:`sessionrepo.importers.hermes` (read its docstring for what goes
+where). Registered in the ``sessionrepo`` group by :mod:`sessionrepo.cli`; it also works
+on its own, so it takes a ``--url`` of its own and turns library errors into one line
+itself.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from typing import Any
 import click
 from click.core import ParameterSource
 
+from sessionrepo.cli._common import one_line, url_option
 from sessionrepo.errors import RepoError
 from sessionrepo.importers import hermes
 from sessionrepo.importers.hermes import HermesImportSummary, Problem
@@ -31,30 +34,15 @@ KIND_LABELS = {
 SHOWN = 20
 
 
-def _check_url(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
-    # repo.cli registers this command, so it is imported when the callback runs.
-    from sessionrepo.cli import _check_url as check
-
-    return check(ctx, param, value)
-
-
-def _one_line(message: str, *urls: str | None) -> str:
-    from sessionrepo.cli import _one_line as one_line
-
-    return one_line(message, *urls)
-
-
 @click.command("import-hermes")
 @click.argument(
     "source",
     metavar="HERMES_HOME_OR_STATE_DB",
     type=click.Path(exists=True, path_type=Path),
 )
-@click.option(
+@url_option(
     "--url",
     envvar="SESSIONREPO_DATABASE_URL",
-    callback=_check_url,
-    metavar="URL",
     help="The store to import into (postgresql://… or sqlite:///path.db). Default: the "
     "group's --url, else $SESSIONREPO_DATABASE_URL, else the embedded SQLite file.",
 )
@@ -107,7 +95,7 @@ def import_hermes(
     try:
         summary = _run(source, url, inbound_report, as_json)
     except RepoError as exc:
-        raise click.ClickException(_one_line(str(exc), url)) from exc
+        raise click.ClickException(one_line(str(exc), url)) from exc
     if as_json:
         click.echo(summary.model_dump_json(indent=2))
     else:

@@ -7,14 +7,14 @@ Three gateway processes (``discord``, ``telegram``, ``cli``) start together behi
 barrier and write at the same time:
 
 - every message is an OpenAI-format dict stamped once, when it is made, with
-  :func:`models.ensure_key`;
+  :func:`sessionrepo.models.ensure_key`;
 - after every turn a gateway re-flushes its *whole* in-memory transcript, and also
   flushes mid-turn when the user interrupts, and once more at shutdown and at close;
 - ``discord`` and ``telegram`` both write into one shared group-chat session;
 - ``discord`` hands a direct-message session over to ``cli``, which loads it back
   from the store (``to_openai(include_key=True)``), re-flushes it, and continues it
   while ``discord`` still re-flushes its stale copy at shutdown;
-- every gateway writes through a :class:`~repo.writer.TranscriptWriter` with its own
+- every gateway writes through a :class:`~sessionrepo.TranscriptWriter` with its own
   local outbox file beside the primary. Half-way, a fourth process takes the primary's
   write lock (``BEGIN EXCLUSIVE`` on a plain ``sqlite3`` connection): the gateways
   flush only once it holds the lock, for one whole turn each, so every write of that
@@ -49,7 +49,6 @@ from sqlalchemy.engine import URL
 from sessionrepo.models import ensure_key
 from sessionrepo.outbox.writer import DrainReport, TranscriptWriter
 from sessionrepo.store import schema
-from sessionrepo.store.database import Database
 from sessionrepo.store.repository import SessionRepository, open_repository
 
 #: Seconds a process waits for a peer (or the parent for a report) before giving up, so
@@ -239,11 +238,7 @@ def run_demo(path: Path | None = None, *, turns: int = 20) -> DemoResult:
         raise FileExistsError(f"{taken[0]} already exists: the demo needs fresh files")
     try:
         url = _sqlite_url(path)
-        database = Database(url)
-        try:
-            schema.upgrade(database)
-        finally:
-            database.dispose()
+        schema.migrate(url)
         reports, outage = _run_processes(path, url, outboxes, turns)
         verified = _verify(url, reports, outage, outboxes)
     finally:

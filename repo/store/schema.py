@@ -1,7 +1,13 @@
-"""Alembic, driven from code: the schema's only source, on both backends."""
+"""Alembic, driven from code: the schema's only source, on both backends.
+
+The store checks (or upgrades) a database's revision when it opens it; :func:`migrate` and
+:func:`upgrade_script` are the operator's step (``sessionrepo migrate``), by URL.
+"""
 
 from __future__ import annotations
 
+import io
+from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 from typing import Final
@@ -12,6 +18,7 @@ from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from alembic.util.exc import CommandError
 from sqlalchemy import Connection
+from sqlalchemy.engine import URL
 
 from sessionrepo.errors import BackendUnavailable, RepoError, SchemaOutOfDate
 from sessionrepo.store.database import Database
@@ -31,6 +38,7 @@ def alembic_config(connection: Connection | None = None) -> Config:
 
 
 def head_revision() -> str:
+    """This sessionrepo's newest schema revision."""
     head = ScriptDirectory.from_config(alembic_config()).get_current_head()
     if head is None:  # pragma: no cover - the package always ships a revision
         raise RepoError("sessionrepo ships no migrations")
@@ -55,7 +63,72 @@ def upgrade(database: Database, revision: str = "head") -> None:
         raise RepoError(f"migration failed: {exc}") from exc
 
 
+@dataclass(frozen=True)
+class Migration:
+    """What :func:`migrate` did."""
+
+    #: The database's URL, its password masked.
+    url: str
+    #: The revision before (``None``: an empty database) and after the upgrade.
+    before: str | None
+    after: str | None
+    #: This sessionrepo's newest revision.
+    head: str
+
+    @property
+    def changed(self) -> bool:
+        return self.before != self.after
+
+
+def migrate(url: str | URL | None = None) -> Migration:
+    """Upgrade the database at ``url`` to this sessionrepo's head, as :func:`upgrade`
+    does (nothing to do when it is current; safe from several processes at once).
+
+    Args:
+        url: as for ``open_repository``: a URL or a file path, by default
+            ``SESSIONREPO_DATABASE_URL``, else the embedded SQLite file.
+
+    Raises:
+        RepoError: the migration failed (``BackendUnavailable``: the database cannot be
+            reached).
+    """
+    database = Database(url)
+    try:
+        before = current_revision(database)
+        upgrade(database)
+        return Migration(
+            url=database.display_url,
+            before=before,
+            after=current_revision(database),
+            head=head_revision(),
+        )
+    finally:
+        database.dispose()
+
+
+def upgrade_script(url: str | None = None) -> str:
+    """The SQL that would upgrade an empty database to head, for ``url``'s dialect
+    (Alembic's offline mode: no connection is made; only the URL's dialect is used).
+
+    Raises:
+        RepoError: Alembic could not produce the script.
+    """
+    config = alembic_config()
+    if url is not None:
+        # migrations/env.py reads it in offline mode; ConfigParser needs "%" doubled.
+        config.set_main_option("sqlalchemy.url", url.replace("%", "%%"))
+    buffer = io.StringIO()
+    config.output_buffer = buffer
+    try:
+        command.upgrade(config, "head", sql=True)
+    except CommandError as exc:
+        raise RepoError(f"migration failed: {exc}") from exc
+    return buffer.getvalue()
+
+
 def downgrade(database: Database, revision: str) -> None:
+    """Migrate down to ``revision`` (the migration tests' round trip)."""
+
     def work(connection: Connection) -> None:
         command.downgrade(alembic_config(connection), revision)
 

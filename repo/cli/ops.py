@@ -1,0 +1,484 @@
+"""The operator's commands: ``migrate``, ``doctor``, ``export``, ``import`` and ``prune``.
+
+Each is a thin shell over :mod:`sessionrepo.ops` (or, for ``migrate``,
+:mod:`sessionrepo.store.schema`): it parses its options, calls one function and prints the
+report that function returns.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import IO, Literal
+
+import click
+
+from sessionrepo.cli._common import count, masked, open_store, printable, progress, url_option, when
+from sessionrepo.models import Session
+from sessionrepo.models.message import utcnow
+from sessionrepo.ops import (
+    MAX_BATCH,
+    DoctorReport,
+    ExportReport,
+    PruneReport,
+    Selection,
+    count_prunable,
+    count_sessions,
+    export_sessions,
+    import_sessions,
+    parse_duration,
+    prune_sessions,
+    run_doctor,
+)
+from sessionrepo.store import schema
+from sessionrepo.store.repository import SessionRepository, open_repository
+
+
+@click.command()
+@click.option(
+    "--sql",
+    is_flag=True,
+    help="Print the SQL that would upgrade an empty database instead of running it; "
+    "the database is not touched (only its URL's dialect is used).",
+)
+@click.pass_obj
+def migrate(url: str | None, sql: bool) -> None:
+    """Upgrade the database to this sessionrepo's schema (Alembic head).
+
+    Does nothing when the schema is already current, and is safe to run from several
+    processes at once.
+
+    \b
+    Example:
+        SESSIONREPO_DATABASE_URL=postgresql://app@db/chat sessionrepo migrate
+        sessionrepo --url postgresql://app@db/chat migrate --sql > schema.sql
+    """
+    if sql:
+        click.echo(schema.upgrade_script(url), nl=False)
+        return
+    done = schema.migrate(url)
+    head = "head" if done.after == done.head else f"head is {done.head}"
+    at = f"{done.after} ({head})"
+    if done.changed:
+        click.echo(
+            f"{done.url}: upgraded from {done.before or 'an empty database'} to revision {at}"
+        )
+    else:
+        click.echo(f"{done.url}: at revision {at}")
+
+
+# -- doctor ---------------------------------------------------------------------------
+
+#: ``doctor``: a check failed (or, with ``--strict``, warned).
+EXIT_UNHEALTHY = 1
+
+
+@click.command()
+@url_option(
+    "--outbox-url",
+    envvar="SESSIONREPO_OUTBOX_URL",
+    help="The gateways' separate outbox (as for `sessionrepo outbox`). Default: "
+    "$SESSIONREPO_OUTBOX_URL, else the primary database's pending_outbox table.",
+)
+@click.option(
+    "--max-outbox-age",
+    type=click.FloatRange(min=0),
+    default=3600.0,
+    show_default=True,
+    metavar="SECONDS",
+    help="A pending outbox row older than this is a failure, not a warning.",
+)
+@click.option("--strict", is_flag=True, help="Exit 1 on warnings too.")
+@click.option("--json", "as_json", is_flag=True, help="Print the DoctorReport as JSON.")
+@click.pass_context
+def doctor(
+    ctx: click.Context,
+    outbox_url: str | None,
+    max_outbox_age: float,
+    strict: bool,
+    as_json: bool,
+) -> None:
+    """Check that the store is healthy, and say what to fix when it is not.
+
+    Checks, in order: the connection; the schema revision against this sessionrepo's
+    head; the backend's settings as a gateway's connection sees them (SQLite:
+    journal_mode, synchronous, foreign_keys, busy_timeout; PostgreSQL: server version,
+    synchronous_commit, fsync, full_page_writes, the session's time zone, read-only);
+    the outbox's backlog and dead rows. Changes nothing: no migration, no file created.
+
+    \b
+    Exit status:
+        0  healthy (warnings, if any, are printed)
+        1  a check failed (with --strict: or warned); each says how to fix it
+        2  usage error
+
+    \b
+    Example:
+        sessionrepo doctor
+        SESSIONREPO_DATABASE_URL=postgresql://app@db/chat sessionrepo doctor --json
+        sessionrepo doctor --outbox-url /var/lib/gateway/outbox.db --max-outbox-age 600
+    """
+    report = run_doctor(ctx.obj, outbox_url=outbox_url, max_outbox_age=max_outbox_age)
+    urls = (ctx.obj, outbox_url)
+    report = report.model_copy(
+        update={
+            "checks": [
+                check.model_copy(update={"detail": masked(check.detail, *urls)})
+                for check in report.checks
+            ]
+        }
+    )
+    if as_json:
+        click.echo(report.model_dump_json(indent=2))
+    else:
+        _print_doctor(report)
+    if report.failures or (strict and report.warnings):
+        ctx.exit(EXIT_UNHEALTHY)
+
+
+def _print_doctor(report: DoctorReport) -> None:
+    outbox = "its pending_outbox" if report.outbox == "primary" else report.outbox
+    click.echo(f"database {report.database} (outbox: {outbox})")
+    width = max(len(check.name) for check in report.checks)
+    labels = {"ok": "ok", "warn": "WARN", "fail": "FAIL", "skip": "skip"}
+    for check in report.checks:
+        click.echo(f"  {labels[check.status]:<5} {check.name:<{width}}  {check.detail}")
+        if check.fix and check.status in ("warn", "fail"):
+            click.echo(f"  {'':<5} {'':<{width}}  fix: {check.fix}")
+    if report.failures:
+        names = ", ".join(check.name for check in report.failures)
+        click.echo(f"verdict: UNHEALTHY ({names})")
+    elif report.warnings:
+        names = ", ".join(check.name for check in report.warnings)
+        click.echo(f"verdict: healthy, with warnings ({names})")
+    else:
+        click.echo("verdict: healthy")
+
+
+# -- export, import, prune --------------------------------------------------------
+
+
+def _parse_ended_before(
+    ctx: click.Context, param: click.Parameter, value: str | None
+) -> datetime | None:
+    if value is None:
+        return None
+    try:
+        return utcnow() - parse_duration(value)
+    except ValueError:
+        pass
+    try:
+        moment = datetime.fromisoformat(value)
+    except ValueError:
+        raise click.BadParameter(
+            f"{value!r} is neither a duration (90d, 12h) nor a date (2025-01-31, "
+            "2025-01-31T12:00:00+00:00)"
+        ) from None
+    return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
+
+
+def _parse_older_than(ctx: click.Context, param: click.Parameter, value: str) -> timedelta:
+    try:
+        return parse_duration(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
+
+
+@click.command("export")
+@click.argument("output", metavar="FILE", type=click.Path(dir_okay=False, allow_dash=True))
+@click.option(
+    "--session", "session_ids", multiple=True, metavar="ID", help="This session (repeatable)."
+)
+@click.option("--source", help="Only sessions from this platform.")
+@click.option("--user", "user_id", metavar="ID", help="Only this user's sessions.")
+@click.option("--status", type=click.Choice(["open", "ended"]), help="Only open or ended ones.")
+@click.option(
+    "--ended-before",
+    callback=_parse_ended_before,
+    metavar="WHEN",
+    help="Only sessions that ended before WHEN: a date/time (UTC unless it says) or an "
+    "age such as 90d.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
+@click.pass_obj
+def export_(
+    url: str | None,
+    output: str,
+    *,
+    session_ids: tuple[str, ...],
+    source: str | None,
+    user_id: str | None,
+    status: Literal["open", "ended"] | None,
+    ended_before: datetime | None,
+    as_json: bool,
+) -> None:
+    """Export sessions and their messages to a JSON Lines file (or - for stdout).
+
+    One session (--session), those matching filters, or everything. Streamed: a page
+    of sessions and of messages at a time, with a progress bar on stderr. The file
+    holds a header, then each session followed by its messages in seq order, then an
+    end record; `sessionrepo import` recreates them exactly. Open sessions are
+    exported as they are at that moment. FILE must not exist yet.
+
+    \b
+    Example:
+        sessionrepo export backup.jsonl
+        sessionrepo export --source discord --ended-before 2025-01-01 old-discord.jsonl
+        sessionrepo export --session discord:1234 - | gzip > discord-1234.jsonl.gz
+    """
+    if session_ids and (source, user_id, status, ended_before) != (None,) * 4:
+        raise click.UsageError("--session cannot be combined with the filters")
+    if as_json and output == "-":
+        raise click.UsageError("--json needs FILE: with -, stdout carries the export")
+    selection = Selection(
+        session_ids=session_ids,
+        source=source,
+        user_id=user_id,
+        status=status,
+        ended_before=ended_before,
+    )
+    with open_store(url) as repository:
+        total = count_sessions(repository, selection)
+        with progress(total, "exporting sessions") as advance:
+            if output == "-":
+                report = export_sessions(
+                    repository,
+                    sys.stdout.buffer,
+                    selection,
+                    on_session=lambda _: advance(1),
+                )
+            else:
+                report = _export_to_file(repository, Path(output), selection, advance)
+    if as_json:
+        click.echo(report.model_dump_json(indent=2))
+        return
+    where = "stdout" if output == "-" else output
+    click.echo(
+        f"exported {count(report.sessions, 'session')} with "
+        f"{count(report.messages, 'message')} to {where}",
+        err=output == "-",
+    )
+
+
+def _export_to_file(
+    repository: SessionRepository,
+    path: Path,
+    selection: Selection,
+    advance: Callable[[int], None],
+) -> ExportReport:
+    out = _create(path, "FILE")
+    try:
+        with out:
+            return export_sessions(repository, out, selection, on_session=lambda _: advance(1))
+    except BaseException:
+        path.unlink(missing_ok=True)  # half an export is worse than none
+        raise
+
+
+def _create(path: Path, param: str) -> IO[bytes]:
+    try:
+        return path.open("xb")
+    except FileExistsError:
+        raise click.BadParameter(
+            f"{path} already exists; choose a new file", param_hint=repr(param)
+        ) from None
+    except OSError as exc:
+        raise click.BadParameter(f"{path}: {exc.strerror}", param_hint=repr(param)) from None
+
+
+@click.command("import")
+@click.argument(
+    "source",
+    metavar="FILE",
+    type=click.Path(exists=True, dir_okay=False, allow_dash=True),
+)
+@click.option(
+    "--batch-size",
+    type=click.IntRange(1, MAX_BATCH),
+    default=MAX_BATCH,
+    show_default=True,
+    help="Messages written per transaction.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the ImportReport as JSON.")
+@click.pass_context
+def import_(ctx: click.Context, source: str, batch_size: int, as_json: bool) -> None:
+    """Import a file written by `sessionrepo export` (or - for stdin).
+
+    Idempotent: a message whose key the database holds is skipped, so importing the
+    same file again inserts nothing, and an interrupted import is completed by running
+    it again. A session the database lacks is recreated exactly (same fields, same
+    counters, same seq for every message); one it holds with changes of its own gets
+    only the missing messages, appended after its own. Stops at the first damaged
+    line (what came before is kept). A PostgreSQL database must be migrated first
+    (`sessionrepo migrate`); a new SQLite file is created.
+
+    Exit status: 0 when the whole file was imported; 1 on an error, or when the
+    file was cut short (it lacks its end record: what it held was imported).
+
+    \b
+    Example:
+        sessionrepo --url postgresql://app@db/chat migrate
+        sessionrepo import backup.jsonl
+        gunzip -c discord-1234.jsonl.gz | sessionrepo import -
+    """
+    url: str | None = ctx.obj
+    with open_repository(url) as repository:
+        if source == "-":
+            report = import_sessions(repository, sys.stdin.buffer, batch_size=batch_size)
+        else:
+            path = Path(source)
+            with path.open("rb") as stream, progress(path.stat().st_size, "importing") as advance:
+                report = import_sessions(
+                    repository, stream, batch_size=batch_size, on_progress=advance
+                )
+    if as_json:
+        click.echo(report.model_dump_json(indent=2))
+    else:
+        click.echo(
+            f"imported {count(report.sessions, 'session')} ({report.sessions_restored:,} new, "
+            f"{report.sessions_present:,} already present, {report.sessions_merged:,} merged "
+            f"into changed sessions); messages: {report.messages_inserted:,} inserted, "
+            f"{report.messages_present:,} already present, "
+            f"{report.messages_conflicting:,} conflicting"
+        )
+        if report.messages_conflicting:
+            click.echo(
+                "Conflicting messages have a key this database holds with different "
+                "content: the stored ones were kept."
+            )
+    if not report.complete:
+        click.echo(
+            f"Error: {source} was cut short (it lacks the end record): what it held was "
+            "imported; import the complete file to finish",
+            err=True,
+        )
+        ctx.exit(1)
+
+
+@click.command()
+@click.option(
+    "--older-than",
+    required=True,
+    callback=_parse_older_than,
+    metavar="AGE",
+    help="Prune sessions that ended, and were last active, longer ago than this: a whole "
+    "number and s, m, h or d (90d, 12h).",
+)
+@click.option("--dry-run", is_flag=True, help="Delete nothing; list what would go.")
+@click.option(
+    "--export",
+    "export_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    metavar="FILE",
+    help="First export what is pruned to this new file (the `sessionrepo export` "
+    "format); only sessions written there are deleted.",
+)
+@click.option(
+    "--batch-size",
+    type=click.IntRange(1, 1000),
+    default=100,
+    show_default=True,
+    help="Sessions deleted per transaction.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the PruneReport as JSON.")
+@click.pass_obj
+def prune(
+    url: str | None,
+    *,
+    older_than: timedelta,
+    dry_run: bool,
+    export_path: Path | None,
+    batch_size: int,
+    as_json: bool,
+) -> None:
+    """Delete ended sessions, with their messages, once they are old enough.
+
+    Only sessions that have ended, and whose end and last activity are both older
+    than AGE, are deleted; an open session never is, however old. Each batch is
+    checked again as it is deleted, so a session reopened or written to meanwhile
+    stays. With --export, each batch is written and synced to FILE before it is
+    deleted (with --dry-run too, then nothing is deleted). Messages a pruned session
+    still has waiting in this database's pending_outbox are left there and reported.
+
+    \b
+    Example:
+        sessionrepo prune --older-than 90d --dry-run
+        sessionrepo prune --older-than 90d --export pruned-2025-06.jsonl
+    """
+    cutoff = utcnow() - older_than
+    with open_store(url) as repository:
+        out = _create(export_path, "--export") if export_path is not None else None
+        try:
+            report = _prune(
+                repository, cutoff, dry_run=dry_run, out=out, batch_size=batch_size, as_json=as_json
+            )
+        finally:
+            if out is not None:
+                out.close()
+    if as_json:
+        click.echo(report.model_dump_json(indent=2))
+        return
+    _print_prune(report, export_path)
+
+
+def _prune(
+    repository: SessionRepository,
+    cutoff: datetime,
+    *,
+    dry_run: bool,
+    out: IO[bytes] | None,
+    batch_size: int,
+    as_json: bool,
+) -> PruneReport:
+    def listed(batch: list[Session]) -> None:
+        for session in batch:
+            reason = printable(session.end_reason or "-", one_line=True)
+            click.echo(
+                f"would prune {session.id}  ended {when(session.ended_at)} ({reason})  "
+                f"last active {when(session.last_active_at)}  "
+                f"{count(session.message_count, 'message')}"
+            )
+
+    if dry_run:
+        return prune_sessions(
+            repository,
+            cutoff=cutoff,
+            dry_run=True,
+            export_to=out,
+            batch_size=batch_size,
+            on_batch=None if as_json else listed,
+        )
+    with progress(count_prunable(repository, cutoff), "pruning") as advance:
+        return prune_sessions(
+            repository,
+            cutoff=cutoff,
+            export_to=out,
+            batch_size=batch_size,
+            on_batch=lambda batch: advance(len(batch)),
+        )
+
+
+def _print_prune(report: PruneReport, export_path: Path | None) -> None:
+    verb = "would prune" if report.dry_run else "pruned"
+    click.echo(
+        f"{verb} {count(report.sessions, 'session')} with "
+        f"{count(report.messages, 'message')} (ended and last active before "
+        f"{when(report.cutoff)} UTC)"
+    )
+    if export_path is not None and report.exported is not None:
+        click.echo(f"exported {count(report.exported, 'session')} to {export_path} first")
+    if report.kept:
+        click.echo(
+            f"kept {count(len(report.kept), 'session')} changed while pruning (reopened "
+            f"or written to): {', '.join(report.kept[:10])}"
+            + (" …" if len(report.kept) > 10 else "")
+        )
+    if report.outbox_rows:
+        click.echo(
+            f"note: {count(report.outbox_rows, 'message')} of "
+            f"{count(len(report.outbox_sessions), 'pruned session')} still wait in "
+            "pending_outbox; they were left there, and a drain will recreate those "
+            "sessions with them (see `sessionrepo outbox status`)"
+        )
