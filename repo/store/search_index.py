@@ -195,7 +195,7 @@ class SearchIndex:
     ) -> tuple[int, int]:
         """One catch-up transaction: (messages taken off the backlog, messages indexed)."""
         rows = self.dialect.take_search_backlog(conn, CATCH_UP_ROWS, wait=wait, among=among)
-        chosen: list[Any] = []
+        chosen: list[Row[Any]] = []
         total = 0
         for row in rows:
             if chosen and total + row.messages > CATCH_UP_MESSAGES:
