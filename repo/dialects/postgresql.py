@@ -134,6 +134,7 @@ class PostgresDialect(BackendDialect):
     every session in UTC."""
 
     name = "postgresql"
+    search_index_ddl = (_SEARCH_TABLE_DDL, *_SEARCH_INDEX_DDL)
 
     # SQLSTATE classes and codes that describe the server's state, not the data.
     _TRANSIENT_CLASSES: Final = ("08", "53", "57", "58", "40")
@@ -326,8 +327,6 @@ class PostgresDialect(BackendDialect):
         # table or column, a privilege taken away); XX001/XX002: data or index corrupted.
         state = self._sqlstate(exc)
         return state is not None and (state[:2] == "42" or state in ("XX001", "XX002"))
-
-    search_index_ddl = (_SEARCH_TABLE_DDL, *_SEARCH_INDEX_DDL)
 
     def server_version(self, connection: Connection) -> str:
         return str(connection.exec_driver_sql("SHOW server_version").scalar()).split()[0]

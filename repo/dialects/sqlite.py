@@ -63,6 +63,7 @@ class SQLiteDialect(BackendDialect):
     makes the busy timeout apply); reads begin DEFERRED and never block writers."""
 
     name = "sqlite"
+    search_index_ddl = (_FTS_DDL,)
 
     # Primary result codes of errors that come from the file's state, not the data.
     _TRANSIENT: Final = {
@@ -228,8 +229,6 @@ class SQLiteDialect(BackendDialect):
         # SQLITE_ERROR: a missing table or column, or FTS5 refusing its own files;
         # SQLITE_CORRUPT: a damaged page or FTS5 structure record.
         return self._code(exc) in (sqlite3.SQLITE_ERROR, sqlite3.SQLITE_CORRUPT)
-
-    search_index_ddl = (_FTS_DDL,)
 
     def server_version(self, connection: Connection) -> str:
         return str(connection.exec_driver_sql("SELECT sqlite_version()").scalar())
