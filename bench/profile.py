@@ -25,12 +25,13 @@ from bench.workload import Transcripts
 
 #: (area, what a path contains), first match wins.
 AREAS = (
-    ("search index (repo/search.py)", "/repo/search.py"),
+    ("search index (repo/search/, repo/store/search_index.py)", "/search/"),
+    ("search index (repo/search/, repo/store/search_index.py)", "/store/search_index.py"),
     ("validation: dict -> Message (models/, pydantic)", "/models/"),
     ("validation: dict -> Message (models/, pydantic)", "/pydantic"),
-    ("encoding rows, hashing (repo/_codec.py)", "/repo/_codec.py"),
-    ("repository logic (repo/repository.py, _dialects.py)", "/repo/repository.py"),
-    ("repository logic (repo/repository.py, _dialects.py)", "/repo/_dialects.py"),
+    ("encoding rows, hashing (repo/store/codec.py)", "/store/codec.py"),
+    ("repository logic (repo/store/repository.py, repo/dialects/)", "/store/repository.py"),
+    ("repository logic (repo/store/repository.py, repo/dialects/)", "/dialects/"),
     ("transactions, retries (repo/_database.py)", "/repo/_database.py"),
     ("SQLAlchemy (statements, pool, result rows)", "/sqlalchemy/"),
     ("driver and server round trips (psycopg, sqlite3)", "/psycopg/"),

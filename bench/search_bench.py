@@ -62,9 +62,9 @@ from typing import Any
 from sqlalchemy import event, text
 
 from sessionrepo import SessionRepository, open_repository
-from sessionrepo.dialects import _fts5_query
+from sessionrepo.dialects.sqlite import _fts5_query
 from sessionrepo.models import Message
-from sessionrepo.store.search_index import parse_query
+from sessionrepo.search.query import SearchFilters, parse_query
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 DEFAULT_POSTGRES = "postgresql://postgres@127.0.0.1:5432/postgres"
@@ -752,7 +752,7 @@ def _match_count(repo: SessionRepository, case: SearchCase) -> int | None:
     )
     where = "".join(f" AND {clause}" for clause in clauses)
     if repo.backend == "sqlite":
-        params["q"] = _fts5_query(parsed, {})
+        params["q"] = _fts5_query(parsed, SearchFilters())
         sql = (
             "SELECT count(*) FROM messages_fts f"
             + joins.format(a="f")

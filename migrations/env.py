@@ -25,9 +25,9 @@ def _configured_url() -> str | None:
     )
 
 
-#: Search index objects made by raw DDL in migrations 0003 and 0004 (an FTS5 virtual table and its
-#: shadow tables, or a tsvector table): not in the models' metadata, so autogenerate and
-#: `alembic check` leave them alone.
+#: The search index's objects (an FTS5 virtual table and its shadow tables, or a tsvector
+#: table and its indexes), made by raw DDL (``BackendDialect.search_index_ddl``): not in
+#: the models' metadata, so autogenerate and `alembic check` leave them alone.
 _UNMODELLED_PREFIXES = ("messages_fts", "message_search", "ix_message_search")
 
 

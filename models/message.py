@@ -12,6 +12,7 @@ from typing import Any, Final, Literal, Self
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
 from sessionrepo.models._limits import check_identifier, check_json, check_text
+from sessionrepo.models.tables import WIRE_FIELDS as _WIRE_COLUMNS
 
 try:  # Python 3.14 has it in the standard library.
     from uuid import uuid7 as _uuid7  # type: ignore[attr-defined,unused-ignore]
@@ -23,20 +24,12 @@ Role = Literal["system", "user", "assistant", "tool"]
 #: The key a gateway stamps on its message dicts (see :func:`ensure_key`).
 KEY_FIELD: Final = "client_msg_uuid"
 
-#: Fields that :meth:`Message.from_openai` takes from a dict by name. Every other key of
-#: the dict goes to ``extra`` unchanged (``name``, ``refusal``, ``audio``, even a
-#: ``timestamp`` the gateway put there: ``Message.timestamp`` is ours, not the wire's).
-WIRE_FIELDS: Final = (
-    "role",
-    "content",
-    "tool_calls",
-    "tool_call_id",
-    "tool_name",
-    "reasoning",
-    "finish_reason",
-    "token_count",
-    "platform_message_id",
-)
+#: Fields that :meth:`Message.from_openai` takes from a dict by name (declared with the
+#: message columns, :data:`sessionrepo.models.tables.WIRE_FIELDS`, ``role`` and
+#: ``content`` first). Every other key of the dict goes to ``extra`` unchanged (``name``,
+#: ``refusal``, ``audio``, even a ``timestamp`` the gateway put there:
+#: ``Message.timestamp`` is ours, not the wire's).
+WIRE_FIELDS: Final = _WIRE_COLUMNS
 _WIRE_FIELD_SET: Final = frozenset(WIRE_FIELDS)
 _RESERVED_EXTRA_KEYS: Final = _WIRE_FIELD_SET | {KEY_FIELD}
 

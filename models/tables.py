@@ -190,7 +190,24 @@ class SessionRow(Base):
     last_active_at: Mapped[datetime]
 
 
+#: ``info`` of a message column whose value is part of the message's content: hashed
+#: into ``content_hash``, which tells a plain re-send (same key, same content) from a
+#: conflict. The key, the timestamp and the key order of the wire dict are not content.
+CONTENT: Final = {"hashed": True}
+#: ``info`` of a content column that ``Message.from_openai`` takes from an OpenAI-format
+#: dict by name (every other key of the dict goes to ``extra``).
+WIRE: Final = {"hashed": True, "wire": True}
+
+
 class MessageRow(Base):
+    """One stored message: the declaration of its columns.
+
+    Every column but the message's place (``session_id``, ``seq``) and ``content_hash``
+    is a field of :class:`sessionrepo.models.Message` of the same name, in the same
+    order; the codec, both backends' append statements and the wire field list derive
+    from the columns declared here (see :data:`MESSAGE_COLUMNS`).
+    """
+
     __tablename__ = "messages"
     __table_args__ = (
         PrimaryKeyConstraint("session_id", "seq"),
@@ -203,25 +220,25 @@ class MessageRow(Base):
     )
     seq: Mapped[int]
     client_msg_uuid: Mapped[uuid.UUID]
-    role: Mapped[str] = mapped_column(String(16))
-    content: Mapped[Any | None] = mapped_column(LosslessText())
-    tool_calls: Mapped[list[Any] | None]
-    tool_call_id: Mapped[str | None]
-    tool_name: Mapped[str | None]
-    reasoning: Mapped[str | None] = mapped_column(LosslessText())
-    finish_reason: Mapped[str | None]
-    token_count: Mapped[int | None]
+    role: Mapped[str] = mapped_column(String(16), info=WIRE)
+    content: Mapped[Any | None] = mapped_column(LosslessText(), info=WIRE)
+    tool_calls: Mapped[list[Any] | None] = mapped_column(info=WIRE)
+    tool_call_id: Mapped[str | None] = mapped_column(info=WIRE)
+    tool_name: Mapped[str | None] = mapped_column(info=WIRE)
+    reasoning: Mapped[str | None] = mapped_column(LosslessText(), info=WIRE)
+    finish_reason: Mapped[str | None] = mapped_column(info=WIRE)
+    token_count: Mapped[int | None] = mapped_column(info=WIRE)
     timestamp: Mapped[datetime]
-    platform_message_id: Mapped[str | None]
-    extra: Mapped[dict[str, Any] | None]
+    platform_message_id: Mapped[str | None] = mapped_column(info=WIRE)
+    extra: Mapped[dict[str, Any] | None] = mapped_column(info=CONTENT)
     openai_keys: Mapped[list[Any] | None]
-    #: 16 bytes of SHA-256 over the message's content (not its key or timestamp): how
-    #: a re-sent key with different content is told from a plain re-send.
+    #: 16 bytes of SHA-256 over the message's content columns (not its key or
+    #: timestamp): how a re-sent key with different content is told from a plain re-send.
     content_hash: Mapped[bytes] = mapped_column(LargeBinary(16))
 
 
 class OutboxRow(Base):
-    """A message the primary store could not take yet (see ``repo/outbox.py``)."""
+    """A message the primary store could not take yet (see :mod:`sessionrepo.outbox`)."""
 
     __tablename__ = "pending_outbox"
     __table_args__ = (
@@ -258,7 +275,8 @@ class OutboxRow(Base):
 class SearchIndexStateRow(Base):
     """Whether the full-text index can be trusted (``ok``) or must be rebuilt
     (``stale``, with the reason). The index itself (FTS5 on SQLite, a tsvector table on
-    PostgreSQL) is made by raw DDL in its migration and used by ``repo/search.py``."""
+    PostgreSQL) is made by raw DDL, not modelled here: its statements live in the
+    dialects (``BackendDialect.search_index_ddl``)."""
 
     __tablename__ = "search_index_state"
     __table_args__ = (PrimaryKeyConstraint("name"),)
@@ -272,7 +290,8 @@ class SearchIndexStateRow(Base):
 class SearchBacklogRow(Base):
     """Messages appended but not indexed yet: one row per append (its session, first
     ``seq`` and how many consecutive messages it inserted), written in the append's own
-    transaction and deleted by the catch-up that indexes them (``repo/search.py``)."""
+    transaction and deleted by the catch-up that indexes them
+    (:mod:`sessionrepo.store.search_index`)."""
 
     __tablename__ = "search_backlog"
     __table_args__ = (PrimaryKeyConstraint("session_id", "first_seq"),)
@@ -288,3 +307,20 @@ messages_table: Table = MessageRow.__table__  # type: ignore[assignment]
 outbox_table: Table = OutboxRow.__table__  # type: ignore[assignment]
 search_state_table: Table = SearchIndexStateRow.__table__  # type: ignore[assignment]
 search_backlog_table: Table = SearchBacklogRow.__table__  # type: ignore[assignment]
+
+#: Where a message sits: the columns of ``messages`` that are not the message's own.
+MESSAGE_PLACE: Final = ("session_id", "seq")
+#: The columns of one stored message, without its place, in table order: what the codec
+#: encodes (``codec.message_row``) and decodes, and what both backends' append statements
+#: insert. Declared once, by :class:`MessageRow`.
+MESSAGE_COLUMNS: Final = tuple(
+    column.name for column in messages_table.columns if column.name not in MESSAGE_PLACE
+)
+#: The content columns (:data:`CONTENT`), hashed into ``content_hash`` in this order.
+HASHED_COLUMNS: Final = tuple(
+    column.name for column in messages_table.columns if column.info.get("hashed")
+)
+#: The fields ``Message.from_openai`` takes from a dict by name (:data:`WIRE`), in order.
+WIRE_FIELDS: Final = tuple(
+    column.name for column in messages_table.columns if column.info.get("wire")
+)

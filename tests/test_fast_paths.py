@@ -11,6 +11,7 @@ the slow, generic paths would.
 from __future__ import annotations
 
 import copy
+import hashlib
 import pickle
 import re
 import sqlite3
@@ -21,7 +22,7 @@ from typing import Any
 
 import pytest
 from pydantic import ValidationError
-from sqlalchemy import select
+from sqlalchemy import Row, select
 from sqlalchemy.dialects import sqlite as sqlite_dialect
 
 from sessionrepo import SessionRepository, open_repository
@@ -32,7 +33,15 @@ from sessionrepo.models.message import (
     parse_uuid,
     trusted_stored_message,
 )
-from sessionrepo.models.tables import UTCDateTime, dump_json, dump_layout, messages_table
+from sessionrepo.models.tables import (
+    HASHED_COLUMNS,
+    MESSAGE_COLUMNS,
+    MESSAGE_PLACE,
+    UTCDateTime,
+    dump_json,
+    dump_layout,
+    messages_table,
+)
 from sessionrepo.store import codec as _codec
 
 M = messages_table.c
@@ -69,13 +78,37 @@ def stored(database_url: str) -> Iterator[tuple[SessionRepository, list[StoredMe
     repository.close()
 
 
+def _typed_message(row: Row[Any]) -> StoredMessage:
+    """A row read with the typed columns as a ``StoredMessage``, by ``model_construct``."""
+    values = {name: getattr(row, name) for name in StoredMessage.model_fields}
+    values["extra"] = values["extra"] or {}
+    if values["openai_keys"] is not None:
+        values["openai_keys"] = tuple(values["openai_keys"])
+    message = StoredMessage.model_construct(**values)
+    mark_validated(message)
+    return message
+
+
 def _typed_load(repository: SessionRepository) -> list[StoredMessage]:
     """The generic path: SQLAlchemy's column types decode, ``model_construct`` builds."""
-    columns = [M.session_id, M.seq, *(M[name] for name in _codec.MESSAGE_COLUMNS)]
+    columns = [M[name] for name in (*MESSAGE_PLACE, *MESSAGE_COLUMNS)]
     query = select(*columns).where(M.session_id == "s").order_by(M.seq)
     return repository.database.read(
-        lambda conn: [_codec.stored_message(row) for row in conn.execute(query)]
+        lambda conn: [_typed_message(row) for row in conn.execute(query)]
     )
+
+
+def _reference_hash(row: dict[str, Any]) -> bytes:
+    """The content hash as first defined: over the stored text of each content column."""
+    parts = []
+    for name in HASHED_COLUMNS:
+        value = row[name]
+        if value is None:
+            parts.append(b"\x00")
+        else:
+            data = str(value).encode("utf-8")
+            parts += (b"\x01", len(data).to_bytes(8, "big"), data)
+    return hashlib.sha256(b"".join(parts)).digest()[:16]
 
 
 def test_loaded_messages_are_what_the_typed_columns_give(
@@ -196,7 +229,8 @@ def test_content_hash_is_unchanged() -> None:
     _, rows = _codec.prepare_messages([full, parts])
     assert rows[0]["content_hash"].hex() == "39c025fb7411e6a7a7dca0f3aad261fa"
     assert rows[1]["content_hash"].hex() == "5b1ec3a6dd504ae21f844c7e80b71c43"
-    assert _codec.content_hash(rows[0]) == rows[0]["content_hash"]
+    assert _reference_hash(rows[0]) == rows[0]["content_hash"]
+    assert _reference_hash(rows[1]) == rows[1]["content_hash"]
 
 
 @pytest.mark.parametrize(

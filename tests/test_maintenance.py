@@ -18,6 +18,7 @@ import pytest
 from sqlalchemy import select, update
 
 from sessionrepo import SessionRepository, open_repository
+from sessionrepo.dialects import PostgresDialect, SQLiteDialect
 from sessionrepo.models import Message, Session
 from sessionrepo.models.message import utcnow
 from sessionrepo.models.tables import messages_table, sessions_table
@@ -28,8 +29,6 @@ from sessionrepo.ops import (
     Selection,
     export_sessions,
     import_sessions,
-    judge_postgres,
-    judge_sqlite,
     parse_duration,
     prune_sessions,
 )
@@ -637,7 +636,7 @@ def test_judge_postgres(setting: str | None, value: str | None, status: str) -> 
         assert value is not None
         settings[setting] = value
 
-    checks = judge_postgres(settings)
+    checks = PostgresDialect().judge_settings(settings)
 
     worst = {c.status for c in checks} - {"ok"}
     assert worst == ({status} if status != "ok" else set())
@@ -667,7 +666,7 @@ def test_judge_sqlite(setting: str | None, value: str | None, status: str) -> No
         assert value is not None
         settings[setting] = value
 
-    checks = judge_sqlite(settings)
+    checks = SQLiteDialect().judge_settings(settings)
 
     worst = {c.status for c in checks} - {"ok"}
     assert worst == ({status} if status != "ok" else set())

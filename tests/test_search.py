@@ -323,7 +323,7 @@ def test_role_and_session_filters_are_exact(repo: SessionRepository) -> None:
 
 
 def test_index_words_are_the_words_of_the_text(repo: SessionRepository) -> None:
-    from sessionrepo.store.search_index import _WORD, document, normalize
+    from sessionrepo.search.text import WORD, document, normalize
 
     samples = [
         "Plain ASCII, with punctuation: a_b x-y 3.14 e-mail@example.com\tTAB\nline",
@@ -333,7 +333,7 @@ def test_index_words_are_the_words_of_the_text(repo: SessionRepository) -> None:
         "e\u0301 combining at the start \u0301 and alone",
     ]
     for text in samples:
-        assert document(text).split() == _WORD.findall(normalize(text))
+        assert document(text).split() == WORD.findall(normalize(text))
 
 
 def test_a_pruned_session_leaves_nothing_in_the_index(database_url: str) -> None:

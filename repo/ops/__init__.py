@@ -77,7 +77,6 @@ from sqlalchemy import (
     delete,
     func,
     select,
-    text,
     true,
 )
 from sqlalchemy.engine import URL
@@ -85,8 +84,15 @@ from sqlalchemy.engine import URL
 from sessionrepo.dialects import BackendDialect, normalize_url, safe_url
 from sessionrepo.errors import InvalidMessage, NotFound, RepoError
 from sessionrepo.models import Message, Session, StoredMessage
+from sessionrepo.models.doctor import Check
 from sessionrepo.models.message import utcnow
-from sessionrepo.models.tables import dump_json, messages_table, outbox_table, sessions_table
+from sessionrepo.models.tables import (
+    MESSAGE_COLUMNS,
+    dump_json,
+    messages_table,
+    outbox_table,
+    sessions_table,
+)
 from sessionrepo.outbox.table import Outbox
 from sessionrepo.store import codec as _codec
 from sessionrepo.store import schema
@@ -469,7 +475,7 @@ class _Importer:
                 )
             else:
                 fresh.append(
-                    {name: encoded[name] for name in _codec.ROW_COLUMNS}
+                    {name: encoded[name] for name in MESSAGE_COLUMNS}
                     | {"session_id": sid, "seq": seq}
                 )
                 inserted.append((seq, message.content))
@@ -827,21 +833,6 @@ def _delete_batch(
 # -- doctor ---------------------------------------------------------------------------
 
 
-CheckStatus = Literal["ok", "warn", "fail", "skip"]
-
-
-class Check(BaseModel):
-    """One finding of ``doctor``."""
-
-    model_config = ConfigDict(frozen=True)
-
-    name: str
-    status: CheckStatus
-    detail: str
-    #: What to do about a ``warn`` or ``fail``.
-    fix: str | None = None
-
-
 class DoctorReport(BaseModel):
     """Everything ``doctor`` found, and its verdict."""
 
@@ -904,7 +895,7 @@ def _check_connection(probe: _Probe) -> Iterator[Check]:
     database = Database(probe.url)
     probe.database = database
     started = time.perf_counter()
-    version = database.read(_SETTINGS[database.backend].version)
+    version = database.read(database.dialect.server_version)
     elapsed = (time.perf_counter() - started) * 1000
     probe.connected = True
     name = "SQLite" if database.backend == "sqlite" else "PostgreSQL"
@@ -951,190 +942,12 @@ def _known_revisions() -> set[str]:
     return {script.revision for script in scripts.walk_revisions()}
 
 
-# Backend settings. Dialect-specific SQL belongs in repo/_dialects.py; these read-only
-# probes live here until that module (being changed for issue 4) can take them.
-
-
-@dataclass(frozen=True)
-class _SettingsProbe:
-    version: Callable[[Connection], str]
-    settings: Callable[[Connection], dict[str, str]]
-    judge: Callable[[dict[str, str]], list[Check]]
-
-
-def _sqlite_settings(conn: Connection) -> dict[str, str]:
-    return {
-        name: str(conn.exec_driver_sql(f"PRAGMA {name}").scalar())
-        for name in ("journal_mode", "synchronous", "foreign_keys", "busy_timeout")
-    }
-
-
-def judge_sqlite(settings: dict[str, str]) -> list[Check]:
-    """Judge SQLite PRAGMAs as a sessionrepo connection sees them."""
-    checks = []
-    mode = settings["journal_mode"].lower()
-    checks.append(
-        Check(name="journal_mode", status="ok", detail="wal")
-        if mode == "wal"
-        else Check(
-            name="journal_mode",
-            status="fail",
-            detail=f"{mode}: WAL could not be enabled, so writers block readers",
-            fix="keep the file on a local file system (WAL needs shared memory), "
-            "writable by every gateway",
-        )
-    )
-    levels = {"0": "OFF", "1": "NORMAL", "2": "FULL", "3": "EXTRA"}
-    level = levels.get(settings["synchronous"], settings["synchronous"])
-    if level in ("FULL", "EXTRA"):
-        checks.append(Check(name="synchronous", status="ok", detail=level))
-    else:
-        checks.append(
-            Check(
-                name="synchronous",
-                status="fail" if level == "OFF" else "warn",
-                detail=f"{level}: a power loss may lose commits already acknowledged",
-                fix="leave sqlite_synchronous at its default (FULL)",
-            )
-        )
-    checks.append(
-        Check(name="foreign_keys", status="ok", detail="on")
-        if settings["foreign_keys"] == "1"
-        else Check(
-            name="foreign_keys",
-            status="fail",
-            detail="off: deleting a session would leave its messages behind",
-            fix="open the store with sessionrepo (its connections turn foreign keys on)",
-        )
-    )
-    timeout = int(settings["busy_timeout"])
-    checks.append(
-        Check(name="busy_timeout", status="ok", detail=f"{timeout} ms")
-        if timeout > 0
-        else Check(
-            name="busy_timeout",
-            status="fail",
-            detail="0 ms: a writer fails at once while another holds the lock",
-            fix="leave busy_timeout at its default (10 s)",
-        )
-    )
-    return checks
-
-
-def _postgres_settings(conn: Connection) -> dict[str, str]:
-    settings = {
-        name: str(conn.exec_driver_sql(f"SHOW {name}").scalar())
-        for name in (
-            "server_version_num",
-            "synchronous_commit",
-            "fsync",
-            "full_page_writes",
-            "TimeZone",
-            "default_transaction_read_only",
-        )
-    }
-    settings["in_recovery"] = str(conn.execute(text("SELECT pg_is_in_recovery()")).scalar())
-    return settings
-
-
-#: Oldest PostgreSQL major version sessionrepo is tested on.
-MIN_POSTGRES: Final = 13
-
-
-def judge_postgres(settings: dict[str, str]) -> list[Check]:
-    """Judge PostgreSQL settings as a sessionrepo session sees them."""
-    checks = []
-    major = int(settings["server_version_num"]) // 10_000
-    checks.append(
-        Check(name="server_version", status="ok", detail=str(major))
-        if major >= MIN_POSTGRES
-        else Check(
-            name="server_version",
-            status="warn",
-            detail=f"{major}: older than {MIN_POSTGRES}, untested",
-            fix=f"upgrade PostgreSQL to {MIN_POSTGRES} or later",
-        )
-    )
-    commit = settings["synchronous_commit"]
-    checks.append(
-        Check(name="synchronous_commit", status="ok", detail=commit)
-        if commit != "off"
-        else Check(
-            name="synchronous_commit",
-            status="fail",
-            detail="off: a server crash loses commits already acknowledged to gateways",
-            fix="set synchronous_commit = on (ALTER SYSTEM, or reset it for the "
-            "database / role the gateways use)",
-        )
-    )
-    checks.append(
-        Check(name="fsync", status="ok", detail="on")
-        if settings["fsync"] == "on"
-        else Check(
-            name="fsync",
-            status="fail",
-            detail="off: a crash can lose or corrupt committed data",
-            fix="set fsync = on in postgresql.conf",
-        )
-    )
-    checks.append(
-        Check(name="full_page_writes", status="ok", detail="on")
-        if settings["full_page_writes"] == "on"
-        else Check(
-            name="full_page_writes",
-            status="warn",
-            detail="off: a crash during a page write can corrupt it",
-            fix="set full_page_writes = on unless the file system rules torn pages out",
-        )
-    )
-    zone = settings["TimeZone"]
-    checks.append(
-        Check(name="timezone", status="ok", detail=zone)
-        if zone.upper() in ("UTC", "ETC/UTC")
-        else Check(
-            name="timezone",
-            status="warn",
-            detail=f"{zone}: sessionrepo asks for UTC at connect (a pooler may drop that)",
-            fix="let connection options through the pooler, or set the role's timezone to UTC",
-        )
-    )
-    read_only = (
-        settings["in_recovery"] == "True" or settings["default_transaction_read_only"] == "on"
-    )
-    checks.append(
-        Check(name="writable", status="ok", detail="read-write")
-        if not read_only
-        else Check(
-            name="writable",
-            status="fail",
-            detail="read-only (a standby, or default_transaction_read_only = on)",
-            fix="point --url at the primary server",
-        )
-    )
-    return checks
-
-
-def _sqlite_version(conn: Connection) -> str:
-    return str(conn.exec_driver_sql("SELECT sqlite_version()").scalar())
-
-
-def _postgres_version(conn: Connection) -> str:
-    return str(conn.exec_driver_sql("SHOW server_version").scalar()).split()[0]
-
-
-_SETTINGS: Final = {
-    "sqlite": _SettingsProbe(_sqlite_version, _sqlite_settings, judge_sqlite),
-    "postgresql": _SettingsProbe(_postgres_version, _postgres_settings, judge_postgres),
-}
-
-
 def _check_settings(probe: _Probe) -> Iterator[Check]:
     assert probe.database is not None
-    backend = _SETTINGS[probe.database.backend]
-    settings = probe.database.read(backend.settings)
-    prefix = probe.database.backend
-    for check in backend.judge(settings):
-        yield check.model_copy(update={"name": f"{prefix}.{check.name}"})
+    dialect = probe.database.dialect
+    settings = probe.database.read(dialect.settings)
+    for check in dialect.judge_settings(settings):
+        yield check.model_copy(update={"name": f"{dialect.name}.{check.name}"})
 
 
 def _check_outbox(probe: _Probe) -> Iterator[Check]:

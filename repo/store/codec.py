@@ -1,25 +1,22 @@
-"""Pydantic models to table rows and back. ORM rows never leave ``repo/``."""
+"""Pydantic models to table rows and back. ORM rows never leave the store.
+
+Every message column is declared once, by ``sessionrepo.models.tables.MessageRow``
+(:data:`~sessionrepo.models.tables.MESSAGE_COLUMNS`): how a field is encoded for its
+column, which fields are hashed and what a loaded row decodes to follow from the column
+types and markers there. A new plain column (text, number, JSON) needs nothing here.
+"""
 
 from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterable, Mapping, Sequence
+import textwrap
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Final
 
 from pydantic import ValidationError
-from sqlalchemy import (
-    BigInteger,
-    LargeBinary,
-    Row,
-    String,
-    Text,
-    Uuid,
-    column,
-    table,
-    type_coerce,
-)
+from sqlalchemy import Row, Text, Uuid, column, table, type_coerce
 from sqlalchemy.types import NullType
 
 from sessionrepo.errors import InvalidMessage
@@ -34,6 +31,11 @@ from sessionrepo.models.message import (
 )
 from sessionrepo.models.tables import (
     ENCODED_MARK,
+    HASHED_COLUMNS,
+    MESSAGE_COLUMNS,
+    MESSAGE_PLACE,
+    JSONText,
+    LosslessText,
     UTCDateTime,
     dump_json,
     dump_layout,
@@ -41,67 +43,14 @@ from sessionrepo.models.tables import (
     messages_table,
 )
 
-#: The message fields that make up its content: the hash over them tells a plain re-send
-#: (same key, same content) from a conflict. The key, the timestamp and the key order of
-#: the wire dict are not content.
-HASHED_FIELDS = (
-    "role",
-    "content",
-    "tool_calls",
-    "tool_call_id",
-    "tool_name",
-    "reasoning",
-    "finish_reason",
-    "token_count",
-    "platform_message_id",
-    "extra",
-)
-
-#: Columns of an encoded row (see :func:`message_row`), in insert order.
-ROW_COLUMNS = (
-    "client_msg_uuid",
-    "role",
-    "content",
-    "tool_calls",
-    "tool_call_id",
-    "tool_name",
-    "reasoning",
-    "finish_reason",
-    "token_count",
-    "timestamp",
-    "platform_message_id",
-    "extra",
-    "openai_keys",
-    "content_hash",
-)
-
-MESSAGE_COLUMNS = (
-    "client_msg_uuid",
-    *HASHED_FIELDS,
-    "timestamp",
-    "openai_keys",
-)
-
 #: ``messages`` for rows that :func:`message_row` already encoded: the text and JSON
 #: columns take the stored strings as they are (the mapped table would encode again).
 encoded_messages = table(
     "messages",
-    column("session_id", String),
-    column("seq", BigInteger),
-    column("client_msg_uuid", Uuid),
-    column("role", String),
-    column("content", Text),
-    column("tool_calls", Text),
-    column("tool_call_id", String),
-    column("tool_name", String),
-    column("reasoning", Text),
-    column("finish_reason", String),
-    column("token_count", BigInteger),
-    column("timestamp", UTCDateTime),
-    column("platform_message_id", String),
-    column("extra", Text),
-    column("openai_keys", Text),
-    column("content_hash", LargeBinary),
+    *(
+        column(c.name, Text if isinstance(c.type, LosslessText | JSONText) else c.type)
+        for c in messages_table.columns
+    ),
 )
 
 
@@ -128,31 +77,57 @@ def check_session_id(session_id: Any, field: str = "session_id") -> str:
         raise InvalidMessage(field, str(exc).removeprefix(f"{field}: ")) from None
 
 
+def _encode_extra(extra: dict[str, Any]) -> str | None:
+    return dump_json(extra) if extra else None  # no extra keys: NULL, read back as {}
+
+
+def _encoder(name: str) -> Callable[[Any], Any] | None:
+    """How the value of a message field becomes its column's stored value (``None``: as
+    it is), by the column's type: the hot path writes the stored strings itself."""
+    special: dict[str, Callable[[Any], Any]] = {"extra": _encode_extra, "openai_keys": dump_layout}
+    if name in special:
+        return special[name]
+    kind = messages_table.c[name].type
+    if isinstance(kind, LosslessText):
+        return encode_text
+    if isinstance(kind, JSONText):
+        return dump_json
+    return None
+
+
+#: ``(name, encoder, counted)`` per message field stored: ``counted`` fields (the content
+#: columns stored as text) make up the message's stored size and are hashed as UTF-8.
+_ENCODERS: Final = tuple(
+    (
+        name,
+        _encoder(name),
+        name in HASHED_COLUMNS and isinstance(messages_table.c[name].type, LosslessText | JSONText),
+    )
+    for name in MESSAGE_COLUMNS
+    if name != "content_hash"
+)
+
+
 def message_row(message: Message, field: str) -> dict[str, Any]:
-    """The stored form of one message (without ``session_id`` and ``seq``): text and
-    JSON fields encoded as the tables store them, plus ``content_hash`` and
+    """The stored form of one message (the :data:`MESSAGE_COLUMNS`): text and JSON
+    fields encoded as the tables store them, plus ``content_hash`` and
     ``tool_call_total`` (for the session counter).
 
     Raises:
         InvalidMessage: a field cannot be encoded (a nested value changed after
             validation), or the message is larger than ``MAX_MESSAGE_BYTES`` once stored.
     """
+    row: dict[str, Any] = {}
+    # Each large field is encoded to UTF-8 once: its size and the hash use the bytes.
+    encoded: dict[str, bytes] = {}
     try:
-        content = None if message.content is None else encode_text(message.content)
-        reasoning = None if message.reasoning is None else encode_text(message.reasoning)
-        tool_calls = None if message.tool_calls is None else dump_json(message.tool_calls)
-        extra = dump_json(message.extra) if message.extra else None
-        # Each large field is encoded to UTF-8 once: its size and the hash use the bytes.
-        encoded = {
-            name: value.encode("utf-8")
-            for name, value in (
-                ("content", content),
-                ("reasoning", reasoning),
-                ("tool_calls", tool_calls),
-                ("extra", extra),
-            )
-            if value is not None
-        }
+        for name, encode, counted in _ENCODERS:
+            value = getattr(message, name)
+            if encode is not None and value is not None:
+                value = encode(value)
+                if counted and value is not None:
+                    encoded[name] = value.encode("utf-8")
+            row[name] = value
     except (ValueError, TypeError) as exc:  # UnicodeEncodeError is a ValueError
         raise InvalidMessage(field, f"cannot be stored faithfully: {exc}") from exc
     size = sum(map(len, encoded.values()))
@@ -164,39 +139,22 @@ def message_row(message: Message, field: str) -> dict[str, Any]:
         raise InvalidMessage(
             where, f"{size} bytes once stored; the limit is {MAX_MESSAGE_BYTES} bytes"
         )
-    row: dict[str, Any] = {
-        "client_msg_uuid": message.client_msg_uuid,
-        "role": message.role,
-        "content": content,
-        "tool_calls": tool_calls,
-        "tool_call_id": message.tool_call_id,
-        "tool_name": message.tool_name,
-        "reasoning": reasoning,
-        "finish_reason": message.finish_reason,
-        "token_count": message.token_count,
-        "timestamp": message.timestamp,
-        "platform_message_id": message.platform_message_id,
-        "extra": extra,
-        "openai_keys": (
-            dump_layout(message.openai_keys) if message.openai_keys is not None else None
-        ),
-    }
     row["content_hash"] = content_hash(row, encoded)
     row["tool_call_total"] = len(message.tool_calls or ())
     return row
 
 
-def content_hash(row: Mapping[str, Any], encoded: Mapping[str, bytes] | None = None) -> bytes:
-    """16 bytes of SHA-256 over the encoded content fields of a row (``encoded``: fields
-    already encoded to UTF-8, by name)."""
+def content_hash(row: Mapping[str, Any], encoded: Mapping[str, bytes]) -> bytes:
+    """16 bytes of SHA-256 over the content columns (:data:`HASHED_COLUMNS`) of an
+    encoded row; ``encoded`` holds the text columns already encoded to UTF-8, by name."""
     parts = []
-    for name in HASHED_FIELDS:
+    for name in HASHED_COLUMNS:
         value = row[name]
         # A tag per field tells None from "" and keeps fields from running together.
         if value is None:
             parts.append(b"\x00")
         else:
-            data = encoded.get(name) if encoded is not None else None
+            data = encoded.get(name)
             if data is None:
                 data = str(value).encode("utf-8")
             parts += (b"\x01", len(data).to_bytes(8, "big"), data)
@@ -248,34 +206,12 @@ def _plain(message: Message) -> Message:
     )
 
 
-def stored_message(row: Row[Any]) -> StoredMessage:
-    """A row read from ``messages`` (typed columns) as a ``StoredMessage``: trusted, so
-    not revalidated."""
-    keys = row.openai_keys
-    message = StoredMessage.model_construct(
-        session_id=row.session_id,
-        seq=row.seq,
-        client_msg_uuid=row.client_msg_uuid,
-        role=row.role,
-        content=row.content,
-        tool_calls=row.tool_calls,
-        tool_call_id=row.tool_call_id,
-        tool_name=row.tool_name,
-        reasoning=row.reasoning,
-        finish_reason=row.finish_reason,
-        token_count=row.token_count,
-        timestamp=row.timestamp,
-        platform_message_id=row.platform_message_id,
-        extra=row.extra or {},
-        openai_keys=tuple(keys) if keys is not None else None,
-    )
-    mark_validated(message)  # it was validated before it was stored
-    return message
-
-
-#: The columns :func:`stored_messages` decodes, in this order: an encoded row's, but the
-#: content hash, then the message's place.
-LOAD_COLUMNS = (*(name for name in ROW_COLUMNS if name != "content_hash"), "session_id", "seq")
+#: The columns :func:`stored_messages` decodes, in this order: the stored message's
+#: (without the content hash), then its place: the field order of ``StoredMessage``.
+LOAD_COLUMNS: Final = (
+    *(name for name in MESSAGE_COLUMNS if name != "content_hash"),
+    *MESSAGE_PLACE,
+)
 
 
 #: ``messages``' :data:`LOAD_COLUMNS` as the driver returns them, for ``select()``: no
@@ -283,6 +219,91 @@ LOAD_COLUMNS = (*(name for name in ROW_COLUMNS if name != "content_hash"), "sess
 load_columns = tuple(
     type_coerce(messages_table.c[name], NullType()).label(name) for name in LOAD_COLUMNS
 )
+
+
+#: How a stored value becomes the field's value, as statements on the local ``{name}``:
+#: by column name for the fields stored their own way, else by column type.
+_DECODING_BY_NAME: Final = {
+    # NULL when there are no extra keys.
+    "extra": "{name} = ({name} is not None and loads({name})) or {{}}\n",
+    # Few layouts recur: one shared tuple per layout.
+    "openai_keys": (
+        "if {name} is not None:\n"
+        "    layout = layouts.get({name})\n"
+        "    if layout is None:\n"
+        "        layout = layouts[{name}] = tuple(loads({name}))\n"
+        "    {name} = layout\n"
+    ),
+}
+_DECODING_BY_TYPE: Final = (
+    # SQLite: 32 hex digits; psycopg: a UUID already.
+    (Uuid, "if type({name}) is str:\n    {name} = uuid_from_hex({name})\n"),
+    # SQLAlchemy's SQLite text for a naive UTC time ("2026-11-29 12:00:00.000000") is
+    # parsed with its zone at once (datetime.replace is slow); psycopg gives it aware.
+    (
+        UTCDateTime,
+        "if type({name}) is str:\n"
+        "    if len({name}) == 26 and {name}[19] == '.':\n"
+        "        {name} = parse_time({name} + '+00:00')\n"
+        "    else:\n"
+        "        {name} = parse_time({name})\n"
+        "if {name}.tzinfo is not UTC:\n"
+        "    {name} = {name}.replace(tzinfo=UTC) if {name}.tzinfo is None "
+        "else {name}.astimezone(UTC)\n",
+    ),
+    (
+        LosslessText,
+        "if {name} is not None and {name}.startswith(mark):\n    {name} = loads({name}[1:])\n",
+    ),
+    (JSONText, "if {name} is not None:\n    {name} = loads({name})\n"),
+)
+
+
+def _decoding(name: str) -> str:
+    """The statements that decode the local ``name`` (a stored value as the driver gives
+    it) to the field's value; none for a value stored as it is."""
+    template = _DECODING_BY_NAME.get(name)
+    if template is None:
+        kind = messages_table.c[name].type
+        template = next((t for cls, t in _DECODING_BY_TYPE if isinstance(kind, cls)), "")
+    return template.format(name=name)
+
+
+def _decoder_source() -> str:
+    """The loop of :func:`stored_messages`, written out column by column from the
+    declaration: a loop over the columns inside the loop over the rows makes loading a
+    long transcript half again as slow."""
+    body = "".join(_decoding(name) for name in LOAD_COLUMNS)
+    values = ", ".join(f"{name!r}: {name}" for name in LOAD_COLUMNS)
+    return (
+        "def decode(rows, append, layouts):\n"
+        "    for row in rows:\n"
+        f"        ({', '.join(LOAD_COLUMNS)},) = row\n"
+        + textwrap.indent(body, " " * 8)
+        + f"        append(build({{{values}}}))\n"
+    )
+
+
+_Decoder = Callable[
+    [Iterable[Sequence[Any]], Callable[[StoredMessage], None], dict[str, tuple[str, ...]]], None
+]
+
+
+def _compile_decoder() -> _Decoder:
+    scope: dict[str, Any] = {
+        "UTC": UTC,
+        "build": trusted_stored_message,
+        "loads": json.loads,
+        "mark": ENCODED_MARK,
+        "parse_time": datetime.fromisoformat,
+        "uuid_from_hex": parse_uuid,
+    }
+    exec(compile(_decoder_source(), f"<{__name__} decoder>", "exec"), scope)
+    decode: Any = scope["decode"]
+    return decode  # type: ignore[no-any-return]
+
+
+_decode = _compile_decoder()
 
 
 def stored_messages(rows: Iterable[Sequence[Any]]) -> list[StoredMessage]:
@@ -294,74 +315,10 @@ def stored_messages(rows: Iterable[Sequence[Any]]) -> list[StoredMessage]:
     digits and the time as naive UTC text, psycopg gives a ``UUID`` and an aware
     ``datetime``.
     """
-    loads = json.loads
-    mark = ENCODED_MARK
-    parse_time = datetime.fromisoformat
-    uuid_from_hex = parse_uuid
-    build = trusted_stored_message
+    messages: list[StoredMessage] = []
     #: openai_keys as stored -> the tuple (immutable, so one shared copy per layout).
     layouts: dict[str, tuple[str, ...]] = {}
-    messages: list[StoredMessage] = []
-    append = messages.append
-    for row in rows:
-        (
-            key,
-            role,
-            content,
-            tool_calls,
-            tool_call_id,
-            tool_name,
-            reasoning,
-            finish_reason,
-            token_count,
-            stamp,
-            platform_message_id,
-            extra,
-            openai_keys,
-            session_id,
-            seq,
-        ) = row
-        if type(key) is str:
-            key = uuid_from_hex(key)
-        if type(stamp) is str:
-            # SQLAlchemy's SQLite text for a naive UTC time ("2026-11-29 12:00:00.000000"):
-            # parsed with its zone at once (datetime.replace is slow).
-            if len(stamp) == 26 and stamp[19] == ".":
-                stamp = parse_time(stamp + "+00:00")
-            else:
-                stamp = parse_time(stamp)
-        if stamp.tzinfo is not UTC:
-            stamp = stamp.replace(tzinfo=UTC) if stamp.tzinfo is None else stamp.astimezone(UTC)
-        if content is not None and content.startswith(mark):
-            content = loads(content[1:])
-        if reasoning is not None and reasoning.startswith(mark):
-            reasoning = loads(reasoning[1:])
-        if openai_keys is not None:
-            layout = layouts.get(openai_keys)
-            if layout is None:
-                layout = layouts[openai_keys] = tuple(loads(openai_keys))
-            openai_keys = layout
-        append(
-            build(
-                {
-                    "client_msg_uuid": key,
-                    "role": role,
-                    "content": content,
-                    "tool_calls": None if tool_calls is None else loads(tool_calls),
-                    "tool_call_id": tool_call_id,
-                    "tool_name": tool_name,
-                    "reasoning": reasoning,
-                    "finish_reason": finish_reason,
-                    "token_count": token_count,
-                    "timestamp": stamp,
-                    "platform_message_id": platform_message_id,
-                    "extra": (extra is not None and loads(extra)) or {},
-                    "openai_keys": openai_keys,
-                    "session_id": session_id,
-                    "seq": seq,
-                }
-            )
-        )
+    _decode(rows, messages.append, layouts)
     return messages
 
 

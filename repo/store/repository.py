@@ -24,10 +24,11 @@ from sessionrepo.models import (
 )
 from sessionrepo.models.message import to_utc, utcnow
 from sessionrepo.models.tables import ENCODED_MARK, decode_text, messages_table, sessions_table
+from sessionrepo.search.text import content_text
 from sessionrepo.store import codec as _codec
 from sessionrepo.store import schema
 from sessionrepo.store.database import Database
-from sessionrepo.store.search_index import SearchIndex, content_text
+from sessionrepo.store.search_index import SearchIndex
 
 S = sessions_table.c
 M = messages_table.c

@@ -1,7 +1,8 @@
 """Full-text search over message content, the same on SQLite and PostgreSQL.
 
 The index (FTS5 on SQLite, a ``tsvector`` table with a GIN index on PostgreSQL; the SQL
-lives in ``repo/_dialects.py``) is kept *beside* the transcript, never inside its write.
+lives in :mod:`sessionrepo.dialects`) is kept *beside* the transcript, never inside its
+write.
 An append records what it inserted in ``search_backlog`` (one row, in its own
 transaction: a committed message is always either indexed or named there), and
 :meth:`SearchIndex.catch_up` indexes the backlog later, in transactions of its own that
@@ -16,15 +17,12 @@ Whatever goes wrong while indexing (a corrupt FTS5 file, a missing table, an ove
 document) rolls back the indexing only, marks the index ``stale`` in
 ``search_index_state``, and the append (or the catch-up's removal of its rows) still
 commits. A stale index refuses to answer (``SearchIndexUnavailable``) until ``reindex``
-rebuilds it from the messages, emptying the backlog in the same transaction.
+rebuilds it from the messages, emptying the backlog in the same transaction. A failure is
+the index's because of which statement failed: this module runs the index's statements
+and attributes their failures (an outage stays an outage), never by the error's text.
 
-The text is prepared in Python, identically for both backends: content parts are reduced
-to their text, the first ``INDEX_CHARS`` characters are kept, case is folded, Latin and
-Cyrillic diacritics are dropped, and every CJK character, emoji or other symbol becomes a
-word of its own (symbols as ``u`` + hex code point), so both tokenizers see the same words.
-
-User queries are words, "quoted phrases", ``prefix*`` and ``-excluded``; anything else is
-literal text. Nothing a user types reaches SQL except as a bound parameter.
+The text is prepared and queries are parsed in Python, identically for both backends
+(:mod:`sessionrepo.search`); this module is the part that runs transactions.
 
 What a query costs does not grow with how common its words are. ``order="newest"`` walks
 the index from the newest message (SQLite: the FTS5 rowid is derived from the message
@@ -38,17 +36,15 @@ asked raises ``SearchIndexUnavailable`` instead of answering wrongly.
 from __future__ import annotations
 
 import contextlib
-import re
-import unicodedata
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Final, Literal
+from typing import Any, Final
 
-from sqlalchemy import Connection, bindparam, delete, exists, func, select, tuple_
+from sqlalchemy import Connection, Row, bindparam, delete, exists, func, select, tuple_
 from sqlalchemy import exc as sa_exc
 
-from sessionrepo.errors import BackendUnavailable, InvalidMessage, RepoError, SearchIndexUnavailable
+from sessionrepo.dialects.base import IndexEntry, SearchOrder
+from sessionrepo.errors import InvalidMessage, RepoError, SearchIndexUnavailable
 from sessionrepo.models.message import utcnow
 from sessionrepo.models.search import SearchHit
 from sessionrepo.models.tables import (
@@ -57,16 +53,11 @@ from sessionrepo.models.tables import (
     search_backlog_table,
     search_state_table,
 )
+from sessionrepo.search.query import Query, SearchFilters, parse_query
+from sessionrepo.search.snippets import make_snippet
+from sessionrepo.search.text import INDEX_CHARS, content_text, document
 from sessionrepo.store.database import Database
 
-#: Characters of each message that are indexed (a 20 MB tool output is findable by its
-#: beginning; the rest is stored, not indexed).
-INDEX_CHARS: Final = 100_000
-#: Longest query accepted, in characters.
-MAX_QUERY_CHARS: Final = 10_000
-#: Most terms a query may have (the rest are ignored).
-MAX_TERMS: Final = 32
-SNIPPET_CHARS: Final = 160
 #: ``order="rank"`` orders by relevance the newest ``RANK_WINDOW`` messages that match
 #: (after the filters), not every match: a word found in most of a million messages
 #: would otherwise cost seconds to rank, and in a chat history the best matches among
@@ -83,161 +74,6 @@ _INDEX_NAME: Final = "messages"
 M = messages_table.c
 ST = search_state_table.c
 B = search_backlog_table.c
-
-# CJK ideographs, kana, Hangul and their compatibility forms: one character, one word.
-_CJK = (
-    "\u2e80-\u2fdf\u3040-\u30ff\u3100-\u312f\u3130-\u318f\u31a0-\u31ff\u3400-\u4dbf"
-    "\u4e00-\u9fff\ua960-\ua97f\uac00-\ud7ff\uf900-\ufaff\uff66-\uffdc"
-    "\U00020000-\U0003134f"
-)
-_CJK_CHAR = re.compile(f"[{_CJK}]")
-#: Combining diacritical marks (the block Latin, Greek and Cyrillic letters take; kana
-#: voicing marks and other scripts' marks are elsewhere and stay).
-_LATIN_MARKS = re.compile("[\u0300-\u036f]+")
-#: A word, for the index and for queries: letters and digits only, so that SQLite's
-#: unicode61 tokenizer and PostgreSQL's parser (which would keep "3.14", "a-b" or an
-#: e-mail address whole) see exactly the same words.
-_WORD = re.compile(r"[^\W_]+")
-
-
-def normalize(text: str) -> str:
-    """The text as both backends' tokenizers are given it (see the module docstring)."""
-    if text.isascii():  # the common case: nothing to decompose, segment or translate
-        return text.lower()
-    text = unicodedata.normalize("NFKD", text.casefold())
-    text = _LATIN_MARKS.sub("", text)
-    text = unicodedata.normalize("NFC", text)
-    text = _CJK_CHAR.sub(r" \g<0> ", text)
-    return _NOT_WORD.sub(_symbol_or_mark, text)
-
-
-#: Non-ASCII characters that are not letters, digits or spaces: symbols (emoji) become
-#: words, marks and format characters vanish. ASCII punctuation and symbols separate.
-_NOT_WORD = re.compile(r"[^\w\s\x00-\x7f]")
-
-
-def _symbol_or_mark(match: re.Match[str]) -> str:
-    char = match.group()
-    category = unicodedata.category(char)
-    if category in ("So", "Sk", "Sm", "Sc"):
-        return f" u{ord(char):x} "
-    if category in ("Mn", "Me", "Cf"):
-        return ""  # variation selectors, ZWJ, stray marks: not part of any word
-    return char
-
-
-def content_text(content: Any) -> str:
-    """The searchable text of a message's content: the string, or the text of its parts."""
-    if content is None:
-        return ""
-    if isinstance(content, str):
-        return content
-    texts: list[str] = []
-    _collect_text(content, texts)
-    return "\n".join(texts)
-
-
-def _collect_text(value: Any, texts: list[str]) -> None:
-    if isinstance(value, dict):
-        text = value.get("text")
-        if isinstance(text, str):
-            texts.append(text)
-        for key, item in value.items():
-            if key != "text" and isinstance(item, dict | list):
-                _collect_text(item, texts)
-    elif isinstance(value, list):
-        for item in value:
-            _collect_text(item, texts)
-
-
-def document(content: Any) -> str:
-    """What is indexed for a message with this (decoded) content: its words, space apart.
-
-    ASCII text (most of it) is folded in one byte-level pass; in other text only the
-    whitespace-separated chunks that hold a non-ASCII character take the Unicode path of
-    :func:`normalize` (the words are the same as normalising the whole text: no step of it
-    crosses whitespace).
-    """
-    text = content_text(content)[:INDEX_CHARS]
-    if text.isascii():
-        return _ascii_words(text)
-    pieces: list[str] = []
-    last = 0
-    for match in _NON_ASCII_CHUNK.finditer(text):
-        pieces.append(_ascii_words(text[last : match.start()]))
-        pieces.append(" ".join(_WORD.findall(normalize(match.group()))))
-        last = match.end()
-    pieces.append(_ascii_words(text[last:]))
-    return " ".join(pieces)
-
-
-#: ASCII letters folded to lower case, digits kept, every other byte a separator.
-_ASCII_FOLD = (
-    bytes(
-        (code | 0x20) if chr(code).isalpha() else code if chr(code).isdigit() else 0x20
-        for code in range(128)
-    )
-    + b" " * 128
-)
-#: A whitespace-separated chunk holding a non-ASCII character (the lookbehind anchors
-#: it at the chunk's start, so a long ASCII run is scanned once, not once per position),
-#: or a lone non-ASCII space.
-_NON_ASCII_CHUNK = re.compile(r"(?<!\S)\S*?[^\x00-\x7f]\S*|[^\x00-\x7f]")
-
-
-def _ascii_words(text: str) -> str:
-    return text.encode("ascii").translate(_ASCII_FOLD).decode("ascii")
-
-
-# -- queries -------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Term:
-    """One query term: a word or phrase (``words``), matched as a prefix or excluded."""
-
-    words: tuple[str, ...]
-    prefix: bool = False
-    excluded: bool = False
-
-
-@dataclass(frozen=True)
-class Query:
-    terms: tuple[Term, ...] = field(default_factory=tuple)
-
-    @property
-    def positive(self) -> tuple[Term, ...]:
-        return tuple(term for term in self.terms if not term.excluded)
-
-    @property
-    def negative(self) -> tuple[Term, ...]:
-        return tuple(term for term in self.terms if term.excluded)
-
-
-_TOKEN = re.compile(r'(-?)"([^"]*)"?|(-?)(\S+)')
-
-
-def parse_query(text: str) -> Query:
-    """Words, "phrases", ``prefix*`` and ``-excluded``; everything else is literal text
-    (operators such as ``AND``, ``NEAR(`` or ``col:x`` are just words)."""
-    if len(text) > MAX_QUERY_CHARS:
-        text = text[:MAX_QUERY_CHARS]
-    terms: list[Term] = []
-    for match in _TOKEN.finditer(text):
-        quoted_minus, phrase, minus, bare = match.groups()
-        if phrase is not None:
-            words = tuple(_WORD.findall(normalize(phrase)))
-            if words:
-                terms.append(Term(words, excluded=bool(quoted_minus)))
-            continue
-        excluded = bool(minus) and len(bare) > 1
-        prefix = bare.endswith("*")
-        words = tuple(_WORD.findall(normalize(bare)))
-        if not words:
-            continue
-        # "a_b", "x-y" or a CJK run: the words must come together, as a phrase.
-        terms.append(Term(words, prefix=prefix and len(words) == 1, excluded=excluded))
-    return Query(tuple(terms[:MAX_TERMS]))
 
 
 # -- index maintenance ---------------------------------------------------------------
@@ -320,6 +156,9 @@ class SearchIndex:
                 of the call's start are done).
 
         Raises:
+            SearchIndexUnavailable: indexing found the index too damaged for its
+                transaction to survive; the index is marked stale (the rows stay, and the
+                next catch-up deletes them).
             RepoError: the database failed the transaction as a whole (it is rolled
                 back; the rows stay for the next catch-up).
         """
@@ -340,7 +179,11 @@ class SearchIndex:
                 return self._catch_up_batch(conn, wait, among)
 
             while limit is None or done < limit:
-                taken, count = self.database.write(batch)
+                try:
+                    taken, count = self.database.write(batch)
+                except SearchIndexUnavailable as exc:
+                    self.mark_stale(str(exc))
+                    raise
                 if not taken:
                     break
                 done += taken
@@ -352,7 +195,7 @@ class SearchIndex:
     ) -> tuple[int, int]:
         """One catch-up transaction: (messages taken off the backlog, messages indexed)."""
         rows = self.dialect.take_search_backlog(conn, CATCH_UP_ROWS, wait=wait, among=among)
-        chosen: list[Any] = []
+        chosen: list[Row[Any]] = []
         total = 0
         for row in rows:
             if chosen and total + row.messages > CATCH_UP_MESSAGES:
@@ -372,7 +215,7 @@ class SearchIndex:
         state = conn.execute(select(ST.state).where(ST.name == _INDEX_NAME)).scalar()
         if state == "stale":
             return total, 0  # the reindex that repairs the index indexes these too
-        entries = []
+        entries: list[IndexEntry] = []
         for row in chosen:
             messages = conn.execute(
                 select(M.seq, M.timestamp, M.role, M.content).where(
@@ -390,12 +233,15 @@ class SearchIndex:
             with conn.begin_nested():
                 self.dialect.index_entries(conn, entries)
         except sa_exc.DBAPIError as exc:
-            if exc.connection_invalidated or not self.dialect.transaction_alive(conn):
-                raise
             reason = (
                 f"indexing {total} messages from session {first.session_id!r} seq "
                 f"{first.first_seq} onwards failed: {exc.orig}"
             )
+            if exc.connection_invalidated or not self.dialect.transaction_alive(conn):
+                # The whole transaction is gone: only the index's objects make it the
+                # index's failure (an outage is retried or reported as one).
+                self._raise_if_broken(exc, reason)
+                raise
             self._set_state(conn, "stale", reason)
             return total, 0
         return total, len(entries)
@@ -480,7 +326,7 @@ class SearchIndex:
         user_id: str | None,
         since: datetime | None,
         until: datetime | None,
-        order: Literal["rank", "newest"],
+        order: SearchOrder,
         limit: int,
         offset: int,
     ) -> list[SearchHit]:
@@ -503,25 +349,29 @@ class SearchIndex:
             raise SearchIndexUnavailable(
                 f"the search index is stale ({reason}); run `sessionrepo reindex`"
             )
-        filters = {
-            "session_id": session_id,
-            "source": source,
-            "role": role,
-            "user_id": user_id,
-            "since": since,
-            "until": until,
-        }
+        filters = SearchFilters(
+            session_id=session_id,
+            source=source,
+            role=role,
+            user_id=user_id,
+            since=since,
+            until=until,
+        )
 
         def work(conn: Connection) -> list[SearchHit]:
-            rows = self.dialect.search_messages(
-                conn,
-                parsed,
-                filters,
-                order=order,
-                limit=limit,
-                offset=offset,
-                window=RANK_WINDOW,
-            )
+            try:
+                rows = self.dialect.search_messages(
+                    conn,
+                    parsed,
+                    filters,
+                    order=order,
+                    limit=limit,
+                    offset=offset,
+                    window=RANK_WINDOW,
+                )
+            except sa_exc.DBAPIError as exc:
+                self._raise_if_broken(exc, "search")
+                raise
             return [self._hit(parsed, row) for row in rows]
 
         try:
@@ -529,26 +379,21 @@ class SearchIndex:
         except SearchIndexUnavailable as exc:
             self.mark_stale(str(exc))
             raise
-        except (BackendUnavailable, RepoError) as exc:
-            if self.dialect.is_search_index_error(exc):
-                self.mark_stale(f"search failed: {exc}")
-                raise SearchIndexUnavailable(
-                    f"the search index is broken ({exc}); run `sessionrepo reindex`"
-                ) from exc
-            raise
 
     def _catch_up_for_search(self) -> None:
-        try:
-            self.catch_up(wait=True)
-        except (BackendUnavailable, RepoError) as exc:
-            if self.dialect.is_search_index_error(exc):
-                self.mark_stale(f"catching up the index failed: {exc}")
-                raise SearchIndexUnavailable(
-                    f"the search index is broken ({exc}); run `sessionrepo reindex`"
-                ) from exc
-            raise
+        self.catch_up(wait=True)  # a broken index raises, marked stale
 
-    def _hit(self, parsed: Query, row: Any) -> SearchHit:
+    def _raise_if_broken(self, exc: sa_exc.DBAPIError, what: str) -> None:
+        """Raise ``SearchIndexUnavailable`` (chained) when ``exc``, the failure of one of
+        the index's own statements, says the index's objects are missing or damaged;
+        return otherwise (a lost connection, a busy database: the caller re-raises it for
+        ``Database`` to retry or translate)."""
+        if not exc.connection_invalidated and self.dialect.is_broken_object(exc):
+            raise SearchIndexUnavailable(
+                f"the search index is broken ({what} failed: {exc.orig}); run `sessionrepo reindex`"
+            ) from exc
+
+    def _hit(self, parsed: Query, row: Row[Any]) -> SearchHit:
         content = decode_text(row.content) if row.content is not None else None
         text = content_text(content)[:INDEX_CHARS]
         snippet = make_snippet(text, parsed)
@@ -608,88 +453,3 @@ def _message_batches(
             return
         yield rows
         after = (rows[-1][0], rows[-1][1])
-
-
-# -- snippets ------------------------------------------------------------------------
-
-
-def make_snippet(text: str, parsed: Query) -> str | None:
-    """A short extract around the first match, matches in [brackets]; ``None`` when the
-    text does not satisfy the query (so the index was wrong)."""
-    words = " " + document(text) + " "
-    positive = parsed.positive
-    if not all(_occurs(term, words) for term in positive):
-        return None
-    if any(_occurs(term, words) for term in parsed.negative):
-        return None
-    # Walk the source words only as far as the extract needs, from where the first
-    # match may begin (again from the start if the guess was wrong: see below).
-    begin = end = -1
-    marked: list[tuple[int, int]] = []
-    hint = _first_possible_match(text, parsed)
-    for start in (hint, 0) if hint else (0,):
-        flat: list[tuple[str, int, int]] = []  # (index word, source start, source end)
-        for match in _SOURCE_WORD.finditer(text, start):
-            if end >= 0 and match.start() >= end:
-                break
-            for part in _WORD.findall(normalize(match.group())):
-                flat.append((part, match.start(), match.end()))
-                for term in positive:
-                    size = len(term.words)
-                    if len(flat) >= size and _matches(term, [w for w, _, _ in flat[-size:]]):
-                        marked.append((flat[-size][1], flat[-1][2]))
-                        if begin < 0:
-                            begin = max(0, flat[-size][1] - SNIPPET_CHARS // 3)
-                            end = min(len(text), begin + SNIPPET_CHARS)
-        if begin >= 0:
-            break
-    if begin < 0:  # matched words the source splits differently: show the start
-        begin, end = 0, min(len(text), SNIPPET_CHARS)
-    pieces: list[str] = ["…" if begin else ""]
-    cursor = begin
-    for start, stop in sorted(marked):
-        if start < cursor or stop > end:
-            continue
-        pieces += [text[cursor:start], "[", text[start:stop], "]"]
-        cursor = stop
-    pieces.append(text[cursor:end])
-    if end < len(text):
-        pieces.append("…")
-    # Adjacent marks ("[3][.][14]", "[東][京]") read as one.
-    return " ".join("".join(pieces).split()).replace("][", "")
-
-
-#: Source words: runs of letters and digits, and every CJK character or symbol.
-_SOURCE_WORD = re.compile(rf"[{_CJK}]|[^\w\s]|[^\W_]+")
-
-
-def _first_possible_match(text: str, parsed: Query) -> int:
-    """Where the first word of a positive term first occurs in the source text as it
-    is (0 when it does not), so that a long text is not walked word by word up to
-    there. In ASCII text no match can begin before it; in other text the index word may
-    come from other source letters (fullwidth "cafe" is "cafe"), so a walk from there that
-    finds nothing is done again from the start."""
-    first = len(text)
-    for term in parsed.positive:
-        word = re.escape(term.words[0])
-        tail = "" if term.prefix else "(?![A-Za-z0-9])"
-        found = re.search(f"(?<![A-Za-z0-9]){word}{tail}", text, re.IGNORECASE)
-        if found is not None:
-            first = min(first, found.start())
-    return 0 if first == len(text) else first
-
-
-def _matches(term: Term, window: list[str]) -> bool:
-    if window[:-1] != list(term.words[:-1]):
-        return False
-    last, wanted = window[-1], term.words[-1]
-    return last == wanted or (term.prefix and last.startswith(wanted))
-
-
-def _occurs(term: Term, words: str) -> bool:
-    """Whether ``term`` occurs in a document's index words (space-separated, with a
-    space before the first and after the last)."""
-    if len(term.words) == 1:
-        needle = " " + term.words[0]
-        return needle in words if term.prefix else needle + " " in words
-    return re.search(" " + " +".join(map(re.escape, term.words)) + " ", words) is not None

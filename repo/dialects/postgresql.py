@@ -1,0 +1,546 @@
+"""PostgreSQL: engine setup, error translation, the append SQL and the tsvector index.
+
+PostgreSQL through psycopg 3 (its async mode for asyncio). An append is one statement:
+the batch travels as binary arrays and the lookup of stored keys, the insert and the
+session's counters happen on the server. The search index is a ``tsvector`` table with
+a GIN index and b-trees on the message time; a search chooses between them by measuring.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any, Final
+
+from sqlalchemy import Column, Connection, Engine, Insert, Row, Table, text
+from sqlalchemy import exc as sa_exc
+from sqlalchemy.dialects import postgresql
+from sqlalchemy.dialects.postgresql.base import PGDialect
+from sqlalchemy.engine import URL
+
+from sessionrepo.dialects.base import (
+    BackendDialect,
+    IndexEntry,
+    SearchOrder,
+    bind_times,
+    lock_bypassed,
+    make_engine,
+    page_of_hits,
+    run_search,
+)
+from sessionrepo.errors import BackendUnavailable, RepoError, WriteRejected
+from sessionrepo.models.doctor import Check
+from sessionrepo.models.tables import MESSAGE_COLUMNS, messages_table
+from sessionrepo.search.query import Query, SearchFilters
+
+#: Key of the PostgreSQL advisory lock held while migrating ("sessrepo" in ASCII).
+MIGRATION_LOCK_KEY: Final = 0x7365737372657070 & 0x7FFFFFFFFFFFFFFF
+
+#: Oldest PostgreSQL major version sessionrepo is tested on.
+MIN_POSTGRES: Final = 13
+
+#: The search index (the migrations made it so; a test checks they agree). The indexes
+#: are built apart from the table: a rebuild drops them and builds them after the rows.
+_SEARCH_TABLE_DDL = (
+    "CREATE TABLE message_search ("
+    " session_id VARCHAR(255) NOT NULL,"
+    " seq BIGINT NOT NULL,"
+    " ts TIMESTAMP WITH TIME ZONE NOT NULL,"
+    " role VARCHAR(16) NOT NULL,"
+    " document TSVECTOR NOT NULL,"
+    " CONSTRAINT pk_message_search PRIMARY KEY (session_id, seq))"
+)
+_SEARCH_INDEX_DDL = (
+    "CREATE INDEX ix_message_search_ts ON message_search (ts)",
+    "CREATE INDEX ix_message_search_session_ts ON message_search (session_id, ts)",
+    "CREATE INDEX ix_message_search_document ON message_search USING gin (document)",
+)
+
+
+def _array_type(column: Column[Any]) -> str:
+    """The element type of the array a column's values travel in: its PostgreSQL type,
+    any text as ``text`` (a cast to ``varchar(n)`` would cut a longer value silently)."""
+    dialect = PGDialect()  # type: ignore[no-untyped-call]  # SQLAlchemy leaves it untyped
+    name = column.type.compile(dialect=dialect).lower()
+    if name.startswith(("varchar", "text")):
+        return "text"
+    return {"timestamp with time zone": "timestamptz"}.get(name, name)
+
+
+#: The arrays of an append: the encoded rows' columns, then each row's tool calls.
+_INPUT_COLUMNS: Final = (*MESSAGE_COLUMNS, "tool_call_total")
+_INPUT_TYPES: Final = {
+    **{name: _array_type(messages_table.c[name]) for name in MESSAGE_COLUMNS},
+    "tool_call_total": "bigint",
+}
+_ARRAYS = ", ".join(f"%({name})b::{_INPUT_TYPES[name]}[]" for name in _INPUT_COLUMNS)
+_INPUT_NAMES = ", ".join(f'"{name}"' for name in _INPUT_COLUMNS)
+_STORED_NAMES = ", ".join(f'"{name}"' for name in MESSAGE_COLUMNS)
+
+_PG_INSERT_NEW = f"""
+WITH input AS (
+    SELECT * FROM unnest({_ARRAYS}) WITH ORDINALITY AS i({_INPUT_NAMES}, ord)
+),
+existing AS (
+    -- One probe of (session_id, client_msg_uuid) per key, whatever the statistics say:
+    -- a join may be planned as a scan of the whole session (every append would then
+    -- read every message the session has). A correlated subquery is never pulled up.
+    SELECT client_msg_uuid, content_hash FROM (
+        SELECT i.client_msg_uuid, (
+            SELECT m.content_hash FROM messages m
+            WHERE m.session_id = %(sid)s AND m.client_msg_uuid = i.client_msg_uuid
+        ) AS content_hash
+        FROM input i
+        OFFSET 0  -- keeps the probe from being evaluated again for the WHERE below
+    ) probed
+    WHERE content_hash IS NOT NULL
+),
+fresh AS (
+    SELECT i.*, %(next_seq)s::bigint + row_number() OVER (ORDER BY i.ord) - 1 AS seq
+    FROM input i
+    WHERE NOT EXISTS (SELECT 1 FROM existing e WHERE e.client_msg_uuid = i.client_msg_uuid)
+),
+inserted AS (
+    INSERT INTO messages (session_id, seq, {_STORED_NAMES})
+    SELECT %(sid)s, seq, {_STORED_NAMES}
+    FROM fresh
+    ORDER BY seq
+    ON CONFLICT (session_id, client_msg_uuid) DO NOTHING
+    RETURNING client_msg_uuid
+),
+counted AS (
+    UPDATE sessions SET
+        next_seq = next_seq + (SELECT count(*) FROM inserted),
+        message_count = message_count + (SELECT count(*) FROM inserted),
+        tool_call_count = tool_call_count + (
+            SELECT coalesce(sum(f.tool_call_total), 0)
+            FROM fresh f JOIN inserted USING (client_msg_uuid)
+        ),
+        last_active_at = %(now)s
+    WHERE id = %(sid)s AND EXISTS (SELECT 1 FROM inserted)
+)
+SELECT client_msg_uuid, NULL::bytea AS content_hash FROM inserted
+UNION ALL
+SELECT client_msg_uuid, content_hash FROM existing
+"""
+
+
+_PG_LOCK_SESSION = "SELECT next_seq FROM sessions WHERE id = %(sid)s FOR UPDATE"
+
+
+class PostgresDialect(BackendDialect):
+    """PostgreSQL through psycopg 3: a pool whose dead connections are replaced on use,
+    every session in UTC."""
+
+    name = "postgresql"
+    search_index_ddl = (_SEARCH_TABLE_DDL, *_SEARCH_INDEX_DDL)
+
+    # SQLSTATE classes and codes that describe the server's state, not the data.
+    _TRANSIENT_CLASSES: Final = ("08", "53", "57", "58", "40")
+    _TRANSIENT_CODES: Final = {
+        "55P03",  # lock_not_available (lock_timeout)
+        "55006",  # object_in_use
+        "25006",  # read_only_sql_transaction (a standby, or default_transaction_read_only)
+        "XX001",  # data_corrupted
+        "XX002",  # index_corrupted
+    }
+    _REJECT_CLASSES: Final = ("22", "54")  # data_exception, program_limit_exceeded
+
+    #: Text search configuration of the index and the queries. ``simple`` (no stemming,
+    #: no stop words) is language-neutral and matches SQLite; another one (``english``)
+    #: stems words, and then search results are not verified against the text.
+    search_config = "simple"
+
+    def create_engine(
+        self, url: URL, options: dict[str, Any], *, asynchronous: bool = False
+    ) -> Engine:
+        self.search_config = str(options.pop("search_config", "simple"))
+        # SQLite's options: they mean nothing to a server (one URL, one set of options).
+        options.pop("busy_timeout", None)
+        options.pop("sqlite_synchronous", None)
+        connect_args: dict[str, Any] = {"options": "-c timezone=UTC"}
+        connect_timeout = options.pop("connect_timeout", 10)
+        if connect_timeout is not None:
+            connect_args["connect_timeout"] = int(connect_timeout)
+        # No ping before each checkout (a round trip per transaction): a dead connection
+        # is detected on use and the transaction rerun (see Database._run).
+        options.setdefault("pool_pre_ping", False)
+        # psycopg 3 serves both: SQLAlchemy picks its async dialect for an async engine.
+        return make_engine(url, asynchronous, connect_args=connect_args, **options)
+
+    def insert_ignoring(self, table: Table, conflict_columns: Sequence[str]) -> Insert:
+        return postgresql.insert(table).on_conflict_do_nothing(
+            index_elements=list(conflict_columns)
+        )
+
+    def lock_for_migration(self, connection: Connection) -> None:
+        connection.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": MIGRATION_LOCK_KEY})
+
+    def lock_session(self, connection: Connection, session_id: str) -> int | None:
+        row = connection.exec_driver_sql(_PG_LOCK_SESSION, {"sid": session_id}).first()
+        return None if row is None else int(row[0])
+
+    def insert_new_messages(
+        self,
+        connection: Connection,
+        session_id: str,
+        next_seq: int,
+        rows: Sequence[dict[str, Any]],
+        now: datetime,
+    ) -> dict[uuid.UUID, bytes]:
+        # One statement, one round trip: the batch travels as binary arrays (no text
+        # quoting of each element), and the lookup,
+        # the insert and the counters happen on the server. Its snapshot is taken after
+        # the caller locked the session row, so the lookup sees every committed row.
+        params: dict[str, Any] = {name: [row[name] for row in rows] for name in _INPUT_COLUMNS}
+        params |= {"sid": session_id, "next_seq": next_seq, "now": now}
+        found = connection.exec_driver_sql(_PG_INSERT_NEW, params).all()
+        stored = {key: digest for key, digest in found if digest is not None}
+        inserted = len(found) - len(stored)
+        if inserted != len(rows) - len(stored):
+            raise lock_bypassed(session_id, len(rows) - len(stored) - inserted)
+        return stored
+
+    def limit_transaction_time(self, connection: Connection, seconds: float) -> None:
+        milliseconds = max(1, int(seconds * 1000))
+        connection.exec_driver_sql(
+            f"SET LOCAL statement_timeout = {milliseconds}; SET LOCAL lock_timeout = {milliseconds}"
+        )
+
+    def lock_outbox_session(self, connection: Connection, session_id: str) -> None:
+        connection.execute(
+            text("SELECT pg_advisory_xact_lock(hashtextextended(:key, 0))"),
+            {"key": f"sessionrepo.outbox:{session_id}"},
+        )
+
+    @staticmethod
+    def _sqlstate(exc: sa_exc.DBAPIError) -> str | None:
+        return getattr(exc.orig, "sqlstate", None)
+
+    def translate(self, exc: sa_exc.DBAPIError) -> RepoError:
+        state = self._sqlstate(exc)
+        detail = f"PostgreSQL{f' [{state}]' if state else ''}: {str(exc.orig).strip()}"
+        if state is None:
+            # No SQLSTATE: the connection failed before the server could answer.
+            if isinstance(exc, sa_exc.OperationalError | sa_exc.InterfaceError):
+                return BackendUnavailable(detail)
+            return RepoError(detail)
+        if state[:2] in self._TRANSIENT_CLASSES or state in self._TRANSIENT_CODES:
+            return BackendUnavailable(detail, code=state)
+        if state[:2] in self._REJECT_CLASSES:
+            return WriteRejected(detail, code=state)
+        return RepoError(detail)
+
+    def is_retryable(self, exc: sa_exc.DBAPIError) -> bool:
+        return self._sqlstate(exc) in ("40001", "40P01")
+
+    def index_documents(
+        self, connection: Connection, session_id: str, seqs: Sequence[int], documents: Sequence[str]
+    ) -> int:
+        # The timestamp and role come from the rows just inserted (one statement).
+        return int(
+            connection.exec_driver_sql(
+                "INSERT INTO message_search (session_id, seq, ts, role, document) "
+                "SELECT m.session_id, m.seq, m.timestamp, m.role, "
+                "to_tsvector(%(cfg)s::regconfig, d.body) "
+                "FROM unnest(%(seqs)b::bigint[], %(bodies)b::text[]) AS d(seq, body) "
+                "JOIN messages m ON m.session_id = %(sid)s AND m.seq = d.seq",
+                {
+                    "sid": session_id,
+                    "cfg": self.search_config,
+                    "seqs": list(seqs),
+                    "bodies": list(documents),
+                },
+            ).rowcount
+        )
+
+    def index_entries(self, connection: Connection, entries: Sequence[IndexEntry]) -> None:
+        if not entries:
+            return
+        sids, seqs, stamps, roles, bodies = (list(column) for column in zip(*entries, strict=True))
+        connection.exec_driver_sql(
+            "INSERT INTO message_search (session_id, seq, ts, role, document) "
+            "SELECT d.sid, d.seq, d.ts, d.role, to_tsvector(%(cfg)s::regconfig, d.body) "
+            "FROM unnest(%(sids)b::text[], %(seqs)b::bigint[], %(stamps)b::timestamptz[], "
+            "%(roles)b::text[], %(bodies)b::text[]) AS d(sid, seq, ts, role, body)",
+            {
+                "cfg": self.search_config,
+                "sids": sids,
+                "seqs": seqs,
+                "stamps": stamps,
+                "roles": roles,
+                "bodies": bodies,
+            },
+        )
+
+    def reset_search_index(self, connection: Connection) -> None:
+        # Appends wait (the share lock) until the rebuild commits; the indexes are
+        # built once over the whole table, after the rows, not maintained row by row.
+        connection.exec_driver_sql("LOCK TABLE messages IN SHARE MODE")
+        # Catch-ups in progress finish first and later ones wait (plain reads do not):
+        # the rebuild then empties a backlog nobody holds, and no catch-up can be
+        # waiting for message_search while this transaction waits for its rows.
+        connection.exec_driver_sql("LOCK TABLE search_backlog IN EXCLUSIVE MODE")
+        connection.exec_driver_sql("TRUNCATE message_search")
+        connection.exec_driver_sql("DROP INDEX IF EXISTS ix_message_search_document")
+        connection.exec_driver_sql("DROP INDEX IF EXISTS ix_message_search_ts")
+        connection.exec_driver_sql("DROP INDEX IF EXISTS ix_message_search_session_ts")
+
+    def finish_search_index(self, connection: Connection) -> None:
+        connection.exec_driver_sql("SET LOCAL maintenance_work_mem = '256MB'")
+        for statement in _SEARCH_INDEX_DDL:
+            connection.exec_driver_sql(statement)
+        connection.exec_driver_sql("ANALYZE message_search")
+
+    def forget_search_documents(self, connection: Connection, session_ids: Sequence[str]) -> None:
+        self._forget_backlog(connection, session_ids)
+        connection.exec_driver_sql(
+            "DELETE FROM message_search WHERE session_id = ANY(%(ids)s)",
+            {"ids": list(session_ids)},
+        )
+
+    def search_messages(
+        self,
+        connection: Connection,
+        query: Query,
+        filters: SearchFilters,
+        *,
+        order: SearchOrder,
+        limit: int,
+        offset: int,
+        window: int,
+    ) -> list[Row[Any]]:
+        return _pg_search(
+            connection,
+            self.search_config,
+            query,
+            filters,
+            order=order,
+            limit=limit,
+            offset=offset,
+            window=window,
+        )
+
+    def is_broken_object(self, exc: sa_exc.DBAPIError) -> bool:
+        # Class 42: an object missing or not usable as the statement needs it (undefined
+        # table or column, a privilege taken away); XX001/XX002: data or index corrupted.
+        state = self._sqlstate(exc)
+        return state is not None and (state[:2] == "42" or state in ("XX001", "XX002"))
+
+    def server_version(self, connection: Connection) -> str:
+        return str(connection.exec_driver_sql("SHOW server_version").scalar()).split()[0]
+
+    def settings(self, connection: Connection) -> dict[str, str]:
+        settings = {
+            name: str(connection.exec_driver_sql(f"SHOW {name}").scalar())
+            for name in (
+                "server_version_num",
+                "synchronous_commit",
+                "fsync",
+                "full_page_writes",
+                "TimeZone",
+                "default_transaction_read_only",
+            )
+        }
+        settings["in_recovery"] = str(
+            connection.execute(text("SELECT pg_is_in_recovery()")).scalar()
+        )
+        return settings
+
+    def judge_settings(self, settings: dict[str, str]) -> list[Check]:
+        """Judge PostgreSQL settings as a sessionrepo session sees them."""
+        checks = []
+        major = int(settings["server_version_num"]) // 10_000
+        checks.append(
+            Check(name="server_version", status="ok", detail=str(major))
+            if major >= MIN_POSTGRES
+            else Check(
+                name="server_version",
+                status="warn",
+                detail=f"{major}: older than {MIN_POSTGRES}, untested",
+                fix=f"upgrade PostgreSQL to {MIN_POSTGRES} or later",
+            )
+        )
+        commit = settings["synchronous_commit"]
+        checks.append(
+            Check(name="synchronous_commit", status="ok", detail=commit)
+            if commit != "off"
+            else Check(
+                name="synchronous_commit",
+                status="fail",
+                detail="off: a server crash loses commits already acknowledged to gateways",
+                fix="set synchronous_commit = on (ALTER SYSTEM, or reset it for the "
+                "database / role the gateways use)",
+            )
+        )
+        checks.append(
+            Check(name="fsync", status="ok", detail="on")
+            if settings["fsync"] == "on"
+            else Check(
+                name="fsync",
+                status="fail",
+                detail="off: a crash can lose or corrupt committed data",
+                fix="set fsync = on in postgresql.conf",
+            )
+        )
+        checks.append(
+            Check(name="full_page_writes", status="ok", detail="on")
+            if settings["full_page_writes"] == "on"
+            else Check(
+                name="full_page_writes",
+                status="warn",
+                detail="off: a crash during a page write can corrupt it",
+                fix="set full_page_writes = on unless the file system rules torn pages out",
+            )
+        )
+        zone = settings["TimeZone"]
+        checks.append(
+            Check(name="timezone", status="ok", detail=zone)
+            if zone.upper() in ("UTC", "ETC/UTC")
+            else Check(
+                name="timezone",
+                status="warn",
+                detail=f"{zone}: sessionrepo asks for UTC at connect (a pooler may drop that)",
+                fix="let connection options through the pooler, or set the role's timezone to UTC",
+            )
+        )
+        read_only = (
+            settings["in_recovery"] == "True" or settings["default_transaction_read_only"] == "on"
+        )
+        checks.append(
+            Check(name="writable", status="ok", detail="read-write")
+            if not read_only
+            else Check(
+                name="writable",
+                status="fail",
+                detail="read-only (a standby, or default_transaction_read_only = on)",
+                fix="point --url at the primary server",
+            )
+        )
+        return checks
+
+
+#: Rows of the newest end of ``message_search`` read to measure how common a query is.
+_PG_PROBE_ROWS: Final = 500
+
+
+def _pg_search(
+    connection: Connection,
+    config: str,
+    query: Query,
+    filters: SearchFilters,
+    *,
+    order: SearchOrder,
+    limit: int,
+    offset: int,
+    window: int,
+) -> list[Row[Any]]:
+    """Two ways to the newest matches, chosen by measuring, not by the planner's guess
+    (its estimates for words it has no statistics for are off by orders of magnitude):
+    walk the ``ts`` (or ``(session_id, ts)``) index from the newest row, testing each
+    document (cheap when the query is common), or take every match from the GIN index
+    and sort them by time (cheap when it is rare). A probe of the newest 500 rows
+    measures which. Either way the answer is the same; only its cost differs."""
+    params: dict[str, Any] = {"cfg": config, "limit": limit, "offset": offset}
+    parts: list[str] = []
+    for index, term in enumerate(query.terms):
+        name = f"t{index}"
+        if term.prefix:
+            params[name] = term.words[0]
+            part = f"to_tsquery(CAST(:cfg AS regconfig), quote_literal(:{name}) || ':*')"
+        else:
+            params[name] = " ".join(term.words)
+            part = f"phraseto_tsquery(CAST(:cfg AS regconfig), :{name})"
+        parts.append(f"!! {part}" if term.excluded else part)
+    tsquery = "(" + " && ".join(parts) + ")"
+    time_clauses: list[str] = []
+    clauses: list[str] = []
+    for name, value, clause, kind in (
+        ("since", filters.since, "ms.ts >= :f_since", time_clauses),
+        ("until", filters.until, "ms.ts < :f_until", time_clauses),
+        ("session_id", filters.session_id, "ms.session_id = :f_session_id", clauses),
+        ("role", filters.role, "ms.role = :f_role", clauses),
+        ("source", filters.source, "s.source = :f_source", clauses),
+        ("user_id", filters.user_id, "s.user_id = :f_user_id", clauses),
+    ):
+        if value is not None:
+            kind.append(clause)
+            params[f"f_{name}"] = value
+    joins = ""
+    if filters.source is not None or filters.user_id is not None:
+        joins = " JOIN sessions s ON s.id = ms.session_id"
+    need = window if order == "rank" else offset + limit
+    settings = ["jit = off", "max_parallel_workers_per_gather = 0", "enable_seqscan = off"]
+    connection.exec_driver_sql("; ".join(f"SET LOCAL {setting}" for setting in settings))
+    # The probe: the newest rows (of the session, with a session filter), how many match
+    # the query with every filter, how many the query alone.
+    scope = "".join(f" AND {clause}" for clause in time_clauses)
+    if filters.session_id is not None:
+        scope += " AND ms.session_id = :f_session_id"
+    probe = (
+        f"SELECT count(*) FILTER (WHERE ms.document @@ {tsquery}"
+        + "".join(f" AND {clause}" for clause in clauses)
+        + f"), count(*) FILTER (WHERE ms.document @@ {tsquery}), count(*), "
+        "(SELECT reltuples FROM pg_class WHERE oid = CAST('message_search' AS regclass)) "
+        "FROM (SELECT ms.session_id, ms.role, ms.document FROM message_search ms "
+        f"WHERE true{scope} ORDER BY ms.ts DESC LIMIT :probe) ms{joins}"
+    )
+    probe_params = params | {"probe": _PG_PROBE_ROWS}
+    hits, term_hits, scanned, total = connection.execute(
+        bind_times(text(probe), probe_params), probe_params
+    ).one()
+    density = hits / scanned if scanned else 0.0
+    if not hits and term_hits and (filters.source or filters.user_id):
+        # The newest rows come from a few sessions (a session's messages are close in
+        # time): the share of recently active sessions the filters keep is the better
+        # guess of how many of the rows walked they keep.
+        kept = connection.execute(
+            text(
+                "SELECT avg(CASE WHEN true"
+                + "".join(f" AND {c}" for c in clauses if c.startswith("s."))
+                + " THEN 1.0 ELSE 0.0 END) FROM (SELECT s.source, s.user_id FROM sessions s "
+                "ORDER BY s.last_active_at DESC LIMIT 200) s"
+            ),
+            params,
+        ).scalar()
+        density = term_hits / scanned * float(kept or 0.0)
+    if scanned < _PG_PROBE_ROWS:
+        walk = True  # the probe read every candidate row: so will the walk
+    elif not density:
+        walk = False
+    elif filters.session_id is not None:
+        walk = True  # a walk reads the session's rows at most; the GIN way, every match
+    else:
+        # Rows the walk tests (each one's document read and matched), against the
+        # matches of the query the GIN way reads: their time only (a third of the work)
+        # unless the index cannot decide alone (a phrase, an exclusion: every candidate
+        # document is read again).
+        recheck = any(len(term.words) > 1 or term.excluded for term in query.terms)
+        walk_rows = need / density * (1 if recheck else 3)
+        walk = walk_rows <= term_hits / scanned * max(float(total), float(scanned))
+    connection.exec_driver_sql(
+        "SET LOCAL enable_bitmapscan = off" if walk else "SET LOCAL enable_indexscan = off"
+    )
+    where = "".join(f" AND {clause}" for clause in (*time_clauses, *clauses))
+    newest = (
+        f"FROM message_search ms{joins} WHERE ms.document @@ {tsquery}{where} "
+        "ORDER BY ms.ts DESC, ms.session_id DESC, ms.seq DESC"
+    )
+    if order == "newest":
+        matches = (
+            "SELECT ms.session_id AS session_id, ms.seq AS seq, ms.ts AS ts, 0.0 AS rank "
+            f"{newest} LIMIT :limit OFFSET :offset"
+        )
+        outer = "top.ts DESC, top.session_id DESC, top.seq DESC"
+    else:
+        matches = (
+            f"SELECT w.session_id, w.seq, w.ts, ts_rank(w.document, {tsquery}) AS rank "
+            f"FROM (SELECT ms.session_id, ms.seq, ms.ts, ms.document {newest} "
+            "LIMIT :window) w "
+            "ORDER BY rank DESC, w.ts DESC, w.session_id DESC, w.seq DESC "
+            "LIMIT :limit OFFSET :offset"
+        )
+        params["window"] = window
+        outer = "top.rank DESC, top.ts DESC, top.session_id DESC, top.seq DESC"
+    return run_search(connection, page_of_hits(matches, outer), params)

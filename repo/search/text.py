@@ -1,0 +1,127 @@
+"""Text preparation: what both backends' tokenizers are given, prepared in Python.
+
+Content parts are reduced to their text, the first :data:`INDEX_CHARS` characters are
+kept, case is folded, Latin and Cyrillic diacritics are dropped, and every CJK character,
+emoji or other symbol becomes a word of its own (symbols as ``u`` + hex code point), so
+SQLite's ``unicode61`` tokenizer and PostgreSQL's parser see exactly the same words.
+Queries (:mod:`.query`) and snippets (:mod:`.snippets`) split text into words the same way.
+"""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+from typing import Any, Final
+
+#: Characters of each message that are indexed (a 20 MB tool output is findable by its
+#: beginning; the rest is stored, not indexed).
+INDEX_CHARS: Final = 100_000
+
+#: CJK ideographs, kana, Hangul and their compatibility forms: one character, one word.
+CJK: Final = (
+    "\u2e80-\u2fdf\u3040-\u30ff\u3100-\u312f\u3130-\u318f\u31a0-\u31ff\u3400-\u4dbf"
+    "\u4e00-\u9fff\ua960-\ua97f\uac00-\ud7ff\uf900-\ufaff\uff66-\uffdc"
+    "\U00020000-\U0003134f"
+)
+_CJK_CHAR = re.compile(f"[{CJK}]")
+#: Combining diacritical marks (the block Latin, Greek and Cyrillic letters take; kana
+#: voicing marks and other scripts' marks are elsewhere and stay).
+_LATIN_MARKS = re.compile("[\u0300-\u036f]+")
+#: A word, for the index and for queries: letters and digits only, so that SQLite's
+#: unicode61 tokenizer and PostgreSQL's parser (which would keep "3.14", "a-b" or an
+#: e-mail address whole) see exactly the same words.
+WORD: Final = re.compile(r"[^\W_]+")
+
+
+def normalize(text: str) -> str:
+    """The text as both backends' tokenizers are given it (see the module docstring)."""
+    if text.isascii():  # the common case: nothing to decompose, segment or translate
+        return text.lower()
+    text = unicodedata.normalize("NFKD", text.casefold())
+    text = _LATIN_MARKS.sub("", text)
+    text = unicodedata.normalize("NFC", text)
+    text = _CJK_CHAR.sub(r" \g<0> ", text)
+    return _NOT_WORD.sub(_symbol_or_mark, text)
+
+
+def words(text: str) -> list[str]:
+    """The index words of ``text``, in order."""
+    return WORD.findall(normalize(text))
+
+
+#: Non-ASCII characters that are not letters, digits or spaces: symbols (emoji) become
+#: words, marks and format characters vanish. ASCII punctuation and symbols separate.
+_NOT_WORD = re.compile(r"[^\w\s\x00-\x7f]")
+
+
+def _symbol_or_mark(match: re.Match[str]) -> str:
+    char = match.group()
+    category = unicodedata.category(char)
+    if category in ("So", "Sk", "Sm", "Sc"):
+        return f" u{ord(char):x} "
+    if category in ("Mn", "Me", "Cf"):
+        return ""  # variation selectors, ZWJ, stray marks: not part of any word
+    return char
+
+
+def content_text(content: Any) -> str:
+    """The searchable text of a message's content: the string, or the text of its parts."""
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    texts: list[str] = []
+    _collect_text(content, texts)
+    return "\n".join(texts)
+
+
+def _collect_text(value: Any, texts: list[str]) -> None:
+    if isinstance(value, dict):
+        text = value.get("text")
+        if isinstance(text, str):
+            texts.append(text)
+        for key, item in value.items():
+            if key != "text" and isinstance(item, dict | list):
+                _collect_text(item, texts)
+    elif isinstance(value, list):
+        for item in value:
+            _collect_text(item, texts)
+
+
+def document(content: Any) -> str:
+    """What is indexed for a message with this (decoded) content: its words, space apart.
+
+    ASCII text (most of it) is folded in one byte-level pass; in other text only the
+    whitespace-separated chunks that hold a non-ASCII character take the Unicode path of
+    :func:`normalize` (the words are the same as normalising the whole text: no step of it
+    crosses whitespace).
+    """
+    text = content_text(content)[:INDEX_CHARS]
+    if text.isascii():
+        return _ascii_words(text)
+    pieces: list[str] = []
+    last = 0
+    for match in _NON_ASCII_CHUNK.finditer(text):
+        pieces.append(_ascii_words(text[last : match.start()]))
+        pieces.append(" ".join(words(match.group())))
+        last = match.end()
+    pieces.append(_ascii_words(text[last:]))
+    return " ".join(pieces)
+
+
+#: ASCII letters folded to lower case, digits kept, every other byte a separator.
+_ASCII_FOLD = (
+    bytes(
+        (code | 0x20) if chr(code).isalpha() else code if chr(code).isdigit() else 0x20
+        for code in range(128)
+    )
+    + b" " * 128
+)
+#: A whitespace-separated chunk holding a non-ASCII character (the lookbehind anchors
+#: it at the chunk's start, so a long ASCII run is scanned once, not once per position),
+#: or a lone non-ASCII space.
+_NON_ASCII_CHUNK = re.compile(r"(?<!\S)\S*?[^\x00-\x7f]\S*|[^\x00-\x7f]")
+
+
+def _ascii_words(text: str) -> str:
+    return text.encode("ascii").translate(_ASCII_FOLD).decode("ascii")
