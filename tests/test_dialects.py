@@ -209,3 +209,25 @@ def test_a_catch_up_that_loses_its_transaction_is_attributed_by_its_statement(
     assert indexed.search_index_backlog() == 1  # rolled back: the row stays
     indexed.append("s", [Message(role="user", content="appends go on")])
     assert len(indexed.load_transcript("s")) == 3
+
+
+@pytest.mark.sqlite
+@pytest.mark.parametrize("statement", ["_sqlite_search", "_sqlite_index_entries"])
+def test_sqlite_fts5_out_of_memory_on_a_damaged_record_is_the_index_s_failure(
+    indexed: SessionRepository, monkeypatch: pytest.MonkeyPatch, statement: str
+) -> None:
+    """A garbled length in a damaged FTS5 record makes SQLite fail with SQLITE_NOMEM,
+    which Python's sqlite3 raises as a bare MemoryError (seen with randomised index data):
+    it must come out as the index's failure, not escape the API."""
+    import sessionrepo.dialects.sqlite as module
+
+    def out_of_memory(*args: Any, **kwargs: Any) -> None:
+        raise MemoryError
+
+    indexed.append("s", [Message(role="user", content="hello again")])
+    monkeypatch.setattr(module, statement, out_of_memory)
+    with pytest.raises(SearchIndexUnavailable, match="reindex"):
+        indexed.search("hello")
+    assert indexed.search_index_state()[0] == "stale"
+    indexed.append("s", [Message(role="user", content="appends go on")])
+    assert len(indexed.load_transcript("s")) == 3

@@ -12,7 +12,8 @@ from __future__ import annotations
 import hashlib
 import sqlite3
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from operator import itemgetter
 from pathlib import Path
@@ -192,10 +193,12 @@ class SQLiteDialect(BackendDialect):
     def index_documents(
         self, connection: Connection, session_id: str, seqs: Sequence[int], documents: Sequence[str]
     ) -> int:
-        return _sqlite_index_documents(connection, session_id, seqs, documents)
+        with _fts5_damage():
+            return _sqlite_index_documents(connection, session_id, seqs, documents)
 
     def index_entries(self, connection: Connection, entries: Sequence[IndexEntry]) -> None:
-        _sqlite_index_entries(connection, entries)
+        with _fts5_damage():
+            _sqlite_index_entries(connection, entries)
 
     def reset_search_index(self, connection: Connection) -> None:
         _sqlite_reset_search_index(connection)
@@ -221,9 +224,10 @@ class SQLiteDialect(BackendDialect):
         offset: int,
         window: int,
     ) -> list[Row[Any]]:
-        return _sqlite_search(
-            connection, query, filters, order=order, limit=limit, offset=offset, window=window
-        )
+        with _fts5_damage():
+            return _sqlite_search(
+                connection, query, filters, order=order, limit=limit, offset=offset, window=window
+            )
 
     def is_broken_object(self, exc: sa_exc.DBAPIError) -> bool:
         # SQLITE_ERROR: a missing table or column, or FTS5 refusing its own files;
@@ -311,6 +315,22 @@ _SQLITE_COUNTERS = (
     "UPDATE sessions SET next_seq = next_seq + ?, message_count = message_count + ?, "
     "tool_call_count = tool_call_count + ?, last_active_at = ? WHERE id = ?"
 )
+
+
+@contextmanager
+def _fts5_damage() -> Iterator[None]:
+    """FTS5 statements: a garbled length in a damaged index record makes FTS5 ask for an
+    absurd allocation and fail with SQLITE_NOMEM, which Python's sqlite3 raises as a bare
+    ``MemoryError``, outside SQLAlchemy's ``DBAPIError``. Raised from one of the index's own
+    statements it means a damaged index: reported as SQLITE_CORRUPT, so the index is marked
+    stale (``reindex`` repairs it) instead of the error escaping the public API."""
+    try:
+        yield
+    except MemoryError as exc:
+        damaged = sqlite3.DatabaseError(f"the FTS5 index could not be read ({exc!r})")
+        damaged.sqlite_errorcode = sqlite3.SQLITE_CORRUPT
+        damaged.sqlite_errorname = "SQLITE_CORRUPT"
+        raise sa_exc.DatabaseError("FTS5 statement", None, damaged) from exc
 
 
 def _sqlite_time(value: datetime) -> str:
