@@ -135,13 +135,11 @@ from pathlib import Path
 from typing import Any, Final, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
-from sqlalchemy import update
 
 from sessionrepo.errors import InvalidMessage, NotFound, RepoError
 from sessionrepo.models import Message
 from sessionrepo.models._limits import MAX_ID_LENGTH, check_identifier, check_json, check_text
-from sessionrepo.models.message import KEY_FIELD, WIRE_FIELDS, Role, to_utc, utcnow
-from sessionrepo.models.tables import sessions_table
+from sessionrepo.models.message import KEY_FIELD, Role, to_utc, utcnow
 from sessionrepo.store.repository import SessionRepository
 
 #: The uuid5 namespace of every key this importer makes (see :func:`uid_key`).
@@ -166,24 +164,6 @@ KIND_NAMES: Final = {
 _CAP_DROP: Final = "transcript_cap_drop"
 _HISTORY_DUMP: Final = "shutdown-with-unpersisted-agent-history"
 _ROLES: Final = frozenset(get_args(Role))
-#: ``messages`` columns that become ``Message`` fields (``id`` and ``session_id`` place it).
-_ROW_FIELDS: Final = frozenset(
-    {
-        "id",
-        "session_id",
-        "role",
-        "content",
-        "tool_calls",
-        "tool_call_id",
-        "tool_name",
-        "reasoning",
-        "finish_reason",
-        "token_count",
-        "timestamp",
-        "platform_message_id",
-    }
-)
-_IDENTIFIER_FIELDS: Final = ("tool_call_id", "tool_name", "finish_reason", "platform_message_id")
 #: ``sessions`` columns that become ``Session`` fields and are not kept in metadata too.
 _SESSION_FIELDS: Final = frozenset(
     {
@@ -872,6 +852,53 @@ def _count(value: Any, field: str, aside: _Aside) -> int | None:
     return None
 
 
+def _role_field(value: Any, field: str, aside: _Aside) -> str:
+    return _role(value, aside)
+
+
+def _content_field(value: Any, field: str, aside: _Aside) -> Any:
+    return _content(value, aside)
+
+
+def _tool_calls_field(value: Any, field: str, aside: _Aside) -> list[Any] | None:
+    return _tool_calls(value, aside)
+
+
+#: How a source value becomes a ``Message`` field, by name, in the order a row's fields
+#: are converted (the order of what ``moved_aside`` records). A field of the model not
+#: named here (one added since) is taken as a JSON value, checked like ``extra``; what
+#: the model then refuses is reported as rejected, never dropped silently.
+_CONVERTERS: Final[dict[str, Callable[[Any, str, _Aside], Any]]] = {
+    "role": _role_field,
+    "content": _content_field,
+    "tool_calls": _tool_calls_field,
+    "tool_call_id": _identifier,
+    "tool_name": _identifier,
+    "finish_reason": _identifier,
+    "platform_message_id": _identifier,
+    "reasoning": _text,
+    "token_count": _count,
+}
+#: ``Message`` fields the importer makes itself (the key, the time, ``extra`` and the key
+#: order): never taken from a column or a dict key of that name.
+_OWN_FIELDS: Final = frozenset({KEY_FIELD, "timestamp", "extra", "openai_keys"})
+#: Every other field of the model (its own list, so a field added to it is read too): a
+#: ``messages`` column or a spool dict key of that name becomes it.
+_MESSAGE_FIELDS: Final = tuple(
+    sorted(
+        (name for name in Message.model_fields if name not in _OWN_FIELDS),
+        key=lambda name: list(_CONVERTERS).index(name) if name in _CONVERTERS else len(_CONVERTERS),
+    )
+)
+#: ``messages`` columns that become ``Message`` fields (``id`` and ``session_id`` place it);
+#: every other one goes to ``extra["hermes"]``.
+_ROW_FIELDS: Final = frozenset({"id", "session_id", "timestamp", *_MESSAGE_FIELDS})
+
+
+def _convert(name: str, value: Any, aside: _Aside) -> Any:
+    return _CONVERTERS.get(name, _json_value)(value, name, aside)
+
+
 def _epoch(value: Any) -> float | None:
     """``value`` as epoch seconds a datetime can hold, else ``None``."""
     if isinstance(value, bool) or not isinstance(value, int | float):
@@ -1246,14 +1273,7 @@ class _Importer:
                 known.append(to_utc(fields[name], name))  # a spool file's time is epoch
         if not known:
             return
-        when = max(known)
-        stamp = sessions_table.c.last_active_at
-        statement = (
-            update(sessions_table)
-            .where(sessions_table.c.id == sid, (stamp >= self._began) | (stamp < when))
-            .values(last_active_at=when)
-        )
-        self.repo.database.write(lambda conn: conn.execute(statement))
+        self.repo.backdate_activity(sid, max(known), stamped_since=self._began)
 
     def _history_session(self, sid: str, fields: Mapping[str, Any], first: Message) -> str:
         if len(sid) + len(HISTORY_SUFFIX) <= MAX_ID_LENGTH:
@@ -1293,7 +1313,7 @@ class _Importer:
             if name not in _ROW_FIELDS and value is not None:
                 hermes[name] = value
 
-        fields: dict[str, Any] = {"role": _role(row.get("role"), aside)}
+        fields: dict[str, Any] = {}
         content = row.get("content")
         if isinstance(content, str) and content.startswith(JSON_CONTENT_MARK):
             try:
@@ -1312,17 +1332,16 @@ class _Importer:
             else:
                 hermes["content_encoding"] = "json"
             content = parsed
-        fields["content"] = _content(content, aside)
+        for name in _MESSAGE_FIELDS:
+            value = content if name == "content" else row.get(name)
+            if name == "tool_calls" and value is not None:  # JSON text in a column
+                ok, value = _parse_json_text(value, name, aside)
+                if not ok:
+                    fields[name] = None
+                    continue
+            fields[name] = _convert(name, value, aside)
         if "content" in aside.moved:
             aside.moved["content"] = repr(row.get("content"))  # the column, as it was
-        calls = row.get("tool_calls")
-        if calls is not None:
-            ok, parsed_calls = _parse_json_text(calls, "tool_calls", aside)
-            fields["tool_calls"] = _tool_calls(parsed_calls, aside) if ok else None
-        for name in _IDENTIFIER_FIELDS:
-            fields[name] = _identifier(row.get(name), name, aside)
-        fields["reasoning"] = _text(row.get("reasoning"), "reasoning", aside)
-        fields["token_count"] = _count(row.get("token_count"), "token_count", aside)
         when = _epoch(raw_time)
         if when is None:
             aside.move("timestamp", raw_time, "not epoch seconds: the previous row's time is used")
@@ -1366,18 +1385,8 @@ class _Importer:
                     aside.move(KEY_FIELD, value, "not a UUID: the spool key is used")
                 continue
             keys.append(name)
-            if name == "role":
-                fields["role"] = _role(value, aside)
-            elif name == "content":
-                fields["content"] = _content(value, aside)
-            elif name == "tool_calls":
-                fields["tool_calls"] = _tool_calls(value, aside)
-            elif name in _IDENTIFIER_FIELDS:
-                fields[name] = _identifier(value, name, aside)
-            elif name == "reasoning":
-                fields["reasoning"] = _text(value, "reasoning", aside)
-            elif name == "token_count":
-                fields["token_count"] = _count(value, "token_count", aside)
+            if name in _MESSAGE_FIELDS:
+                fields[name] = _convert(name, value, aside)
             else:
                 clean_name = _clean_text(name)
                 if clean_name != name:
@@ -1387,7 +1396,6 @@ class _Importer:
         if "role" not in fields:
             fields["role"] = _role(None, aside)
             keys.insert(0, "role")
-        assert set(WIRE_FIELDS) >= set(fields)
         provenance = dict(item.provenance)
         if aside.moved:
             provenance["moved_aside"] = aside.moved
