@@ -1,4 +1,4 @@
-"""``repo.maintenance``: export / import / prune as a library, and the doctor's judgements.
+"""``sessionrepo.ops``: export / import / prune as a library, and the doctor's judgements.
 
 The round trip is held to "exactly": every session field (counters, times, ``next_seq``,
 JSON key order) and every message field (key, ``seq``, timestamp, ``extra`` key order,
