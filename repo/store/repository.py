@@ -786,11 +786,16 @@ class SessionRepository:
         def work(conn: Connection) -> RestoreResult:
             dialect = self._db.dialect
             next_seq = dialect.lock_session(conn, sid)
-            created = next_seq is None
+            created = False
             if next_seq is None:
-                conn.execute(self._insert_session.values(**new_row))
-                next_seq = 1
-            elif not _restorable(self._get(conn, sid), next_seq, snapshot):
+                # Whoever creates it first, this call or a concurrent appender: the row
+                # is then locked, and checked unless it is ours.
+                insert = self._insert_session.values(**new_row).returning(S.id)
+                created = conn.execute(insert).first() is not None
+                next_seq = dialect.lock_session(conn, sid)
+                if next_seq is None:  # pragma: no cover - inserted just above
+                    raise RepoError(f"session {sid!r} vanished while it was being restored")
+            if not created and not _restorable(self._get(conn, sid), next_seq, snapshot):
                 return RestoreResult(session_id=sid, outcome="diverged")
             inserted: list[UUID] = []
             duplicates: list[UUID] = []
