@@ -241,12 +241,6 @@ def _duration(seconds: float) -> str:
     return f"{whole}s"
 
 
-#: The checks ``doctor`` runs, in order; each yields its findings. A check that needs the
-#: connection is skipped when ``connection`` failed; an error raised by a check becomes a
-#: ``fail`` finding under its name.
-#:
-#: Issue 4 (search): add the search-index health check here, after "outbox"
-#: (``repo.search.SearchIndex(database).state()``: ``stale`` fails, fix ``reindex``).
 def _check_search_index(probe: _Probe) -> Iterator[Check]:
     assert probe.database is not None
     if probe.revision != schema.head_revision():
@@ -274,6 +268,9 @@ def _check_search_index(probe: _Probe) -> Iterator[Check]:
         yield Check(name="search", status="ok", detail="full-text index in step, backlog empty")
 
 
+#: The checks ``doctor`` runs, in order; each yields its findings. A check that needs the
+#: connection is skipped when ``connection`` failed; an error raised by a check becomes a
+#: ``fail`` finding under its name.
 DOCTOR_CHECKS: Final[list[tuple[str, Callable[[_Probe], Iterable[Check]], bool]]] = [
     # (name, check, needs the connection)
     ("connection", _check_connection, False),

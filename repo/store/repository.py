@@ -422,11 +422,11 @@ class SessionRepository:
         if self._index_appends is True:
             # Named for the catch-up in this transaction: the index work (several
             # times this append's) runs later, batched, and a message committed is
-            # a message indexed or named (see repo/search.py).
+            # a message indexed or named (see store/search_index.py).
             self._search.enqueue_in(conn, result.session_id, result.first_seq, len(result.inserted))
             return
         # "immediate": in a savepoint, so a broken index can never make the transcript
-        # write fail (its failure marks the index stale instead; see repo/search.py).
+        # write fail (its failure marks the index stale instead; see store/search_index.py).
         content = {message.client_msg_uuid: message.content for message in messages}
         self._search.index_in_transaction(
             conn,
