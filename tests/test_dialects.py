@@ -211,7 +211,7 @@ def test_a_catch_up_that_loses_its_transaction_is_attributed_by_its_statement(
     assert len(indexed.load_transcript("s")) == 3
 
 
-@pytest.mark.sqlite
+@pytest.mark.parametrize("backend", ["sqlite"], indirect=True)
 @pytest.mark.parametrize("statement", ["_sqlite_search", "_sqlite_index_entries"])
 def test_sqlite_fts5_out_of_memory_on_a_damaged_record_is_the_index_s_failure(
     indexed: SessionRepository, monkeypatch: pytest.MonkeyPatch, statement: str

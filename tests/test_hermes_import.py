@@ -594,7 +594,7 @@ def test_a_message_the_store_refuses_is_reported_and_the_rest_stored(
 ) -> None:
     s = modern
     big = s.db.message(s.cron, "assistant", "x" * 5000)
-    monkeypatch.setattr("repo._codec.MAX_MESSAGE_BYTES", 4096)  # fault injection
+    monkeypatch.setattr("sessionrepo.store.codec.MAX_MESSAGE_BYTES", 4096)  # fault injection
 
     summary = import_hermes(s.home, store)
 

@@ -1,4 +1,4 @@
-"""``repo.maintenance``: export / import / prune as a library, and the doctor's judgements.
+"""``sessionrepo.ops``: export / import / prune as a library, and the doctor's judgements.
 
 The round trip is held to "exactly": every session field (counters, times, ``next_seq``,
 JSON key order) and every message field (key, ``seq``, timestamp, ``extra`` key order,
@@ -409,6 +409,27 @@ def test_a_key_stored_with_other_content_is_a_conflict_and_kept(
     assert report.messages_conflicting == 1
     assert report.messages_inserted == 0
     assert [m.content for m in target.load_transcript("s")] == ["edited elsewhere"]
+
+
+def test_restored_counters_count_the_messages_and_a_gap_stays_a_gap(
+    repo: SessionRepository, target: SessionRepository
+) -> None:
+    repo.append("s", [Message(role="user", content=f"#{i}") for i in range(3)])
+    records = _records(_export(repo))
+    # A file edited by hand: counters that lie, and no message at seq 2.
+    records[1]["session"] |= {"message_count": 99, "tool_call_count": 5}
+    del records[3]
+    records[-1]["messages"] = 2
+
+    report = _import(target, _lines(records))
+
+    assert (report.sessions_restored, report.messages_inserted) == (1, 2)
+    stored = target.get_session("s")
+    assert (stored.message_count, stored.tool_call_count) == (2, 0)
+    assert stored.last_active_at == repo.get_session("s").last_active_at
+    assert [m.seq for m in target.load_transcript("s")] == [1, 3]
+    again = _import(target, _lines(records))
+    assert (again.sessions_present, again.messages_present, again.messages_inserted) == (1, 2, 0)
 
 
 def _valid_file(repo: SessionRepository) -> list[dict[str, Any]]:

@@ -102,6 +102,12 @@ class AsyncSessionRepository(AsyncFacade[SessionRepository]):
     search_index_state = awaited(SessionRepository.search_index_state)
     search_index_backlog = awaited(SessionRepository.search_index_backlog)
     catch_up_search_index = awaited(SessionRepository.catch_up_search_index)
+    count_sessions = awaited(SessionRepository.count_sessions)
+    session_snapshots = awaited(SessionRepository.session_snapshots)
+    count_messages = awaited(SessionRepository.count_messages)
+    delete_ended_sessions = awaited(SessionRepository.delete_ended_sessions)
+    restore_session = awaited(SessionRepository.restore_session)
+    backdate_activity = awaited(SessionRepository.backdate_activity)
 
     async def append(
         self,

@@ -1,8 +1,9 @@
 """Import a Hermes gateway's history: its ``state.db`` and its ``pending_messages/`` spool.
 
-The formats are described in ``hermes-state-format.md``. This module reads them and writes
-sessions and messages through :class:`~repo.repository.SessionRepository`. What it decides,
-and why:
+The formats are described in ``hermes-state-format.md``. :mod:`.source` reads them,
+this module turns what it read into sessions and messages and writes them through the
+public methods of :class:`~sessionrepo.store.repository.SessionRepository` (no SQL of its
+own), and :mod:`.summary` holds what an import reports. What it decides, and why:
 
 **The source is never modified.** ``state.db`` is opened with SQLite's ``mode=ro`` URI (not
 ``immutable=1``: a gateway may be writing it) and read in one read transaction, so the
@@ -126,23 +127,61 @@ import json
 import math
 import os
 import re
-import sqlite3
 import time
 import uuid
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from datetime import datetime
 from pathlib import Path
 from typing import Any, Final, Literal, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
-from sqlalchemy import update
+from pydantic import ValidationError
 
 from sessionrepo.errors import InvalidMessage, NotFound, RepoError
+from sessionrepo.importers.hermes.source import (
+    KIND_NAMES,
+    SPOOL_DIR,
+    STATE_DB,
+    HermesSource,
+    SpoolMessage,
+    default_inbound_report,
+    epoch_seconds,
+    one_line,
+    open_hermes,
+)
+from sessionrepo.importers.hermes.summary import (
+    HermesImportError,
+    HermesImportSummary,
+    HermesSourceError,
+    Problem,
+    SpoolFile,
+)
 from sessionrepo.models import Message
 from sessionrepo.models._limits import MAX_ID_LENGTH, check_identifier, check_json, check_text
-from sessionrepo.models.message import KEY_FIELD, WIRE_FIELDS, Role, to_utc, utcnow
-from sessionrepo.models.tables import sessions_table
+from sessionrepo.models.message import KEY_FIELD, Role, to_utc, utcnow
 from sessionrepo.store.repository import SessionRepository
+
+__all__ = [
+    "BATCH_SIZE",
+    "HISTORY_END_REASON",
+    "HISTORY_SUFFIX",
+    "JSON_CONTENT_MARK",
+    "KIND_NAMES",
+    "NAMESPACE",
+    "SPOOL_DIR",
+    "STATE_DB",
+    "HermesImportError",
+    "HermesImportSummary",
+    "HermesSource",
+    "HermesSourceError",
+    "Problem",
+    "SpoolFile",
+    "default_inbound_report",
+    "import_hermes",
+    "open_hermes",
+    "row_key",
+    "spool_key",
+    "uid_key",
+]
 
 #: The uuid5 namespace of every key this importer makes (see :func:`uid_key`).
 NAMESPACE: Final = uuid.UUID("0b4f6c1e-8a57-5d0c-9e3a-6d2f1b7c4a90")
@@ -154,36 +193,7 @@ HISTORY_END_REASON: Final = "hermes_history"
 BATCH_SIZE: Final = 500
 #: How Hermes marks a ``content`` value that is JSON (multimodal parts).
 JSON_CONTENT_MARK: Final = "\x00json:"
-STATE_DB: Final = "state.db"
-SPOOL_DIR: Final = "pending_messages"
-#: Spool payload kinds, by the number ``hermes-state-format.md`` gives them.
-KIND_NAMES: Final = {
-    1: "shutdown_pending",
-    2: "overflow_tail",
-    3: "transcript_cap_drop",
-    4: "agent_history_dump",
-}
-_CAP_DROP: Final = "transcript_cap_drop"
-_HISTORY_DUMP: Final = "shutdown-with-unpersisted-agent-history"
 _ROLES: Final = frozenset(get_args(Role))
-#: ``messages`` columns that become ``Message`` fields (``id`` and ``session_id`` place it).
-_ROW_FIELDS: Final = frozenset(
-    {
-        "id",
-        "session_id",
-        "role",
-        "content",
-        "tool_calls",
-        "tool_call_id",
-        "tool_name",
-        "reasoning",
-        "finish_reason",
-        "token_count",
-        "timestamp",
-        "platform_message_id",
-    }
-)
-_IDENTIFIER_FIELDS: Final = ("tool_call_id", "tool_name", "finish_reason", "platform_message_id")
 #: ``sessions`` columns that become ``Session`` fields and are not kept in metadata too.
 _SESSION_FIELDS: Final = frozenset(
     {
@@ -217,527 +227,6 @@ def row_key(session_id: Any, row_id: Any, timestamp: Any, role: Any) -> uuid.UUI
 def spool_key(file_name: str, index: int) -> uuid.UUID:
     """The key of the ``index``-th message of a spool file."""
     return uuid.uuid5(NAMESPACE, f"spool:{file_name!r}:{index}")
-
-
-class HermesSourceError(RepoError):
-    """The Hermes home or ``state.db`` cannot be read (missing, not a Hermes store, corrupt)."""
-
-
-class HermesImportError(RepoError):
-    """The import stopped part-way (the store failed). Run it again to continue.
-
-    Attributes:
-        summary: what was done before it stopped.
-    """
-
-    def __init__(self, message: str, summary: HermesImportSummary) -> None:
-        super().__init__(message)
-        self.summary = summary
-
-
-# -- the summary ------------------------------------------------------------------------
-
-
-class Problem(BaseModel):
-    """One value, row or file the import had to treat specially."""
-
-    model_config = ConfigDict(frozen=True)
-
-    #: The source row or spool element: ``state.db messages.id=42``,
-    #: ``state.db sessions.id='abc'``, ``pending_messages/pending-….json messages[2]``.
-    where: str
-    #: The session (as stored) it belongs to.
-    session_id: str | None = None
-    field: str | None = None
-    problem: str
-    #: Where the original value was put, if it was not stored in its field.
-    stored_as: str | None = None
-
-
-class SpoolFile(BaseModel):
-    """One file of ``pending_messages/``."""
-
-    model_config = ConfigDict(frozen=True)
-
-    name: str
-    #: 1-4 (see ``KIND_NAMES``); ``None`` when it could not be read or recognised.
-    kind: int | None = None
-    kind_name: str | None = None
-    session_id: str | None = None
-    #: The routing key (``agent:main:telegram:dm:42``) of kinds 1 to 3.
-    session_key: str | None = None
-    #: Transcript messages it holds (kinds 3 and 4).
-    messages: int = 0
-    #: Why it was not imported (it stays in the spool, unchanged).
-    error: str | None = None
-
-
-class HermesImportSummary(BaseModel):
-    """What one :func:`import_hermes` run read, stored, and set aside."""
-
-    model_config = ConfigDict(frozen=True)
-
-    source: str
-    #: The store imported into (password masked), when the caller sets it.
-    target: str | None = None
-    state_db: str | None = None
-    #: ``schema_version`` of ``state.db`` (``None`` when it has no such table).
-    schema_version: int | None = None
-    spool_dir: str | None = None
-    #: A ``pending_messages/`` beside a ``state.db`` given alone: it was not read.
-    spool_not_read: str | None = None
-
-    #: ``sessions`` rows of ``state.db``.
-    sessions_read: int = 0
-    #: Sessions the store did not have before this run.
-    sessions_new: int = 0
-    #: Sessions whose messages have no ``sessions`` row in ``state.db``.
-    sessions_without_row: int = 0
-    #: Sessions known only from spool messages.
-    sessions_only_in_spool: int = 0
-    #: Companion ``<id>#history`` sessions holding ``active = 0`` rows.
-    history_sessions: int = 0
-
-    #: ``state.db`` message rows plus spool transcript messages.
-    messages_read: int = 0
-    rows_read: int = 0
-    #: Rows with ``active = 0``, stored in the ``#history`` sessions.
-    inactive_rows: int = 0
-    spool_messages_read: int = 0
-    messages_inserted: int = 0
-    messages_already_present: int = 0
-    #: Keys the store holds with different content (changed in the source since an
-    #: earlier import): the stored row was kept.
-    messages_changed: int = 0
-    #: Messages the store refused (e.g. too large): not stored, still in the source.
-    messages_rejected: int = 0
-
-    #: Spool files by kind name, and ``unparseable``.
-    spool_files: dict[str, int] = Field(default_factory=dict)
-    files: list[SpoolFile] = Field(default_factory=list)
-    unparseable_files: list[SpoolFile] = Field(default_factory=list)
-    #: Inbound user messages (kinds 1 and 2) the agent never processed.
-    inbound_messages: int = 0
-    #: The JSONL file they were written to, for re-delivery.
-    inbound_report: str | None = None
-
-    #: Values that could not be stored in their field (the original is kept aside).
-    moved_aside: list[Problem] = Field(default_factory=list)
-    changed: list[Problem] = Field(default_factory=list)
-    rejected: list[Problem] = Field(default_factory=list)
-    #: Spool messages equal to a stored row of their session (stored anyway).
-    possible_duplicates: list[Problem] = Field(default_factory=list)
-    #: Rows stored as live by an earlier import and archived by Hermes since.
-    archived_since_import: list[Problem] = Field(default_factory=list)
-    #: Everything else worth knowing (a model_config kept as text, a missing prompt).
-    notes: list[Problem] = Field(default_factory=list)
-
-    #: Something was not imported as it is, or differs from what is stored: unparseable
-    #: spool files, changed or rejected messages, inbound messages not written out.
-    needs_attention: bool = False
-    seconds: float = 0.0
-
-
-# -- reading the source -----------------------------------------------------------------
-
-
-def _decode_text(data: bytes) -> str:
-    # Invalid UTF-8 becomes lone surrogates: imported and reported, never an abort.
-    return data.decode("utf-8", "surrogateescape")
-
-
-@dataclasses.dataclass(frozen=True)
-class _SpoolMessage:
-    session: str
-    order: tuple[float, int, str, int]
-    file: str
-    path: str
-    index: int
-    message: dict[str, Any]
-    provenance: dict[str, Any]
-    time: float
-
-
-@dataclasses.dataclass(frozen=True)
-class _Header:
-    """What orders and describes one spool payload."""
-
-    name: str
-    ts: float | None
-    seq: int | None
-    #: ``ts``, else the file's modification time.
-    when: float
-    reason: Any
-
-    def order(self, index: int) -> tuple[float, int, str, int]:
-        return (self.when, self.seq if self.seq is not None else -1, self.name, index)
-
-    def provenance(self, kind: int) -> dict[str, Any]:
-        return {
-            "spool_file": self.name,
-            "kind": kind,
-            "reason": self.reason,
-            "ts": self.ts,
-            "seq": self.seq,
-        }
-
-
-@dataclasses.dataclass
-class _Spool:
-    files: list[SpoolFile] = dataclasses.field(default_factory=list)
-    messages: dict[str, list[_SpoolMessage]] = dataclasses.field(default_factory=dict)
-    inbound: list[tuple[tuple[float, int, str, int], dict[str, Any]]] = dataclasses.field(
-        default_factory=list
-    )
-    notes: list[Problem] = dataclasses.field(default_factory=list)
-    #: Elements of a payload that are not messages (they stay in their file).
-    rejected: list[Problem] = dataclasses.field(default_factory=list)
-
-    @property
-    def message_count(self) -> int:
-        return sum(len(items) for items in self.messages.values())
-
-
-class HermesSource:
-    """A Hermes home (or a lone ``state.db``), open read-only on one consistent snapshot.
-
-    Use :func:`open_hermes`; close it (or use it as a context manager) when done.
-    """
-
-    def __init__(self, path: Path, state_db: Path | None, spool_dir: Path | None) -> None:
-        self.path = path
-        self.state_db = state_db
-        self.spool_dir = spool_dir
-        self.spool_not_read: Path | None = None
-        self.schema_version: int | None = None
-        self.session_columns: list[str] = []
-        self.message_columns: list[str] = []
-        self.rows = 0
-        self._conn: sqlite3.Connection | None = None
-        self._prompts = False
-        self.spool = _Spool()
-
-    @property
-    def total_messages(self) -> int:
-        """Messages an import goes through: ``state.db`` rows and spool transcript messages."""
-        return self.rows + self.spool.message_count
-
-    def __enter__(self) -> HermesSource:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
-
-    def close(self) -> None:
-        if self._conn is not None:
-            self._conn.close()
-            self._conn = None
-
-    # -- state.db -------------------------------------------------------------------
-
-    def _open_db(self, path: Path) -> None:
-        uri = path.resolve().as_uri() + "?mode=ro"
-        try:
-            conn = sqlite3.connect(uri, uri=True, timeout=30.0, isolation_level=None)
-        except sqlite3.Error as exc:
-            raise HermesSourceError(f"cannot open {path}: {exc}") from exc
-        self._conn = conn
-        conn.text_factory = _decode_text
-        try:
-            # One read transaction for the whole import: a consistent snapshot.
-            conn.execute("BEGIN")
-            tables = {
-                name
-                for (name,) in conn.execute("SELECT name FROM sqlite_master WHERE type='table'")
-            }
-            missing = {"sessions", "messages"} - tables
-            if missing:
-                raise HermesSourceError(
-                    f"{path} is not a Hermes state.db: no {' or '.join(sorted(missing))} table"
-                )
-            self.session_columns = self._columns("sessions")
-            self.message_columns = self._columns("messages")
-            needed = {"id", "session_id", "role"} - set(self.message_columns)
-            if "id" not in self.session_columns or needed:
-                raise HermesSourceError(
-                    f"{path} is not a Hermes state.db: its messages or sessions table lacks "
-                    "the id, session_id or role column"
-                )
-            if "schema_version" in tables:
-                row = conn.execute("SELECT max(version) FROM schema_version").fetchone()
-                version = row[0] if row else None
-                self.schema_version = version if isinstance(version, int) else None
-            self._prompts = "system_prompts" in tables and {"hash", "prompt"} <= set(
-                self._columns("system_prompts")
-            )
-            self.rows = int(conn.execute("SELECT count(*) FROM messages").fetchone()[0])
-        except sqlite3.Error as exc:
-            self.close()
-            raise HermesSourceError(f"cannot read {path}: {exc}") from exc
-        except BaseException:
-            self.close()
-            raise
-
-    def _columns(self, table: str) -> list[str]:
-        assert self._conn is not None
-        return [str(row[1]) for row in self._conn.execute(f"PRAGMA table_info({table})")]
-
-    def _query(self, sql: str, params: tuple[Any, ...] = ()) -> Iterator[dict[str, Any]]:
-        assert self._conn is not None
-        try:
-            cursor = self._conn.execute(sql, params)
-            names = [description[0] for description in cursor.description]
-            while chunk := cursor.fetchmany(BATCH_SIZE):
-                for row in chunk:
-                    yield dict(zip(names, row, strict=True))
-        except sqlite3.Error as exc:
-            raise HermesSourceError(f"cannot read {self.state_db}: {exc}") from exc
-
-    def sessions(self) -> Iterator[dict[str, Any]]:
-        """Every ``sessions`` row, oldest first."""
-        if self._conn is None:
-            return iter(())
-        order = "started_at, id" if "started_at" in self.session_columns else "id"
-        return self._query(f"SELECT * FROM sessions ORDER BY {order}")
-
-    def sessions_without_row(self) -> list[str]:
-        """Session ids that have messages but no ``sessions`` row."""
-        if self._conn is None:
-            return []
-        return [
-            row["session_id"]
-            for row in self._query(
-                "SELECT DISTINCT session_id FROM messages WHERE session_id NOT IN "
-                "(SELECT id FROM sessions WHERE id IS NOT NULL) ORDER BY session_id"
-            )
-        ]
-
-    def messages(self, session_id: Any) -> Iterator[dict[str, Any]]:
-        """A session's rows in ``id`` order (Hermes' transcript order)."""
-        return self._query("SELECT * FROM messages WHERE session_id = ? ORDER BY id", (session_id,))
-
-    def first_uid_rows(self) -> dict[str, int]:
-        """For each ``message_uid`` carried by several rows, the lowest row id."""
-        if self._conn is None or "message_uid" not in self.message_columns:
-            return {}
-        return {
-            row["uid"]: row["first"]
-            for row in self._query(
-                "SELECT message_uid AS uid, min(id) AS first FROM messages "
-                "WHERE message_uid IS NOT NULL GROUP BY message_uid HAVING count(*) > 1"
-            )
-        }
-
-    def system_prompt(self, prompt_hash: Any) -> str | None:
-        if not self._prompts:
-            return None
-        for row in self._query(
-            "SELECT prompt FROM system_prompts WHERE hash = ? LIMIT 1", (prompt_hash,)
-        ):
-            prompt = row["prompt"]
-            return prompt if isinstance(prompt, str) else None
-        return None
-
-    # -- pending_messages/ ----------------------------------------------------------
-
-    def _read_spool(self, directory: Path) -> None:
-        try:
-            entries = sorted(directory.iterdir(), key=lambda entry: entry.name)
-        except OSError as exc:
-            raise HermesSourceError(f"cannot list {directory}: {exc}") from exc
-        for entry in entries:
-            if entry.is_dir():
-                continue
-            self.spool.files.append(self._read_spool_file(entry))
-
-    def _read_spool_file(self, path: Path) -> SpoolFile:
-        name = path.name
-        if not name.endswith(".json"):
-            return SpoolFile(name=name, error="not a pending-*.json payload; left in place")
-        try:
-            mtime = path.stat().st_mtime
-            payload = json.loads(path.read_bytes().decode("utf-8"))
-        except (OSError, UnicodeDecodeError, ValueError, RecursionError) as exc:
-            return SpoolFile(name=name, error=f"cannot be parsed: {_one_line(exc)}")
-        if not isinstance(payload, dict):
-            return SpoolFile(name=name, error=f"a JSON {type(payload).__name__}, not an object")
-        ts = _epoch(payload.get("ts"))
-        if "ts" in payload and ts is None:
-            self.spool.notes.append(
-                Problem(
-                    where=f"{SPOOL_DIR}/{name}",
-                    field="ts",
-                    problem=f"ts {payload['ts']!r} is not epoch seconds: ordered by the "
-                    "file's modification time",
-                )
-            )
-        seq = payload.get("seq")
-        header = _Header(
-            name=name,
-            ts=ts,
-            seq=seq if type(seq) is int else None,
-            when=ts if ts is not None else mtime,
-            reason=payload.get("reason"),
-        )
-        if header.reason == _HISTORY_DUMP:
-            return self._history_dump(header, payload)
-        if header.reason == _CAP_DROP:
-            return self._cap_drop(header, payload)
-        return self._inbound(header, payload)
-
-    def _history_dump(self, header: _Header, payload: dict[str, Any]) -> SpoolFile:
-        """Kind 4: the agent's unpersisted history, dumped at shutdown."""
-        name = header.name
-        session = payload.get("session_id")
-        messages = payload.get("messages")
-        if not isinstance(session, str) or not isinstance(messages, list):
-            return SpoolFile(name=name, error="agent-history dump without session_id/messages")
-        provenance = header.provenance(4) | {"count": payload.get("count")}
-        stored = 0
-        for index, message in enumerate(messages):
-            path = f"messages[{index}]"
-            if not isinstance(message, dict):
-                self.spool.rejected.append(
-                    Problem(
-                        where=f"{SPOOL_DIR}/{name} {path}",
-                        problem=f"a JSON {type(message).__name__}, not a message object: "
-                        "not stored; it stays in the spool file",
-                    )
-                )
-                continue
-            self._add_spool_message(
-                _SpoolMessage(
-                    session=session,
-                    order=header.order(index),
-                    file=name,
-                    path=path,
-                    index=index,
-                    message=message,
-                    provenance=provenance | {"index": index},
-                    time=header.when,
-                )
-            )
-            stored += 1
-        return SpoolFile(
-            name=name, kind=4, kind_name=KIND_NAMES[4], session_id=session, messages=stored
-        )
-
-    def _cap_drop(self, header: _Header, payload: dict[str, Any]) -> SpoolFile:
-        """Kind 3: a message evicted from the in-memory queue of writes."""
-        data = payload.get("data")
-        data = data if isinstance(data, dict) else {}
-        session = data.get("session_id")
-        if not isinstance(session, str):
-            session = payload.get("session_key")
-        message = data.get("message")
-        if not isinstance(session, str) or not isinstance(message, dict):
-            return SpoolFile(
-                name=header.name,
-                error="transcript cap drop without a session id or data.message",
-            )
-        self._add_spool_message(
-            _SpoolMessage(
-                session=session,
-                order=header.order(0),
-                file=header.name,
-                path="data.message",
-                index=0,
-                message=message,
-                provenance=header.provenance(3) | {"session_key": payload.get("session_key")},
-                time=header.when,
-            )
-        )
-        key = payload.get("session_key")
-        return SpoolFile(
-            name=header.name,
-            kind=3,
-            kind_name=KIND_NAMES[3],
-            session_id=session,
-            session_key=key if isinstance(key, str) else None,
-            messages=1,
-        )
-
-    def _inbound(self, header: _Header, payload: dict[str, Any]) -> SpoolFile:
-        """Kinds 1 and 2: inbound user text the agent had not processed."""
-        data = payload.get("data")
-        if not isinstance(data, dict) or "text" not in data:
-            return SpoolFile(name=header.name, error="not a known payload kind")
-        kind = 2 if "seq" in payload else 1
-        session_id = data.get("session_id")
-        record = {
-            "file": header.name,
-            "kind": kind,
-            "kind_name": KIND_NAMES[kind],
-            "session_key": payload.get("session_key"),
-            "session_id": session_id,
-            "reason": header.reason,
-            "ts": payload.get("ts"),
-            "seq": payload.get("seq"),
-            "text": data.get("text"),
-            "payload": payload,
-        }
-        self.spool.inbound.append((header.order(0), record))
-        key = payload.get("session_key")
-        return SpoolFile(
-            name=header.name,
-            kind=kind,
-            kind_name=KIND_NAMES[kind],
-            session_id=session_id if isinstance(session_id, str) else None,
-            session_key=key if isinstance(key, str) else None,
-        )
-
-    def _add_spool_message(self, item: _SpoolMessage) -> None:
-        self.spool.messages.setdefault(item.session, []).append(item)
-
-
-def open_hermes(path: str | os.PathLike[str]) -> HermesSource:
-    """Open a Hermes home directory (``state.db`` and ``pending_messages/``) or a
-    ``state.db`` file, read-only.
-
-    Raises:
-        HermesSourceError: there is nothing Hermes-like to read at ``path``.
-    """
-    given = Path(path).expanduser()
-    if given.is_dir():
-        db = given / STATE_DB
-        spool = given / SPOOL_DIR
-        source = HermesSource(
-            given, db if db.is_file() else None, spool if spool.is_dir() else None
-        )
-        if source.state_db is None and source.spool_dir is None:
-            raise HermesSourceError(
-                f"{given} is not a Hermes home: it has neither {STATE_DB} nor {SPOOL_DIR}/"
-            )
-    elif given.is_file():
-        source = HermesSource(given, given, None)
-        beside = given.parent / SPOOL_DIR
-        if beside.is_dir():
-            source.spool_not_read = beside
-    else:
-        raise HermesSourceError(f"{given}: no such file or directory")
-    if source.state_db is not None:
-        source._open_db(source.state_db)
-    if source.spool_dir is not None:
-        try:
-            source._read_spool(source.spool_dir)
-        except BaseException:
-            source.close()
-            raise
-    for items in source.spool.messages.values():
-        items.sort(key=lambda item: item.order)
-    source.spool.inbound.sort(key=lambda entry: entry[0])
-    return source
-
-
-def default_inbound_report(source: HermesSource, directory: Path | None = None) -> Path:
-    """Where the CLI writes the inbound (kind 1 and 2) messages by default.
-
-    The name is derived from the payload files, so running the import again rewrites the
-    same file with the same content, and two Hermes homes never share one.
-    """
-    names = sorted(record["file"] for _, record in source.spool.inbound)
-    digest = hashlib.sha256("\n".join(names).encode()).hexdigest()[:12]
-    return (directory or Path.cwd()) / f"hermes-inbound-{digest}.jsonl"
 
 
 # -- turning values into fields -----------------------------------------------------------
@@ -872,15 +361,51 @@ def _count(value: Any, field: str, aside: _Aside) -> int | None:
     return None
 
 
-def _epoch(value: Any) -> float | None:
-    """``value`` as epoch seconds a datetime can hold, else ``None``."""
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return None
-    try:
-        to_utc(value, "timestamp")
-    except ValueError:
-        return None
-    return float(value) if isinstance(value, int) else value
+def _role_field(value: Any, field: str, aside: _Aside) -> str:
+    return _role(value, aside)
+
+
+def _content_field(value: Any, field: str, aside: _Aside) -> Any:
+    return _content(value, aside)
+
+
+def _tool_calls_field(value: Any, field: str, aside: _Aside) -> list[Any] | None:
+    return _tool_calls(value, aside)
+
+
+#: How a source value becomes a ``Message`` field, by name, in the order a row's fields
+#: are converted (the order of what ``moved_aside`` records). A field of the model not
+#: named here (one added since) is taken as a JSON value, checked like ``extra``; what
+#: the model then refuses is reported as rejected, never dropped silently.
+_CONVERTERS: Final[dict[str, Callable[[Any, str, _Aside], Any]]] = {
+    "role": _role_field,
+    "content": _content_field,
+    "tool_calls": _tool_calls_field,
+    "tool_call_id": _identifier,
+    "tool_name": _identifier,
+    "finish_reason": _identifier,
+    "platform_message_id": _identifier,
+    "reasoning": _text,
+    "token_count": _count,
+}
+#: ``Message`` fields the importer makes itself (the key, the time, ``extra`` and the key
+#: order): never taken from a column or a dict key of that name.
+_OWN_FIELDS: Final = frozenset({KEY_FIELD, "timestamp", "extra", "openai_keys"})
+#: Every other field of the model (its own list, so a field added to it is read too): a
+#: ``messages`` column or a spool dict key of that name becomes it.
+_MESSAGE_FIELDS: Final = tuple(
+    sorted(
+        (name for name in Message.model_fields if name not in _OWN_FIELDS),
+        key=lambda name: list(_CONVERTERS).index(name) if name in _CONVERTERS else len(_CONVERTERS),
+    )
+)
+#: ``messages`` columns that become ``Message`` fields (``id`` and ``session_id`` place it);
+#: every other one goes to ``extra["hermes"]``.
+_ROW_FIELDS: Final = frozenset({"id", "session_id", "timestamp", *_MESSAGE_FIELDS})
+
+
+def _convert(name: str, value: Any, aside: _Aside) -> Any:
+    return _CONVERTERS.get(name, _json_value)(value, name, aside)
 
 
 def _parse_json_text(value: Any, field: str, aside: _Aside) -> tuple[bool, Any]:
@@ -891,12 +416,8 @@ def _parse_json_text(value: Any, field: str, aside: _Aside) -> tuple[bool, Any]:
     try:
         return True, json.loads(value)
     except (ValueError, RecursionError) as exc:
-        aside.move(field, value, f"not valid JSON ({_one_line(exc)})")
+        aside.move(field, value, f"not valid JSON ({one_line(exc)})")
         return False, None
-
-
-def _one_line(exc: BaseException) -> str:
-    return " ".join(str(exc).split()) or type(exc).__name__
 
 
 def _fingerprint(role: Any, content: Any, tool_call_id: Any) -> bytes:
@@ -1142,14 +663,14 @@ class _Importer:
                     parent,
                     f"cannot be a session id: stored as {fields['parent_session_id']!r}",
                 )
-        started = _epoch(row.get("started_at"))
+        started = epoch_seconds(row.get("started_at"))
         if started is None:
-            ended = _epoch(row.get("ended_at"))
+            ended = epoch_seconds(row.get("ended_at"))
             started = ended if ended is not None else 0.0
             aside.move("started_at", row.get("started_at"), "not epoch seconds")
         fields["started_at"] = started
         if row.get("ended_at") is not None:
-            ended = _epoch(row.get("ended_at"))
+            ended = epoch_seconds(row.get("ended_at"))
             if ended is None:
                 aside.move("ended_at", row.get("ended_at"), "not epoch seconds: left open")
             else:
@@ -1175,7 +696,7 @@ class _Importer:
         sid: str,
         fields: Mapping[str, Any],
         existed: bool,
-        spooled: list[_SpoolMessage],
+        spooled: list[SpoolMessage],
         *,
         create: bool,
     ) -> None:
@@ -1246,14 +767,7 @@ class _Importer:
                 known.append(to_utc(fields[name], name))  # a spool file's time is epoch
         if not known:
             return
-        when = max(known)
-        stamp = sessions_table.c.last_active_at
-        statement = (
-            update(sessions_table)
-            .where(sessions_table.c.id == sid, (stamp >= self._began) | (stamp < when))
-            .values(last_active_at=when)
-        )
-        self.repo.database.write(lambda conn: conn.execute(statement))
+        self.repo.backdate_activity(sid, max(known), stamped_since=self._began)
 
     def _history_session(self, sid: str, fields: Mapping[str, Any], first: Message) -> str:
         if len(sid) + len(HISTORY_SUFFIX) <= MAX_ID_LENGTH:
@@ -1293,7 +807,7 @@ class _Importer:
             if name not in _ROW_FIELDS and value is not None:
                 hermes[name] = value
 
-        fields: dict[str, Any] = {"role": _role(row.get("role"), aside)}
+        fields: dict[str, Any] = {}
         content = row.get("content")
         if isinstance(content, str) and content.startswith(JSON_CONTENT_MARK):
             try:
@@ -1305,25 +819,24 @@ class _Importer:
                         where=where,
                         session_id=sid,
                         field="content",
-                        problem=f"marked as JSON but not valid JSON ({_one_line(exc)}): "
+                        problem=f"marked as JSON but not valid JSON ({one_line(exc)}): "
                         "stored as the text it was",
                     )
                 )
             else:
                 hermes["content_encoding"] = "json"
             content = parsed
-        fields["content"] = _content(content, aside)
+        for name in _MESSAGE_FIELDS:
+            value = content if name == "content" else row.get(name)
+            if name == "tool_calls" and value is not None:  # JSON text in a column
+                ok, value = _parse_json_text(value, name, aside)
+                if not ok:
+                    fields[name] = None
+                    continue
+            fields[name] = _convert(name, value, aside)
         if "content" in aside.moved:
             aside.moved["content"] = repr(row.get("content"))  # the column, as it was
-        calls = row.get("tool_calls")
-        if calls is not None:
-            ok, parsed_calls = _parse_json_text(calls, "tool_calls", aside)
-            fields["tool_calls"] = _tool_calls(parsed_calls, aside) if ok else None
-        for name in _IDENTIFIER_FIELDS:
-            fields[name] = _identifier(row.get(name), name, aside)
-        fields["reasoning"] = _text(row.get("reasoning"), "reasoning", aside)
-        fields["token_count"] = _count(row.get("token_count"), "token_count", aside)
-        when = _epoch(raw_time)
+        when = epoch_seconds(raw_time)
         if when is None:
             aside.move("timestamp", raw_time, "not epoch seconds: the previous row's time is used")
             when = last_time if last_time is not None else 0.0
@@ -1348,7 +861,7 @@ class _Importer:
         )
         return None if message is None else (message, active, where)
 
-    def _spool_message(self, item: _SpoolMessage, sid: str) -> Message | None:
+    def _spool_message(self, item: SpoolMessage, sid: str) -> Message | None:
         where = f"{SPOOL_DIR}/{item.file} {item.path}"
         provenance_key = "hermes"
         while provenance_key in item.message:
@@ -1366,18 +879,8 @@ class _Importer:
                     aside.move(KEY_FIELD, value, "not a UUID: the spool key is used")
                 continue
             keys.append(name)
-            if name == "role":
-                fields["role"] = _role(value, aside)
-            elif name == "content":
-                fields["content"] = _content(value, aside)
-            elif name == "tool_calls":
-                fields["tool_calls"] = _tool_calls(value, aside)
-            elif name in _IDENTIFIER_FIELDS:
-                fields[name] = _identifier(value, name, aside)
-            elif name == "reasoning":
-                fields["reasoning"] = _text(value, "reasoning", aside)
-            elif name == "token_count":
-                fields["token_count"] = _count(value, "token_count", aside)
+            if name in _MESSAGE_FIELDS:
+                fields[name] = _convert(name, value, aside)
             else:
                 clean_name = _clean_text(name)
                 if clean_name != name:
@@ -1387,14 +890,13 @@ class _Importer:
         if "role" not in fields:
             fields["role"] = _role(None, aside)
             keys.insert(0, "role")
-        assert set(WIRE_FIELDS) >= set(fields)
         provenance = dict(item.provenance)
         if aside.moved:
             provenance["moved_aside"] = aside.moved
         extra[provenance_key] = _clean_json(provenance)
         keys.append(provenance_key)
         own_time = item.message.get("timestamp")
-        when = _epoch(own_time)
+        when = epoch_seconds(own_time)
         if when is None and isinstance(own_time, str):
             when = _iso_epoch(own_time)
         if when is None:
@@ -1420,7 +922,7 @@ class _Importer:
                 Problem(
                     where=where,
                     session_id=sid,
-                    problem=f"cannot be stored: {_one_line(exc)}; it stays in the source",
+                    problem=f"cannot be stored: {one_line(exc)}; it stays in the source",
                 )
             )
             if self.progress is not None:
@@ -1537,7 +1039,7 @@ def _iso_epoch(text: str) -> float | None:
         return None
     if parsed.tzinfo is None:
         return None
-    return _epoch(parsed.timestamp())
+    return epoch_seconds(parsed.timestamp())
 
 
 def import_hermes(

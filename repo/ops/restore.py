@@ -1,0 +1,246 @@
+"""Import an export (see :mod:`sessionrepo.ops.export` for the format): restore or merge.
+
+A session the target does not have is recreated: its row as exported and every message at
+its exported ``seq``, so a model dump read back equals the one exported, field by field.
+A session the target already holds *as exported* (a second import, or one resumed after an
+interruption) only gets the messages it lacks, at their ``seq``. Both go through
+:meth:`SessionRepository.restore_session`, which writes with ``append``'s own insert (its
+key-based idempotency, its counters, its search indexing) and then sets the session's
+times as exported. The counters (``message_count``, ``tool_call_count``, ``next_seq``) are
+derived from the messages restored, not copied: for an export sessionrepo wrote they are
+the exported ones.
+
+A session the target holds *differently* (a gateway has written to it since) is merged:
+its missing messages are appended after the target's own, through
+:meth:`SessionRepository.append`, and its row is left as the target has it. Either way
+the message key decides: importing a file twice inserts nothing the second time, and a
+key stored with different content is counted as a conflict, never overwritten. Each batch
+of at most :data:`MAX_BATCH` messages is one transaction, so an interrupted import keeps
+what it committed and a re-run completes it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import IO, Any, Final, Literal
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from sessionrepo.errors import InvalidMessage
+from sessionrepo.models import Session, StoredMessage
+from sessionrepo.ops.export import EXPORT_FORMAT, EXPORT_VERSION, BadExportFile
+from sessionrepo.store.codec import invalid_from_validation
+from sessionrepo.store.repository import SessionRepository, SessionSnapshot
+
+#: Most messages written in one import transaction.
+MAX_BATCH: Final = 500
+#: Largest ``seq`` (``BIGINT``).
+_MAX_SEQ: Final = 2**63 - 1
+
+
+class ImportReport(BaseModel):
+    """What one import did."""
+
+    model_config = ConfigDict(frozen=True)
+
+    #: Sessions the target did not have: recreated exactly.
+    sessions_restored: int = 0
+    #: Sessions the target already had as exported (given only their missing messages).
+    sessions_present: int = 0
+    #: Sessions the target had with changes of its own: missing messages appended.
+    sessions_merged: int = 0
+    messages_inserted: int = 0
+    #: Messages whose key the target already had, with the same content.
+    messages_present: int = 0
+    #: Messages whose key the target had with different content (the target's kept).
+    messages_conflicting: int = 0
+    #: Whether the file ended with its ``end`` record (``False``: it was cut short).
+    complete: bool = False
+
+    @property
+    def sessions(self) -> int:
+        return self.sessions_restored + self.sessions_present + self.sessions_merged
+
+
+@dataclass
+class _Pending:
+    """The session being imported and its messages not written yet."""
+
+    snapshot: SessionSnapshot
+    #: What its first batch found, once written.
+    outcome: Literal["restored", "present", "merged"] | None = None
+    last_seq: int = 0
+    batch: list[StoredMessage] = field(default_factory=list)
+
+
+class _Importer:
+    def __init__(self, repository: SessionRepository) -> None:
+        self._repository = repository
+        self.counts: dict[str, int] = {}
+
+    def _add(self, name: str, amount: int = 1) -> None:
+        self.counts[name] = self.counts.get(name, 0) + amount
+
+    def flush(self, pending: _Pending) -> None:
+        batch, pending.batch = pending.batch, []
+        if pending.outcome != "merged":
+            restored = self._repository.restore_session(pending.snapshot, batch)
+            if restored.outcome != "diverged":
+                if pending.outcome is None:
+                    pending.outcome = "restored" if restored.outcome == "created" else "present"
+                    self._add(f"sessions_{pending.outcome}")
+                self._add("messages_inserted", len(restored.inserted))
+                self._add("messages_present", len(restored.duplicates))
+                self._add("messages_conflicting", len(restored.conflicts))
+                return
+            if pending.outcome is not None:  # restored until now, changed by a writer since
+                self._add(f"sessions_{pending.outcome}", -1)
+            self._add("sessions_merged")
+            pending.outcome = "merged"
+        if batch:
+            result = self._repository.append(pending.snapshot.session.id, batch)
+            self._add("messages_inserted", len(result.inserted))
+            self._add("messages_present", len(result.duplicates))
+            self._add("messages_conflicting", len(result.conflicts))
+
+
+def import_sessions(
+    repository: SessionRepository,
+    stream: IO[bytes],
+    *,
+    batch_size: int = MAX_BATCH,
+    on_progress: Callable[[int], None] | None = None,
+) -> ImportReport:
+    """Import an export (see the module docstring). Idempotent: a second import of the
+    same file inserts nothing.
+
+    Stops at the first line that is not a valid record (what came before stays
+    imported; fix the file and run it again).
+
+    Args:
+        stream: the export, as bytes.
+        batch_size: messages per transaction, at most :data:`MAX_BATCH`.
+        on_progress: called with the number of bytes of each line read.
+
+    Raises:
+        BadExportFile: the stream is not an export, or a line is damaged.
+        InvalidMessage: ``batch_size`` is out of range.
+    """
+    if not 1 <= batch_size <= MAX_BATCH:
+        raise InvalidMessage("batch_size", f"must be between 1 and {MAX_BATCH}")
+    importer = _Importer(repository)
+    pending: _Pending | None = None
+    seen_sessions = seen_messages = 0
+    complete = False
+    number = 0
+    for number, record in _records(stream, on_progress):
+        kind = record.get("type")
+        if complete:
+            raise BadExportFile(f"line {number}: a record after the end record")
+        if number == 1:
+            _check_header(record)
+            continue
+        if kind == "session":
+            if pending is not None:
+                importer.flush(pending)
+            pending = _session_record(record, number)
+            seen_sessions += 1
+        elif kind == "message":
+            if pending is None:
+                raise BadExportFile(f"line {number}: a message before any session")
+            message = _message_from_record(record, number, pending)
+            pending.batch.append(message)
+            pending.last_seq = message.seq
+            seen_messages += 1
+            if len(pending.batch) >= batch_size:
+                importer.flush(pending)
+        elif kind == "end":
+            if pending is not None:
+                importer.flush(pending)
+                pending = None
+            if (record.get("sessions"), record.get("messages")) != (seen_sessions, seen_messages):
+                raise BadExportFile(
+                    f"line {number}: the end record counts {record.get('sessions')} sessions "
+                    f"and {record.get('messages')} messages, the file holds {seen_sessions} "
+                    f"and {seen_messages}"
+                )
+            complete = True
+        else:
+            raise BadExportFile(f"line {number}: unknown record type {kind!r}")
+    if number == 0:
+        raise BadExportFile("the file is empty, not a sessionrepo export")
+    if pending is not None:
+        importer.flush(pending)
+    return ImportReport(**importer.counts, complete=complete)
+
+
+def _records(
+    stream: IO[bytes], on_progress: Callable[[int], None] | None
+) -> Iterator[tuple[int, dict[str, Any]]]:
+    number = 0
+    for raw in stream:  # a binary stream splits on b"\n" only
+        number += 1
+        if on_progress is not None:
+            on_progress(len(raw))
+        if not raw.strip():
+            continue
+        try:
+            record = json.loads(raw)
+        except (ValueError, UnicodeDecodeError) as exc:
+            what = "not a sessionrepo export" if number == 1 else "damaged"
+            raise BadExportFile(f"line {number}: {what} (not JSON: {exc})") from None
+        if not isinstance(record, dict):
+            raise BadExportFile(f"line {number}: a record must be a JSON object")
+        yield number, record
+
+
+def _check_header(record: dict[str, Any]) -> None:
+    if record.get("type") != "header" or record.get("format") != EXPORT_FORMAT:
+        raise BadExportFile(
+            "line 1: not a sessionrepo export (it starts without the "
+            f'{{"type": "header", "format": "{EXPORT_FORMAT}"}} record)'
+        )
+    version = record.get("version")
+    if version != EXPORT_VERSION:
+        raise BadExportFile(
+            f"line 1: export format version {version!r}; this sessionrepo reads version "
+            f"{EXPORT_VERSION} (a newer sessionrepo wrote it: upgrade sessionrepo)"
+        )
+
+
+def _session_record(record: dict[str, Any], number: int) -> _Pending:
+    next_seq = record.get("next_seq")
+    if type(next_seq) is not int or not 1 <= next_seq <= _MAX_SEQ:
+        raise BadExportFile(f"line {number}: next_seq must be a positive integer")
+    try:
+        session = Session.model_validate(record.get("session"))
+    except ValidationError as exc:
+        problem = invalid_from_validation(exc, "session")
+        raise BadExportFile(f"line {number}: {problem}") from None
+    return _Pending(snapshot=SessionSnapshot(session, next_seq))
+
+
+def _message_from_record(record: dict[str, Any], number: int, pending: _Pending) -> StoredMessage:
+    snapshot = pending.snapshot
+    sid = snapshot.session.id
+    if record.get("session_id") != sid:
+        raise BadExportFile(
+            f"line {number}: a message of session {record.get('session_id')!r} among "
+            f"those of {sid!r}"
+        )
+    seq = record.get("seq")
+    if type(seq) is not int or not pending.last_seq < seq < snapshot.next_seq:
+        raise BadExportFile(
+            f"line {number}: seq {seq!r} is out of order (after {pending.last_seq}, before "
+            f"the session's next_seq {snapshot.next_seq})"
+        )
+    body = record.get("message")
+    if not isinstance(body, dict):
+        raise BadExportFile(f"line {number}: the message record has no message object")
+    try:
+        return StoredMessage.model_validate({**body, "session_id": sid, "seq": seq})
+    except ValidationError as exc:
+        problem = invalid_from_validation(exc, "message")
+        raise BadExportFile(f"line {number}: {problem}") from None
