@@ -68,7 +68,7 @@ async def open_async_repository(
     search_index: bool | Literal["immediate"] = True,
     **options: Any,
 ) -> AsyncSessionRepository:
-    """:func:`repo.open_repository` for asyncio: the same arguments and checks.
+    """:func:`sessionrepo.open_repository` for asyncio: the same arguments and checks.
 
     Raises:
         SchemaOutOfDate: the database is not at this code's schema revision.
@@ -89,9 +89,9 @@ async def open_async_repository(
 
 
 class AsyncSessionRepository(AsyncFacade[SessionRepository]):
-    """:class:`repo.SessionRepository`, awaited. Made by :func:`open_async_repository`.
+    """:class:`sessionrepo.SessionRepository`, awaited. Made by :func:`open_async_repository`.
 
-    Every method means what the sync one means (:class:`repo.contract.SessionStore`
+    Every method means what the sync one means (:class:`sessionrepo.contract.SessionStore`
     states the guarantees); only the waiting differs.
     """
 
@@ -158,7 +158,8 @@ class AsyncSessionRepository(AsyncFacade[SessionRepository]):
         messages: Iterable[Message | Mapping[str, Any]],
         **session_defaults: Any,
     ) -> PreparedBatch:
-        """:meth:`repo.SessionRepository.prepare`: validation only, no I/O, so not awaited."""
+        """:meth:`sessionrepo.SessionRepository.prepare`: validation only, no I/O, so not
+        awaited."""
         return self._sync.prepare(session_id, messages, **session_defaults)
 
     async def close(self, *, timeout: float | None = CLOSE_TIMEOUT) -> None:
@@ -171,8 +172,10 @@ class AsyncSessionRepository(AsyncFacade[SessionRepository]):
 
 
 class AsyncTranscriptWriter(AsyncFacade[TranscriptWriter]):
-    """:class:`repo.TranscriptWriter`, awaited, with the same arguments (but ``workers``:
-    primary calls are tasks); its background drainer (:meth:`start`) is an asyncio task.
+    """:class:`sessionrepo.TranscriptWriter`, awaited, with the same arguments (but
+    ``workers``: primary calls are tasks, on the task pool it hands the writer, so that
+    :meth:`close` waits for them); its background drainer (:meth:`start`) is an asyncio
+    task.
 
     No I/O happens here: the outbox is checked (and a SQLite outbox file migrated) by the
     first call that uses it.

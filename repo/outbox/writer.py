@@ -200,7 +200,7 @@ class TranscriptWriter(ResilientWriter):
 
     # -- write ----------------------------------------------------------------------
 
-    # ``self`` positional-only: repo.aio derives the awaited signature from this one.
+    # ``self`` positional-only: sessionrepo.aio derives the awaited signature from this one.
     def write(
         self,
         /,

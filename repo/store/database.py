@@ -101,8 +101,9 @@ class Database:
         self.url = normalize_url(url)
         self.dialect: BackendDialect = dialect_for(self.url.get_backend_name())
         #: With ``asynchronous``, the engine is the synchronous face of an asyncio engine
-        #: (aiosqlite, psycopg async): usable only from code that ``repo._aio`` runs for
-        #: a coroutine, where each database wait yields to the event loop.
+        #: (aiosqlite, psycopg async): usable only from code that
+        #: :mod:`sessionrepo.store.bridge` runs for a coroutine, where each database wait
+        #: yields to the event loop.
         self.asynchronous = asynchronous
         self.engine: Engine = self.dialect.create_engine(
             self.url, dict(engine_options), asynchronous=asynchronous

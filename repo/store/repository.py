@@ -129,7 +129,7 @@ class SessionRepository(SessionStore):
 
     # -- sessions -------------------------------------------------------------------
 
-    # ``self`` positional-only: repo.aio derives the awaited signature from this one.
+    # ``self`` positional-only: sessionrepo.aio derives the awaited signature from this one.
     def create_session(self, /, session_id: str, **fields: Any) -> Session:
         sid = check_session_id(session_id)
         _refuse_derived(fields, "session")
