@@ -18,6 +18,9 @@ MAX_ID_LENGTH: Final = 255
 MAX_JSON_DEPTH: Final = 64
 #: Largest magnitude of an integer inside a JSON field (beyond it, JSON tools disagree).
 MAX_JSON_INT_BITS: Final = 256
+#: Largest ``seq``, limit or count an argument may give: a signed 64-bit integer, what
+#: both backends bind (SQLite raises ``OverflowError`` past it, PostgreSQL a range error).
+MAX_INT64: Final = 2**63 - 1
 
 
 def check_text(value: str, field: str) -> str:

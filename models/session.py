@@ -4,12 +4,17 @@ from __future__ import annotations
 
 import uuid
 from datetime import datetime
-from typing import Any
+from typing import Any, Final
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from sessionrepo.models._limits import check_identifier, check_json, check_text
 from sessionrepo.models.message import to_utc, utcnow
+
+#: Session columns the store keeps from the transcript itself: a caller can read them,
+#: never set them (``create_session`` and ``append``'s session defaults refuse them). The
+#: sequence state, ``next_seq``, is not even a field of :class:`Session`.
+DERIVED_FIELDS: Final = ("message_count", "tool_call_count", "next_seq", "last_active_at")
 
 
 class Session(BaseModel):
@@ -17,6 +22,8 @@ class Session(BaseModel):
 
     ``model_settings`` is the ``model_config`` column (Pydantic reserves that attribute
     name); it is read and written under the alias ``model_config`` too.
+    ``message_count``, ``tool_call_count`` and ``last_active_at`` are kept by the store
+    (see :data:`DERIVED_FIELDS`).
     """
 
     model_config = ConfigDict(

@@ -1,15 +1,19 @@
 """sessionrepo: store AI-agent chat transcripts once each, in order, on SQLite or PostgreSQL.
 
-Start with :func:`open_repository` (asyncio: :func:`open_async_repository`) and, in a gateway,
-a :class:`TranscriptWriter`; the guarantees are stated in :mod:`sessionrepo.contract`. The
-message and session models are re-exported here from :mod:`sessionrepo.models`.
+Start with :func:`open_repository` (asyncio: :func:`open_async_repository`) and write
+through a :class:`TranscriptWriter`; the guarantees are stated in
+:mod:`sessionrepo.contract` (:class:`SessionStore`, :class:`ResilientWriter`), the errors
+in :mod:`sessionrepo.errors`. The message and session models are re-exported here from
+:mod:`sessionrepo.models`.
 """
 
 from sessionrepo.aio.api import AsyncSessionRepository, AsyncTranscriptWriter, open_async_repository
-from sessionrepo.contract import SessionStore
+from sessionrepo.contract import ResilientWriter, SessionStore
 from sessionrepo.errors import (
+    ArgumentTypeError,
     BackendUnavailable,
     ConflictError,
+    InvalidArgument,
     InvalidMessage,
     NotFound,
     RepoError,
@@ -28,22 +32,25 @@ from sessionrepo.models import (
     ensure_key,
     new_key,
 )
-from sessionrepo.outbox.table import OutboxStatus, SessionBacklog
-from sessionrepo.outbox.writer import DrainReport, TranscriptWriter, WriteResult
+from sessionrepo.models.outbox import DrainReport, OutboxStatus, SessionBacklog, WriteResult
+from sessionrepo.outbox.writer import TranscriptWriter
 from sessionrepo.store.repository import SessionRepository, open_repository
 
 __all__ = [
     "AppendResult",
+    "ArgumentTypeError",
     "AsyncSessionRepository",
     "AsyncTranscriptWriter",
     "BackendUnavailable",
     "ConflictError",
     "DrainReport",
+    "InvalidArgument",
     "InvalidMessage",
     "Message",
     "NotFound",
     "OutboxStatus",
     "RepoError",
+    "ResilientWriter",
     "SchemaOutOfDate",
     "SearchHit",
     "SearchIndexUnavailable",

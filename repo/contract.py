@@ -1,15 +1,41 @@
-"""The contract every sessionrepo store keeps, whatever the backend.
+"""The contract every sessionrepo store and writer keeps, whatever the backend.
 
-Implementations carry only "why" comments; the guarantees are stated here once. The
-contract test suite (``tests/``) holds every implementation to them, on every backend.
+The guarantees are stated here once; the implementations (:class:`SessionRepository`,
+:class:`TranscriptWriter`) inherit these protocols explicitly, so ``help()`` shows this
+text on their methods and mypy holds their signatures to it, and they carry only "why"
+comments. The asyncio classes (``AsyncSessionRepository``, ``AsyncTranscriptWriter``)
+offer the same methods awaited, with these docstrings. The contract test suite
+(``tests/``) holds every implementation to them, on every backend.
+
+Errors common to every method (see :mod:`sessionrepo.errors`): an argument of the wrong
+type raises :class:`~sessionrepo.errors.ArgumentTypeError` (a ``TypeError``), one out of
+range :class:`~sessionrepo.errors.InvalidArgument` (a ``ValueError``), both before any
+SQL, identically on every backend; :class:`~sessionrepo.errors.BackendUnavailable` when the
+database cannot do the work now. Nothing else escapes: every error is a
+:class:`~sessionrepo.errors.RepoError`, and reads never raise
+:class:`~sessionrepo.errors.WriteRejected`. Session ids are 1-255 characters without
+control characters (one that is not a string raises ``ArgumentTypeError``, a string that
+cannot be one :class:`~sessionrepo.errors.InvalidMessage`, as when storing); a ``seq`` is
+an ``int`` (not a bool) in ``0..2**63-1``; limits are positive ``int`` values.
+
+It sits just above the models: it names their types and nothing else of sessionrepo.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from datetime import datetime
 from typing import Any, Literal, Protocol
 
-from sessionrepo.models import AppendResult, Message, Session, SessionPage, StoredMessage
+from sessionrepo.models import (
+    AppendResult,
+    Message,
+    SearchHit,
+    Session,
+    SessionPage,
+    StoredMessage,
+)
+from sessionrepo.models.outbox import DrainReport, OutboxStatus, WriteResult
 
 
 class SessionStore(Protocol):
@@ -20,21 +46,36 @@ class SessionStore(Protocol):
         """``"sqlite"`` or ``"postgresql"``."""
         ...
 
-    def create_session(self, session_id: str, **fields: Any) -> Session:
+    def create_session(self, /, session_id: str, **fields: Any) -> Session:
         """Create a session, idempotently.
 
         Creating a session that exists changes no value already set: it fills in the
         fields that are still empty (``None``, or source ``"unknown"``), which is how a
         session first created by :meth:`append` gets its real attributes later.
 
+        Args:
+            session_id: the gateway's own id for the conversation.
+            **fields: :class:`~sessionrepo.models.Session` fields (``source``,
+                ``user_id``, ``title``, ``model``, ``model_config``, ``metadata``,
+                ``started_at``, ...). The fields the store derives from the transcript
+                (``message_count``, ``tool_call_count``, ``next_seq``,
+                ``last_active_at``) cannot be set.
+
         Returns:
             The stored session.
+
+        Raises:
+            InvalidMessage: a field is unknown, derived, or cannot be stored (its
+                ``field`` names it, ``session.<name>``); nothing was written.
         """
         ...
 
     def get_session(self, session_id: str) -> Session:
-        """Raises:
-        NotFound: no such session."""
+        """The stored session.
+
+        Raises:
+            NotFound: no such session.
+        """
         ...
 
     def list_sessions(
@@ -47,35 +88,69 @@ class SessionStore(Protocol):
         cursor: str | None = None,
     ) -> SessionPage:
         """Sessions, newest activity first, a page at a time (keyset cursor: a session
-        created while paging never shifts or repeats the pages after it)."""
+        created while paging never shifts or repeats the pages after it).
+
+        Args:
+            source: only sessions from this platform.
+            user_id: only this user's sessions.
+            status: ``"open"`` or ``"ended"`` sessions only (``None``: both).
+            limit: sessions per page, 1 to 1000.
+            cursor: ``next_cursor`` of the previous page.
+
+        Raises:
+            InvalidArgument: a filter, the limit or the cursor is invalid (a cursor not
+                returned by this method, say).
+        """
         ...
 
     def end_session(self, session_id: str, reason: str) -> bool:
         """End a session. The first reason wins: returns ``True`` when this call ended it,
         ``False`` (changing nothing) when it was already ended.
 
+        Args:
+            reason: why it ended (``"compression"``, ``"user_left"``...): a non-empty
+                string of at most 1024 characters without control characters.
+
         Raises:
+            ArgumentTypeError: ``reason`` is not a string (``None`` included).
+            InvalidMessage: ``reason`` is empty or cannot be stored.
             NotFound: no such session.
         """
         ...
 
     def reopen_session(self, session_id: str) -> bool:
-        """Undo an end: returns ``True`` when the session was ended and is now open."""
+        """Undo an end: returns ``True`` when the session was ended and is now open,
+        ``False`` (changing nothing) when it was open.
+
+        Raises:
+            NotFound: no such session.
+        """
         ...
 
     def resolve_tip(self, session_id: str) -> Session:
         """The live end of the continuation chain ``session_id`` belongs to: follow the
-        most recently active child (``parent_session_id``) until there is none."""
+        most recently active child (``parent_session_id``) until there is none.
+
+        Raises:
+            NotFound: no such session.
+        """
         ...
 
     def session_chain(self, session_id: str) -> list[Session]:
-        """The session and its ancestors, oldest first."""
+        """The session and its ancestors (``parent_session_id``), oldest first. An
+        ancestor that was pruned ends the chain.
+
+        Raises:
+            NotFound: no such session.
+        """
         ...
 
     def append(
         self,
         session_id: str,
         messages: Iterable[Message | Mapping[str, Any]],
+        *,
+        on_conflict: Literal["report", "raise"] = "report",
         **session_defaults: Any,
     ) -> AppendResult:
         """Append messages to a session's transcript, atomically and idempotently.
@@ -90,8 +165,23 @@ class SessionStore(Protocol):
         - The session row is created (from ``session_defaults``) if it does not exist.
         - Counters move only for inserted messages.
 
+        Args:
+            session_id: the session to append to.
+            messages: :class:`~sessionrepo.models.Message` objects or OpenAI-format
+                dicts (a dict without ``client_msg_uuid`` is stamped in place, so that
+                flushing it again inserts nothing).
+            on_conflict: ``"report"`` lists conflicting keys in the result;
+                ``"raise"`` (a strict append, for imports and migrations that must not
+                diverge silently) raises :class:`ConflictError` instead and writes
+                nothing of the batch.
+            **session_defaults: the :meth:`create_session` fields of a session this
+                call creates (the derived ones refused just the same).
+
         Raises:
-            InvalidMessage: a message cannot be stored faithfully (nothing was written).
+            InvalidMessage: a message or a session default cannot be stored faithfully,
+                or is derived (nothing was written).
+            ConflictError: ``on_conflict="raise"`` and a key is stored with other
+                content (nothing was written).
             BackendUnavailable: the database could not take the batch right now.
             WriteRejected: the database refused the data itself.
         """
@@ -112,11 +202,195 @@ class SessionStore(Protocol):
         ``limit`` messages just before ``before_seq``, still in ascending order).
         ``include_ancestors`` prepends the transcripts of the session's ancestors.
 
+        Args:
+            after_seq: only messages after this ``seq`` (an ``int``, ``0..2**63-1``).
+            before_seq: only messages before this ``seq`` (the same range).
+            limit: at most this many messages (a positive ``int``).
+            include_ancestors: not combinable with a cursor or a limit.
+
         Raises:
             NotFound: no such session.
+            InvalidArgument: a cursor or the limit is out of range, or combined with
+                ``include_ancestors`` (:class:`ArgumentTypeError`: not an ``int``).
         """
+        ...
+
+    def search(
+        self,
+        query: str,
+        *,
+        session_id: str | None = None,
+        source: str | None = None,
+        role: str | None = None,
+        user_id: str | None = None,
+        since: datetime | float | None = None,
+        until: datetime | float | None = None,
+        order: Literal["rank", "newest"] = "rank",
+        limit: int = 20,
+        cursor: int | str | None = None,
+    ) -> list[SearchHit]:
+        """Messages whose content matches ``query``, best first (or newest first).
+
+        ``query`` is words (all must occur), "quoted phrases", ``prefix*`` and
+        ``-excluded`` words; any other character is literal text, so no input is a
+        syntax error. Only the live transcript is searched; every hit is checked against
+        the message's text. Messages appended before the call are found: search first
+        indexes what appends left in the search backlog.
+
+        Args:
+            query: what to look for.
+            session_id: only this session's messages.
+            source: only sessions from this platform.
+            role: only messages of this role.
+            user_id: only this user's sessions.
+            since: only messages made at or after this instant (an aware datetime or
+                epoch seconds).
+            until: only messages made before this instant.
+            order: ``"rank"`` (relevance) or ``"newest"``.
+            limit: hits per page, 1 to 1000.
+            cursor: the number of hits already read (``cursor=len(previous_hits)``).
+
+        Raises:
+            SearchIndexUnavailable: the index is stale or broken (``reindex`` fixes it).
+            InvalidArgument: a filter, the order, the limit or the cursor is invalid.
+        """
+        ...
+
+    def reindex(self, *, progress: Callable[[int, int], None] | None = None) -> int:
+        """Rebuild the search index from the messages (after corruption, or an upgrade
+        over existing messages), in one transaction that also empties the search
+        backlog; returns how many messages were indexed. Appends wait for it, or park
+        through a ``TranscriptWriter``.
+
+        Args:
+            progress: called with ``(done, total)`` messages after each batch, inside
+                the rebuild's transaction: if it raises, the rebuild is rolled back and
+                its error is raised chained to a :class:`RepoError`.
+        """
+        ...
+
+    def catch_up_search_index(self, *, limit: int | None = None) -> int:
+        """Index messages appended since the last catch-up (``search`` does this first,
+        and a ``TranscriptWriter``'s drainer every round); returns how many were indexed.
+
+        Safe to run from several processes at once: no message is indexed twice. An
+        indexing failure marks the index stale instead of raising (``reindex`` repairs
+        it) and never affects appends.
+
+        Args:
+            limit: stop after about this many messages (``None``: the whole backlog).
+
+        Raises:
+            BackendUnavailable: the database cannot be reached (nothing is lost: the
+                backlog stays for the next catch-up).
+        """
+        ...
+
+    def search_index_backlog(self) -> int:
+        """How many appended messages wait for the catch-up to index them."""
+        ...
+
+    def search_index_state(self) -> tuple[str, str | None]:
+        """``("ok", None)``, or ``("stale", why)`` when search refuses until a reindex."""
         ...
 
     def close(self) -> None:
         """Release the connection pool. The store is unusable afterwards."""
+        ...
+
+
+class ResilientWriter(Protocol):
+    """The write path a gateway calls: nothing acknowledged is lost, nothing is written
+    twice, and a transcript never comes back reordered, whatever the primary store does.
+
+    ``write`` stores a batch in the primary store or, when the primary cannot take it for
+    an operational reason, parks it in a durable pending outbox; ``drain`` replays parked
+    batches later, in order, per session. Replay is idempotent by the message key, so a
+    crash at any instant (between the primary's commit and the outbox's delete included)
+    loses nothing and duplicates nothing.
+    """
+
+    def write(
+        self,
+        /,
+        session_id: str,
+        messages: Iterable[Message | Mapping[str, Any]],
+        **session_defaults: Any,
+    ) -> WriteResult:
+        """Store a batch durably, in the primary or in the outbox.
+
+        - Returns only after a durable commit: in the primary (``status="stored"``, with
+          what :meth:`SessionStore.append` reports), or in the outbox
+          (``status="parked"``, with why). A durable outbox is one that survives a power
+          cut (a SQLite outbox runs WAL with ``synchronous=FULL``).
+        - Parks only for operational reasons (down, locked, disk or I/O error, read-only,
+          a broken search index, no answer within the writer's deadline), decided by
+          SQLSTATE / SQLite result code. Returns within the deadline even when the
+          primary hangs; the abandoned attempt may still commit later, and the key makes
+          its replay a no-op.
+        - Per-session FIFO: while a session has parked messages, new ones for it are
+          parked behind them, so replay can never reorder its transcript.
+        - Invalid input is never parked.
+
+        Raises:
+            InvalidMessage: bad input (never parked; nothing was written).
+            WriteRejected: the primary refused this data itself (never parked).
+            BackendUnavailable: neither the primary nor the outbox could take the batch;
+                nothing was acknowledged and the caller still holds the messages.
+            RepoError: the writer is closed.
+        """
+        ...
+
+    def drain(self, *, session_id: str | None = None, ignore_backoff: bool = False) -> DrainReport:
+        """Replay parked messages, oldest first per session, until none is due.
+
+        A row leaves the outbox only after the primary has committed its message. A
+        session whose replay fails keeps its rows (attempts, last error, next retry with
+        exponential backoff and jitter) and does not hold up the others. A message the
+        primary *rejects* a bounded number of times (``max_attempts``) is set aside as
+        dead (kept, visible in :meth:`status`, retryable with :meth:`retry_dead`; never
+        deleted); outages never make a message dead. Several drainers, in several
+        processes, never replay the same row at the same time.
+
+        Args:
+            session_id: drain only this session.
+            ignore_backoff: try rows now even if their next retry is later (an operator
+                who has just repaired the primary).
+        """
+        ...
+
+    def pending(self, session_id: str | None = None) -> int:
+        """Messages waiting in the outbox (dead ones not counted), of one session or of
+        all."""
+        ...
+
+    def status(self) -> OutboxStatus:
+        """What the outbox holds: pending and dead counts, the oldest pending row's age,
+        and the sessions with the oldest rows."""
+        ...
+
+    def retry_dead(self, session_id: str | None = None) -> int:
+        """Put messages set aside as dead back in line (attempts reset), of one session
+        or of all; the next drain tries them. Returns how many."""
+        ...
+
+    def start(self, *, interval: float = 1.0) -> None:
+        """Run :meth:`drain` in the background until :meth:`stop` or :meth:`close`: at
+        once (startup recovery: whatever an earlier run left parked goes first), then
+        whenever a batch is parked or a retry falls due, and at least every ``interval``
+        seconds. Each round also indexes a bounded part of the search backlog. A running
+        drainer is left as it is."""
+        ...
+
+    def stop(self, timeout: float | None = 30.0) -> None:
+        """Stop the background drainer; the round in progress finishes first (each of
+        its steps is bounded by the deadline), waited for up to ``timeout`` seconds
+        (``None``: as long as it takes)."""
+        ...
+
+    def close(self) -> None:
+        """Stop the drainer and release the outbox; later writes raise. The repository
+        stays open (it is the caller's). Parked messages stay parked for the next
+        writer: nothing acknowledged is lost by closing. Writes abandoned past their
+        deadline are not waited for (their key makes them harmless)."""
         ...

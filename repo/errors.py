@@ -2,20 +2,42 @@
 
 SQLAlchemy and driver exceptions never leave the public API; they are translated once,
 at the boundary, and chained (``raise ... from exc``) so the cause stays visible.
+
+Arguments are checked before any SQL runs, identically on every backend::
+
+    RepoError
+    ├── InvalidArgument (also a ValueError)    a malformed or out-of-range argument
+    │   ├── ArgumentTypeError (also a TypeError)   an argument of the wrong type
+    │   └── InvalidMessage                     data that cannot be stored faithfully
+    ├── NotFound (also a LookupError)
+    ├── ConflictError
+    ├── BackendUnavailable
+    ├── WriteRejected                          (writes only: reads never raise it)
+    ├── SchemaOutOfDate
+    └── SearchIndexUnavailable
+
+Whatever the flavour, an argument error means that nothing was read or written, so one
+``except InvalidArgument`` covers every way a call can be asked wrongly, while code that
+follows Python's conventions (``except ValueError``, ``except TypeError``) keeps working.
 """
 
 from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
 
 
 class RepoError(Exception):
     """Root of every error sessionrepo raises."""
 
 
-class InvalidMessage(RepoError, ValueError):
-    """The input cannot be stored faithfully; nothing was written.
+class InvalidArgument(RepoError, ValueError):
+    """An argument is malformed or out of range (a cursor, a limit, a filter, an option);
+    nothing was read or written.
 
     Attributes:
-        field: the offending field (``messages[3].content``, ``session_id``, ...).
+        field: the offending argument (``after_seq``, ``limit``, ``options.pool_size``...).
+        reason: what is wrong with it.
     """
 
     def __init__(self, field: str, reason: str) -> None:
@@ -24,12 +46,41 @@ class InvalidMessage(RepoError, ValueError):
         self.reason = reason
 
 
+class ArgumentTypeError(InvalidArgument, TypeError):
+    """An argument has the wrong type (``after_seq="x"``, ``end_session(id, None)``);
+    nothing was read or written. Both a ``TypeError`` and an :class:`InvalidArgument`."""
+
+
+class InvalidMessage(InvalidArgument):
+    """What was given to store (a message, a session's fields) cannot be stored
+    faithfully, or may not be set by a caller; nothing was written.
+
+    Attributes:
+        field: the offending field (``messages[3].content``, ``session_id``,
+            ``session_defaults.message_count``...).
+    """
+
+
 class NotFound(RepoError, LookupError):
     """The session (or other record) does not exist."""
 
 
 class ConflictError(RepoError):
-    """A write disagrees with what is stored (see ``AppendResult.conflicts``)."""
+    """A strict append (``append(..., on_conflict="raise")``) met messages whose key is
+    stored with different content; the whole batch was rolled back (nothing written).
+
+    Without ``on_conflict="raise"`` such messages are skipped and listed in
+    ``AppendResult.conflicts`` instead.
+
+    Attributes:
+        session_id: the session appended to.
+        conflicts: the keys (``client_msg_uuid``) stored with different content.
+    """
+
+    def __init__(self, message: str, *, session_id: str, conflicts: Sequence[uuid.UUID]) -> None:
+        super().__init__(message)
+        self.session_id = session_id
+        self.conflicts = list(conflicts)
 
 
 class BackendUnavailable(RepoError):
@@ -48,7 +99,8 @@ class BackendUnavailable(RepoError):
 
 class WriteRejected(RepoError):
     """The database refused this data for what it is (not for its own state): retrying
-    the same write will fail the same way, so it is never parked in the outbox.
+    the same write will fail the same way, so it is never parked in the outbox. Raised
+    by writes only: a read the database refuses raises a plain :class:`RepoError`.
 
     Attributes:
         code: the SQLSTATE (PostgreSQL) or extended result code name (SQLite), if known.

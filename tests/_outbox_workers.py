@@ -88,7 +88,9 @@ class FlakyRepository(SessionRepository):
     def open(cls, url: str) -> FlakyRepository:
         return cls(open_repository(url))
 
-    def append_prepared(self, batch: PreparedBatch, *, timeout: float | None = None) -> Any:
+    def append_prepared(
+        self, batch: PreparedBatch, *, timeout: float | None = None, **options: Any
+    ) -> Any:
         keys = [str(message.client_msg_uuid) for message in batch.messages]
         with self._lock:
             self.attempts.append(keys)
@@ -101,7 +103,7 @@ class FlakyRepository(SessionRepository):
         rejected = self.reject.intersection(keys)
         if rejected:
             raise WriteRejected(f"rejected by the primary (injected): {sorted(rejected)}")
-        return super().append_prepared(batch, timeout=timeout)
+        return super().append_prepared(batch, timeout=timeout, **options)
 
 
 def _quiet() -> None:

@@ -6,7 +6,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from sessionrepo import InvalidMessage, NotFound, SessionRepository
+from sessionrepo import InvalidArgument, InvalidMessage, NotFound, SessionRepository
 from sessionrepo.models import Message
 
 pytestmark = pytest.mark.contract  # every repo test runs on the sync and async API
@@ -193,8 +193,11 @@ def test_list_sessions_pages_with_a_cursor(repo: SessionRepository) -> None:
 
 
 def test_a_garbled_cursor_is_invalid_input(repo: SessionRepository) -> None:
-    with pytest.raises(InvalidMessage):
+    # An argument error, not a message one: the cursor is no data to store.
+    with pytest.raises(InvalidArgument) as raised:
         repo.list_sessions(cursor="not-a-cursor")
+    assert type(raised.value) is InvalidArgument
+    assert raised.value.field == "cursor"
 
 
 def test_the_preview_of_content_parts_is_their_text(repo: SessionRepository) -> None:

@@ -3,8 +3,9 @@
 Same methods, arguments, results, errors and guarantees as :class:`SessionRepository` and
 :class:`TranscriptWriter`, awaited; on aiosqlite (SQLite) and psycopg 3's async
 connection (PostgreSQL). Not a second implementation: each method is the sync class's own
-method (:func:`repo._aio.awaited`: its signature and docstring too), run with its
-database waits awaited on the running event loop (see :mod:`repo._aio`). A call, once
+method (:func:`sessionrepo.store.bridge.awaited`: its signature and its contract's
+docstring too), run with its database waits awaited on the running event loop (see
+:mod:`sessionrepo.store.bridge`). A call, once
 started, runs to its end even if its caller is cancelled; cancelling ends the wait. A
 cancelled write has therefore either committed or not, and sending it again is a no-op
 either way.
@@ -16,23 +17,47 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import logging
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from sqlalchemy.engine import URL
 
+from sessionrepo.errors import ArgumentTypeError
 from sessionrepo.models import AppendResult, Message
 from sessionrepo.outbox.writer import TranscriptWriter
+from sessionrepo.store.arguments import check_choice, check_instance, check_seconds
 from sessionrepo.store.bridge import AsyncFacade, TaskPool, awaited
 from sessionrepo.store.database import Database
-from sessionrepo.store.repository import PreparedBatch, SessionRepository
+from sessionrepo.store.repository import (
+    PreparedBatch,
+    SessionRepository,
+    check_open_arguments,
+)
 from sessionrepo.store.schema import check_schema
 
 log = logging.getLogger("sessionrepo")
 
 #: Seconds ``close`` waits for calls still running (cancelled callers', abandoned ones).
 CLOSE_TIMEOUT = 30.0
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _documented_as(method: Callable[..., Any]) -> Callable[[F], F]:
+    """Give a hand-written awaited method the docstring of the sync one (its contract's:
+    :func:`inspect.getdoc` finds it on the protocol), as :func:`awaited` does."""
+
+    def document(function: F) -> F:
+        function.__doc__ = inspect.getdoc(method)
+        return function
+
+    return document
+
+
+def _check_close_timeout(timeout: object) -> float | None:
+    return None if timeout is None else check_seconds(timeout, "timeout", allow_zero=True)
 
 
 async def open_async_repository(
@@ -43,12 +68,16 @@ async def open_async_repository(
     search_index: bool | Literal["immediate"] = True,
     **options: Any,
 ) -> AsyncSessionRepository:
-    """:func:`repo.open_repository` for asyncio: the same arguments and checks.
+    """:func:`sessionrepo.open_repository` for asyncio: the same arguments and checks.
 
     Raises:
         SchemaOutOfDate: the database is not at this code's schema revision.
         BackendUnavailable: the database cannot be reached.
+        InvalidArgument: an argument or option is invalid or unknown (nothing was
+            opened; :class:`~sessionrepo.errors.ArgumentTypeError`: of the wrong type).
     """
+    # Checked here, before a task is started: Database() checks the options too.
+    check_open_arguments(auto_migrate, require_connection, search_index)
     calls = TaskPool()
 
     def open_() -> SessionRepository:
@@ -60,15 +89,20 @@ async def open_async_repository(
 
 
 class AsyncSessionRepository(AsyncFacade[SessionRepository]):
-    """:class:`repo.SessionRepository`, awaited. Made by :func:`open_async_repository`.
+    """:class:`sessionrepo.SessionRepository`, awaited. Made by :func:`open_async_repository`.
 
-    Every method means what the sync one means (:class:`repo.contract.SessionStore`
+    Every method means what the sync one means (:class:`sessionrepo.contract.SessionStore`
     states the guarantees); only the waiting differs.
     """
 
     def __init__(self, repository: SessionRepository, calls: TaskPool | None = None) -> None:
+        check_instance(repository, "repository", SessionRepository)
         if not repository.database.asynchronous:
-            raise ValueError("use open_async_repository(): this repository is synchronous")
+            raise ArgumentTypeError(
+                "repository", "use open_async_repository(): this repository is synchronous"
+            )
+        if calls is not None:
+            check_instance(calls, "calls", TaskPool)
         super().__init__(repository, calls)
 
     @property
@@ -109,17 +143,20 @@ class AsyncSessionRepository(AsyncFacade[SessionRepository]):
     restore_session = awaited(SessionRepository.restore_session)
     backdate_activity = awaited(SessionRepository.backdate_activity)
 
+    @_documented_as(SessionRepository.append)
     async def append(
         self,
         session_id: str,
         messages: Iterable[Message | Mapping[str, Any]],
+        *,
+        on_conflict: Literal["report", "raise"] = "report",
         **session_defaults: Any,
     ) -> AppendResult:
-        """:meth:`repo.SessionRepository.append`, awaited."""
         # Validated before the call starts: bad input raises to the caller, whether or
         # not it is cancelled later, and nothing is written.
+        check_choice(on_conflict, "on_conflict", ("report", "raise"))
         batch = self._sync.prepare(session_id, messages, **session_defaults)
-        return await self._calls.call(self._sync.append_prepared, batch)
+        return await self._calls.call(self._sync.append_prepared, batch, on_conflict=on_conflict)
 
     def prepare(
         self,
@@ -127,21 +164,24 @@ class AsyncSessionRepository(AsyncFacade[SessionRepository]):
         messages: Iterable[Message | Mapping[str, Any]],
         **session_defaults: Any,
     ) -> PreparedBatch:
-        """:meth:`repo.SessionRepository.prepare`: validation only, no I/O, so not awaited."""
+        """:meth:`sessionrepo.SessionRepository.prepare`: validation only, no I/O, so not
+        awaited."""
         return self._sync.prepare(session_id, messages, **session_defaults)
 
-    async def close(self, *, timeout: float = CLOSE_TIMEOUT) -> None:
-        """Wait (up to ``timeout`` seconds) for calls still running, then close the
-        connections."""
-        left = await self._calls.settle(timeout)
+    async def close(self, *, timeout: float | None = CLOSE_TIMEOUT) -> None:
+        """Wait (up to ``timeout`` seconds; ``None``: as long as they take) for calls
+        still running, then close the connections."""
+        left = await self._calls.settle(_check_close_timeout(timeout))
         if left:
             log.warning("closing with %d database calls still running", left)
         await self._calls.call(self._sync.close)
 
 
 class AsyncTranscriptWriter(AsyncFacade[TranscriptWriter]):
-    """:class:`repo.TranscriptWriter`, awaited, with the same arguments (but ``workers``:
-    primary calls are tasks); its background drainer (:meth:`start`) is an asyncio task.
+    """:class:`sessionrepo.TranscriptWriter`, awaited, with the same arguments (but
+    ``workers``: primary calls are tasks, on the task pool it hands the writer, so that
+    :meth:`close` waits for them); its background drainer (:meth:`start`) is an asyncio
+    task.
 
     No I/O happens here: the outbox is checked (and a SQLite outbox file migrated) by the
     first call that uses it.
@@ -159,6 +199,10 @@ class AsyncTranscriptWriter(AsyncFacade[TranscriptWriter]):
         backoff_base: float = 0.5,
         backoff_cap: float = 30.0,
     ) -> None:
+        check_instance(repository, "repository", AsyncSessionRepository)
+        # One pool for the facade's calls and the writer's own (primary attempts past
+        # their deadline): ``close`` waits for them all.
+        calls = TaskPool()
         writer = TranscriptWriter(
             repository._sync,
             outbox_url=outbox_url,
@@ -168,11 +212,9 @@ class AsyncTranscriptWriter(AsyncFacade[TranscriptWriter]):
             lease=lease,
             backoff_base=backoff_base,
             backoff_cap=backoff_cap,
+            task_pool=calls,
         )
-        # One pool for the facade's calls and the writer's own (primary attempts past
-        # their deadline): ``close`` waits for them all.
-        assert isinstance(writer._primary_pool, TaskPool)
-        super().__init__(writer, writer._primary_pool)
+        super().__init__(writer, calls)
         self._wake = asyncio.Event()
         writer.notify_drainer = self._wake.set
         self._drainer: asyncio.Task[None] | None = None
@@ -206,6 +248,7 @@ class AsyncTranscriptWriter(AsyncFacade[TranscriptWriter]):
         """Run the drainer as a task of the running loop until :meth:`stop` or
         :meth:`close`: at once (startup recovery), whenever a batch is parked or a retry
         falls due, and at least every ``interval`` seconds."""
+        interval = check_seconds(interval, "interval")
         if self._drainer is not None:
             return
 
@@ -227,10 +270,11 @@ class AsyncTranscriptWriter(AsyncFacade[TranscriptWriter]):
             with contextlib.suppress(asyncio.CancelledError):
                 await drainer
 
-    async def close(self, *, timeout: float = CLOSE_TIMEOUT) -> None:
+    async def close(self, *, timeout: float | None = CLOSE_TIMEOUT) -> None:
         """Stop the drainer, wait (up to ``timeout`` seconds) for calls still running
         (primary attempts past their deadline included), and release the outbox. The
         repository stays open (it is the caller's)."""
+        timeout = _check_close_timeout(timeout)
         await self.stop()
         left = await self._calls.settle(timeout)
         if left:

@@ -23,14 +23,27 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Final
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import ValidationError
 from sqlalchemy import Connection, case, delete, func, select, update
 
 from sessionrepo.errors import RepoError
 from sessionrepo.models import Message, Session
 from sessionrepo.models.message import utcnow
+from sessionrepo.models.outbox import OutboxStatus, SessionBacklog
 from sessionrepo.models.tables import outbox_table
 from sessionrepo.store.database import Database
+
+# The result models live in sessionrepo.models.outbox (the contract names them); they
+# stay importable from here.
+__all__ = [
+    "DEAD",
+    "PENDING",
+    "ClaimedBatch",
+    "Outbox",
+    "OutboxStatus",
+    "SessionBacklog",
+    "drainer_id",
+]
 
 O = outbox_table.c  # noqa: E741
 
@@ -50,31 +63,6 @@ class ClaimedBatch:
     session_defaults: dict[str, Any]
     attempts: list[int]
     rejections: list[int]
-
-
-class SessionBacklog(BaseModel):
-    """The outbox's view of one session."""
-
-    model_config = ConfigDict(frozen=True)
-
-    session_id: str
-    pending: int
-    dead: int
-    oldest: datetime
-    next_attempt_at: datetime | None
-    last_error: str | None
-
-
-class OutboxStatus(BaseModel):
-    """What the outbox holds: the health view operators and ``doctor`` read."""
-
-    model_config = ConfigDict(frozen=True)
-
-    pending: int
-    dead: int
-    #: Age in seconds of the oldest pending row (0 when there is none).
-    oldest_pending_age: float
-    sessions: list[SessionBacklog]
 
 
 def drainer_id() -> str:

@@ -19,69 +19,59 @@ from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import Future
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, Literal, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy.engine import URL
 
+from sessionrepo.contract import ResilientWriter
 from sessionrepo.dialects import normalize_url
-from sessionrepo.errors import BackendUnavailable, InvalidMessage, RepoError, WriteRejected
+from sessionrepo.errors import (
+    ArgumentTypeError,
+    BackendUnavailable,
+    InvalidMessage,
+    RepoError,
+    WriteRejected,
+)
 from sessionrepo.models import AppendResult, Message
 from sessionrepo.models.message import utcnow
-from sessionrepo.outbox.table import ClaimedBatch, Outbox, OutboxStatus, drainer_id
+from sessionrepo.models.outbox import DrainReport, OutboxStatus, WriteResult
+from sessionrepo.models.session import DERIVED_FIELDS
+from sessionrepo.outbox.table import ClaimedBatch, Outbox, drainer_id
 from sessionrepo.store import bridge as _aio
 from sessionrepo.store import schema
+from sessionrepo.store.arguments import (
+    check_bool,
+    check_instance,
+    check_int,
+    check_optional_session_id,
+    check_seconds,
+)
 from sessionrepo.store.database import Database
 from sessionrepo.store.repository import PreparedBatch, SessionRepository
+
+# The result models live in sessionrepo.models.outbox (the contract names them); they
+# stay importable from here.
+__all__ = [
+    "DrainReport",
+    "OutboxStatus",
+    "TranscriptWriter",
+    "WriteResult",
+    "open_outbox_database",
+]
 
 log = logging.getLogger("sessionrepo.writer")
 
 T = TypeVar("T")
 
 
-class WriteResult(BaseModel):
-    """What ``write`` did with a batch. Either way, the batch is durably committed."""
-
-    model_config = ConfigDict(frozen=True)
-
-    session_id: str
-    status: Literal["stored", "parked"]
-    #: Keys the primary stored now (``stored`` only).
-    inserted: list[Any] = Field(default_factory=list)
-    #: Keys the primary already had (``stored`` only).
-    duplicates: list[Any] = Field(default_factory=list)
-    #: Keys the primary had with different content (``stored`` only).
-    conflicts: list[Any] = Field(default_factory=list)
-    #: Messages of the batch now waiting in the outbox (``parked`` only); one that was
-    #: already waiting there (an earlier flush of the same transcript) is not added twice.
-    parked: int = 0
-    #: Why the batch was parked.
-    reason: str | None = None
-
-
-class DrainReport(BaseModel):
-    """What one ``drain`` did."""
-
-    model_config = ConfigDict(frozen=True)
-
-    #: Parked messages the primary stored now.
-    replayed: int = 0
-    #: Parked messages the primary already had (an earlier attempt did commit).
-    duplicates: int = 0
-    #: Parked messages whose key the primary had with different content (removed).
-    conflicts: int = 0
-    #: Rows whose replay failed this time (kept, retried later).
-    failed: int = 0
-    #: Rows set aside as dead this time (kept, see ``retry_dead``).
-    dead: int = 0
-    #: Pending rows left in the outbox afterwards.
-    remaining: int = 0
-
-
 def open_outbox_database(url: str | URL, *, asynchronous: bool = False) -> Database:
     """A separate outbox store. A SQLite file is created private (mode 0600), kept
     durable (WAL, ``synchronous=FULL``) and migrated by the same Alembic environment
     (``asynchronous``: on its asyncio driver, checked and migrated on first use)."""
+    if not isinstance(url, str | URL):
+        raise ArgumentTypeError(
+            "outbox_url", f"must be a string or a URL, got {type(url).__name__}"
+        )
     parsed = normalize_url(url)
     options: dict[str, Any] = {}
     if parsed.get_backend_name() == "sqlite":
@@ -97,8 +87,11 @@ def open_outbox_database(url: str | URL, *, asynchronous: bool = False) -> Datab
     return database
 
 
-class TranscriptWriter:
+class TranscriptWriter(ResilientWriter):
     """The resilient write path: primary store first, the pending outbox when it fails.
+
+    Implements :class:`sessionrepo.contract.ResilientWriter`, whose docstrings state the
+    guarantees.
 
     Args:
         repository: the primary store.
@@ -116,6 +109,17 @@ class TranscriptWriter:
             once when the replay ends; the lease matters only if the drainer dies).
         workers: threads that carry primary writes (a write past its deadline keeps
             one busy until the database answers).
+        backoff_base: seconds of the first retry's backoff after a failed replay
+            (doubled each attempt, with jitter).
+        backoff_cap: the longest backoff, in seconds.
+        task_pool: for a repository on an asyncio driver only: the task pool that
+            carries the writer's primary and outbox calls (``AsyncTranscriptWriter``
+            passes its own, so that its ``close`` waits for them all); a new one if
+            ``None``.
+
+    Raises:
+        InvalidArgument: an argument is out of range (``ArgumentTypeError``: of the
+            wrong type); nothing was opened.
     """
 
     def __init__(
@@ -130,13 +134,30 @@ class TranscriptWriter:
         workers: int = 4,
         backoff_base: float = 0.5,
         backoff_cap: float = 30.0,
+        task_pool: _aio.TaskPool | None = None,
     ) -> None:
-        if deadline <= 0:
-            raise ValueError("deadline must be positive")
-        self._repository = repository
+        check_instance(repository, "repository", SessionRepository)
+        deadline = check_seconds(deadline, "deadline")
+        max_attempts = check_int(max_attempts, "max_attempts", minimum=1)
+        batch_size = check_int(batch_size, "batch_size", minimum=1)
+        lease = check_seconds(lease, "lease")
+        workers = check_int(workers, "workers", minimum=1, maximum=1024)
+        backoff_base = check_seconds(backoff_base, "backoff_base", allow_zero=True)
+        backoff_cap = check_seconds(backoff_cap, "backoff_cap", allow_zero=True)
+        if outbox_url is not None and not isinstance(outbox_url, str | URL):
+            raise ArgumentTypeError(
+                "outbox_url", f"must be a string or a URL, got {type(outbox_url).__name__}"
+            )
         # On an asynchronous repository (``AsyncTranscriptWriter``), this same logic runs
         # for coroutines: the outbox on its asyncio driver, primary calls as tasks.
         asynchronous = repository.database.asynchronous
+        if task_pool is not None:
+            check_instance(task_pool, "task_pool", _aio.TaskPool)
+            if not asynchronous:
+                raise ArgumentTypeError(
+                    "task_pool", "only a repository on an asyncio driver runs calls as tasks"
+                )
+        self._repository = repository
         url = outbox_url or os.environ.get("SESSIONREPO_OUTBOX_URL") or None
         if url is None:
             # Its own pool: writes stuck on the primary's pool must not block parking.
@@ -157,7 +178,7 @@ class TranscriptWriter:
         self._outbox_pool: _Pool
         if asynchronous:
             # Tasks: a task waiting on the primary never keeps one from parking.
-            self._primary_pool = self._outbox_pool = _aio.TaskPool()
+            self._primary_pool = self._outbox_pool = task_pool or _aio.TaskPool()
         else:
             # Daemon threads: a write abandoned on a frozen server must not keep the
             # process from exiting (the key makes the abandoned attempt harmless).
@@ -179,7 +200,7 @@ class TranscriptWriter:
 
     # -- write ----------------------------------------------------------------------
 
-    # ``self`` positional-only: repo.aio derives the awaited signature from this one.
+    # ``self`` positional-only: sessionrepo.aio derives the awaited signature from this one.
     def write(
         self,
         /,
@@ -187,17 +208,6 @@ class TranscriptWriter:
         messages: Iterable[Message | Mapping[str, Any]],
         **session_defaults: Any,
     ) -> WriteResult:
-        """Store a batch durably, in the primary or in the outbox.
-
-        Returns only after a durable commit. A session with parked messages gets new
-        ones parked behind them, so replay can never reorder its transcript.
-
-        Raises:
-            InvalidMessage: bad input (never parked; nothing was written).
-            WriteRejected: the primary refused this data itself (never parked).
-            BackendUnavailable: neither the primary nor the outbox could take the batch;
-                nothing was acknowledged and the caller still holds the messages.
-        """
         if self._closed:
             raise RepoError("this TranscriptWriter is closed")
         started = time.monotonic()
@@ -272,31 +282,19 @@ class TranscriptWriter:
     # -- drain ----------------------------------------------------------------------
 
     def pending(self, session_id: str | None = None) -> int:
-        """Messages waiting in the outbox (dead ones not counted)."""
-        return self._outbox.count(session_id)
+        return self._outbox.count(check_optional_session_id(session_id))
 
     def status(self) -> OutboxStatus:
         return self._outbox.status()
 
     def retry_dead(self, session_id: str | None = None) -> int:
-        """Put messages set aside as dead back in line; the next drain tries them."""
-        count = self._outbox.retry_dead(session_id)
+        count = self._outbox.retry_dead(check_optional_session_id(session_id))
         self.notify_drainer()
         return count
 
     def drain(self, *, session_id: str | None = None, ignore_backoff: bool = False) -> DrainReport:
-        """Replay parked messages, oldest first per session, until none is due.
-
-        A session whose replay fails keeps its rows (attempts, last error, next retry
-        with exponential backoff and jitter) and does not hold up the others. A message
-        the primary *rejects* ``max_attempts`` times is set aside as dead; outages never
-        make a message dead.
-
-        Args:
-            session_id: drain only this session.
-            ignore_backoff: try rows now even if their next retry is later (an operator
-                who has just repaired the primary).
-        """
+        check_optional_session_id(session_id)
+        check_bool(ignore_backoff, "ignore_backoff")
         totals = {"replayed": 0, "duplicates": 0, "conflicts": 0, "failed": 0, "dead": 0}
         done: set[str] = set()
         while True:
@@ -368,7 +366,14 @@ class TranscriptWriter:
     def _store(
         self, session_id: str, claimed: ClaimedBatch, messages: list[Message]
     ) -> AppendResult:
-        batch = self._repository.prepare(session_id, messages, **claimed.session_defaults)
+        # Rows parked before derived fields were refused may carry one: the store
+        # keeps those itself, so they are dropped rather than failing the replay.
+        defaults = {
+            name: value
+            for name, value in claimed.session_defaults.items()
+            if name not in DERIVED_FIELDS
+        }
+        batch = self._repository.prepare(session_id, messages, **defaults)
         result = self._primary_pool.run(
             lambda: self._repository.append_prepared(batch, timeout=self.deadline),
             timeout=self.deadline,
@@ -418,10 +423,9 @@ class TranscriptWriter:
     # -- background drainer ---------------------------------------------------------
 
     def start(self, *, interval: float = 1.0) -> None:
-        """Run ``drain`` in a background thread until ``stop``/``close``. It drains at
-        once (startup recovery: whatever an earlier run left parked goes first), then
-        whenever a batch is parked or a retry falls due, and at least every
-        ``interval`` seconds."""
+        # A daemon thread: a drainer stuck on a frozen server never keeps the process
+        # from exiting.
+        interval = check_seconds(interval, "interval")
         if self._drainer is not None:
             return
         self._stop.clear()
@@ -437,6 +441,7 @@ class TranscriptWriter:
     def drain_round(self, interval: float) -> float:
         """One round of the background drainer; returns the seconds to wait before the
         next (at most ``interval``; sooner when a retry falls due)."""
+        interval = check_seconds(interval, "interval")
         try:
             self.drain()
             due = self._outbox.next_due()
@@ -462,8 +467,8 @@ class TranscriptWriter:
         return min(wait, 0.05) if indexed >= limit else wait
 
     def stop(self, timeout: float | None = 30.0) -> None:
-        """Stop the background drainer; the round in progress finishes first (each of
-        its steps is bounded by the deadline)."""
+        if timeout is not None:
+            timeout = check_seconds(timeout, "timeout", allow_zero=True)
         drainer, self._drainer = self._drainer, None
         if drainer is None:
             return
@@ -474,8 +479,6 @@ class TranscriptWriter:
             log.warning("the outbox drainer did not stop within %ss; leaving it", timeout)
 
     def close(self) -> None:
-        """Stop the drainer and release the outbox. The repository stays open (it is
-        the caller's). Writes abandoned past their deadline are not waited for."""
         self._closed = True
         self.stop()
         self._primary_pool.shutdown()

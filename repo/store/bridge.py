@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import inspect
 from collections.abc import Callable, Coroutine
 from types import TracebackType
 from typing import Any, Concatenate, Generic, ParamSpec, TypeVar
@@ -126,4 +127,5 @@ def awaited(
     async def call(self: AsyncFacade[S], /, *args: P.args, **kwargs: P.kwargs) -> T:
         return await self._calls.call(method, self._sync, *args, **kwargs)
 
+    call.__doc__ = inspect.getdoc(method)  # the contract's, which the sync method inherits
     return call

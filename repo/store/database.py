@@ -8,6 +8,7 @@ import threading
 import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager
+from functools import partial
 from typing import Any, TypeVar
 
 from sqlalchemy import Connection, Engine
@@ -15,13 +16,53 @@ from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import URL
 
 from sessionrepo.dialects import READ_ONLY, BackendDialect, dialect_for, normalize_url, safe_url
-from sessionrepo.errors import BackendUnavailable, RepoError
+from sessionrepo.errors import (
+    ArgumentTypeError,
+    BackendUnavailable,
+    InvalidArgument,
+    RepoError,
+    WriteRejected,
+)
 from sessionrepo.store import bridge as _aio
+from sessionrepo.store.arguments import (
+    check_bool,
+    check_int,
+    check_options,
+    check_seconds,
+    check_text,
+)
 
 T = TypeVar("T")
 
 #: How many times a transaction that lost a lock race is run before giving up.
 DEFAULT_ATTEMPTS = 8
+
+
+def _check_synchronous(value: object, field: str) -> str:
+    level = check_text(value, field)
+    if level.upper() not in ("OFF", "NORMAL", "FULL", "EXTRA"):
+        raise InvalidArgument(field, f"{level!r} is not a SQLite level (OFF, NORMAL, FULL, EXTRA)")
+    return level
+
+
+def _check_optional_seconds(value: object, field: str) -> float | None:
+    return None if value is None else check_seconds(value, field)
+
+
+#: The engine options a caller may give (``open_repository(**options)``), each with its
+#: check: both backends take them all (each ignores the other's), so a URL can change
+#: backend without the options changing meaning.
+ENGINE_OPTIONS: dict[str, Callable[[Any, str], object]] = {
+    "pool_size": partial(check_int, minimum=0),
+    "max_overflow": partial(check_int, minimum=-1),
+    "pool_timeout": check_seconds,
+    "pool_recycle": partial(check_int, minimum=-1),
+    "pool_pre_ping": check_bool,
+    "busy_timeout": partial(check_seconds, allow_zero=True),
+    "sqlite_synchronous": _check_synchronous,
+    "connect_timeout": _check_optional_seconds,
+    "search_config": check_text,
+}
 
 
 class Database:
@@ -32,6 +73,16 @@ class Database:
     (SQLite busy, PostgreSQL serialization failure or deadlock) is run again from the
     start, a bounded number of times, so ``work`` must be safe to rerun: it is, because
     every write is keyed.
+
+    Args:
+        url: see :func:`sessionrepo.open_repository`.
+        attempts: how many times a transaction that lost a lock race is run.
+        asynchronous: build the engine on the backend's asyncio driver (see below).
+        **engine_options: the options of :data:`ENGINE_OPTIONS`.
+
+    Raises:
+        InvalidArgument: an argument or option is out of range, or unknown
+            (:class:`~sessionrepo.errors.ArgumentTypeError`: of the wrong type).
     """
 
     def __init__(
@@ -42,11 +93,17 @@ class Database:
         asynchronous: bool = False,
         **engine_options: Any,
     ) -> None:
+        if url is not None and not isinstance(url, str | URL):
+            raise ArgumentTypeError("url", f"must be a string or a URL, got {type(url).__name__}")
+        attempts = check_int(attempts, "options.attempts", minimum=1)
+        check_bool(asynchronous, "asynchronous")
+        engine_options = check_options(engine_options, ENGINE_OPTIONS)
         self.url = normalize_url(url)
         self.dialect: BackendDialect = dialect_for(self.url.get_backend_name())
         #: With ``asynchronous``, the engine is the synchronous face of an asyncio engine
-        #: (aiosqlite, psycopg async): usable only from code that ``repo._aio`` runs for
-        #: a coroutine, where each database wait yields to the event loop.
+        #: (aiosqlite, psycopg async): usable only from code that
+        #: :mod:`sessionrepo.store.bridge` runs for a coroutine, where each database wait
+        #: yields to the event loop.
         self.asynchronous = asynchronous
         self.engine: Engine = self.dialect.create_engine(
             self.url, dict(engine_options), asynchronous=asynchronous
@@ -74,13 +131,17 @@ class Database:
 
     def write(self, work: Callable[[Connection], T]) -> T:
         """Run ``work`` in a write transaction (SQLite: ``BEGIN IMMEDIATE``)."""
-        return self._run(self.engine, work)
+        return self._run(self.engine, work, reading=False)
 
     def read(self, work: Callable[[Connection], T]) -> T:
-        """Run ``work`` in a read transaction (SQLite: deferred, never blocks writers)."""
-        return self._run(self._read_engine, work)
+        """Run ``work`` in a read transaction (SQLite: deferred, never blocks writers).
 
-    def _run(self, engine: Engine, work: Callable[[Connection], T]) -> T:
+        Never raises :class:`WriteRejected`: a read the database refuses for its data
+        raises a plain :class:`RepoError` (nothing is parked or retried on a read).
+        """
+        return self._run(self._read_engine, work, reading=True)
+
+    def _run(self, engine: Engine, work: Callable[[Connection], T], *, reading: bool) -> T:
         if self._first_use is not None:
             with self._first_use_lock:
                 check = self._first_use
@@ -110,7 +171,12 @@ class Database:
                     # Full jitter, capped: contenders spread out instead of colliding again.
                     self._pause(random.uniform(0, min(1.0, 0.01 * 2**attempt)))
                     continue
-                raise self.dialect.translate(exc) from exc
+                translated = self.dialect.translate(exc)
+                if reading and isinstance(translated, WriteRejected):
+                    # "Do not retry this write as is" means nothing to a read; what the
+                    # database refused here is stored data or a bug, not the caller's.
+                    translated = RepoError(f"the database refused a read: {translated}")
+                raise translated from exc
             except sa_exc.PendingRollbackError as exc:
                 # The connection was lost inside the transaction: nothing was committed.
                 raise BackendUnavailable(f"the connection was lost mid-transaction: {exc}") from exc
@@ -118,6 +184,13 @@ class Database:
                 raise BackendUnavailable(f"no database connection free: {exc}") from exc
             except sa_exc.SQLAlchemyError as exc:
                 raise RepoError(f"{type(exc).__name__}: {exc}") from exc
+            except RepoError:
+                raise
+            except Exception as exc:
+                # The boundary holds for what no check foresaw (a value a driver cannot
+                # bind raises OverflowError, not a DBAPI error): the transaction was
+                # rolled back, and the caller gets a RepoError with the cause chained.
+                raise RepoError(f"unexpected {type(exc).__name__} in a transaction: {exc}") from exc
 
     def _pause(self, seconds: float) -> None:
         if self.asynchronous:

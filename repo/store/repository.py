@@ -1,4 +1,9 @@
-"""The synchronous repository: SQLAlchemy Core on the hot paths."""
+"""The synchronous repository: SQLAlchemy Core on the hot paths.
+
+:class:`SessionRepository` implements :class:`sessionrepo.contract.SessionStore`, whose
+docstrings state the guarantees; its methods check their arguments
+(:mod:`.arguments`) before any SQL.
+"""
 
 from __future__ import annotations
 
@@ -26,7 +31,15 @@ from sqlalchemy import (
 )
 from sqlalchemy.engine import URL
 
-from sessionrepo.errors import InvalidMessage, NotFound, RepoError
+from sessionrepo.contract import SessionStore
+from sessionrepo.errors import (
+    ArgumentTypeError,
+    ConflictError,
+    InvalidArgument,
+    InvalidMessage,
+    NotFound,
+    RepoError,
+)
 from sessionrepo.models import (
     AppendResult,
     Message,
@@ -36,7 +49,9 @@ from sessionrepo.models import (
     SessionSummary,
     StoredMessage,
 )
+from sessionrepo.models._limits import check_identifier
 from sessionrepo.models.message import to_utc, utcnow
+from sessionrepo.models.session import DERIVED_FIELDS
 from sessionrepo.models.tables import (
     ENCODED_MARK,
     decode_text,
@@ -47,6 +62,19 @@ from sessionrepo.models.tables import (
 from sessionrepo.search.text import content_text
 from sessionrepo.store import codec as _codec
 from sessionrepo.store import schema
+from sessionrepo.store.arguments import (
+    check_bool,
+    check_callable,
+    check_choice,
+    check_instance,
+    check_int,
+    check_limit,
+    check_optional_session_id,
+    check_optional_text,
+    check_seconds,
+    check_seq,
+    check_session_id,
+)
 from sessionrepo.store.database import Database
 from sessionrepo.store.search_index import SearchIndex
 
@@ -58,6 +86,10 @@ O = outbox_table.c  # noqa: E741
 PREVIEW_LENGTH = 120
 #: A continuation chain longer than this is treated as a cycle.
 _MAX_CHAIN = 10_000
+#: Most sessions or search hits one call returns.
+MAX_PAGE = 1000
+#: Longest ``end_reason``.
+MAX_REASON_LENGTH = 1024
 
 _FILLABLE = (
     "user_id",
@@ -171,18 +203,20 @@ class PruneResult:
     parked: dict[str, int]
 
 
-class SessionRepository:
-    """Sessions and their transcripts on SQLite or PostgreSQL.
+class SessionRepository(SessionStore):
+    """Sessions and their transcripts on SQLite or PostgreSQL (made by
+    :func:`open_repository`).
 
-    Implements :class:`repo.contract.SessionStore`; its docstrings state the guarantees.
-    Thread-safe: every call runs in its own transaction on a pooled connection.
+    Implements :class:`sessionrepo.contract.SessionStore`, whose docstrings state the
+    guarantees. Thread-safe: every call runs in its own transaction on a pooled
+    connection.
     """
 
     def __init__(
         self, database: Database, *, search_index: bool | Literal["immediate"] = True
     ) -> None:
-        if search_index not in (True, False, "immediate"):
-            raise ValueError("search_index must be True, False or 'immediate'")
+        check_instance(database, "database", Database)
+        check_choice(search_index, "search_index", _SEARCH_INDEX_MODES)
         self._db = database
         self._search = SearchIndex(database)
         self._index_appends = search_index
@@ -208,9 +242,10 @@ class SessionRepository:
 
     # -- sessions -------------------------------------------------------------------
 
-    # ``self`` positional-only: repo.aio derives the awaited signature from this one.
+    # ``self`` positional-only: sessionrepo.aio derives the awaited signature from this one.
     def create_session(self, /, session_id: str, **fields: Any) -> Session:
-        sid = _codec.check_session_id(session_id)
+        sid = check_session_id(session_id)
+        _refuse_derived(fields, "session")
         row = _codec.session_row(_codec.build_session(sid, fields, "session"))
 
         def work(conn: Connection) -> Session:
@@ -230,7 +265,7 @@ class SessionRepository:
         return self._db.write(work)
 
     def get_session(self, session_id: str) -> Session:
-        sid = _codec.check_session_id(session_id)
+        sid = check_session_id(session_id)
         return self._db.read(lambda conn: self._get(conn, sid))
 
     def _get(self, conn: Connection, sid: str) -> Session:
@@ -248,8 +283,12 @@ class SessionRepository:
         limit: int = 50,
         cursor: str | None = None,
     ) -> SessionPage:
-        if not 1 <= limit <= 1000:
-            raise InvalidMessage("limit", "must be between 1 and 1000")
+        check_optional_text(source, "source")
+        check_optional_text(user_id, "user_id")
+        if status is not None:
+            check_choice(status, "status", ("open", "ended"))
+        limit = check_limit(limit, maximum=MAX_PAGE)
+        last_page = None if cursor is None else _decode_cursor(cursor)
         first_user_message = (
             select(
                 case(
@@ -275,10 +314,8 @@ class SessionRepository:
             query = query.where(S.ended_at.is_(None))
         elif status == "ended":
             query = query.where(S.ended_at.is_not(None))
-        elif status is not None:
-            raise InvalidMessage("status", "must be 'open', 'ended' or None")
-        if cursor is not None:
-            last_active, last_id = _decode_cursor(cursor)
+        if last_page is not None:
+            last_active, last_id = last_page
             query = query.where(tuple_(S.last_active_at, S.id) < tuple_(last_active, last_id))
         query = query.order_by(S.last_active_at.desc(), S.id.desc()).limit(limit + 1)
 
@@ -297,8 +334,8 @@ class SessionRepository:
         return SessionPage(sessions=items, next_cursor=next_cursor)
 
     def end_session(self, session_id: str, reason: str) -> bool:
-        sid = _codec.check_session_id(session_id)
-        _codec.build_session(sid, {"end_reason": reason}, "end_session")
+        sid = check_session_id(session_id)
+        _check_reason(reason)
 
         def work(conn: Connection) -> bool:
             ended = conn.execute(
@@ -313,7 +350,7 @@ class SessionRepository:
         return self._db.write(work)
 
     def reopen_session(self, session_id: str) -> bool:
-        sid = _codec.check_session_id(session_id)
+        sid = check_session_id(session_id)
 
         def work(conn: Connection) -> bool:
             reopened = conn.execute(
@@ -328,7 +365,7 @@ class SessionRepository:
         return self._db.write(work)
 
     def resolve_tip(self, session_id: str) -> Session:
-        sid = _codec.check_session_id(session_id)
+        sid = check_session_id(session_id)
         newest_child = (
             select(sessions_table).order_by(S.last_active_at.desc(), S.id.desc()).limit(1)
         )
@@ -346,7 +383,7 @@ class SessionRepository:
         return self._db.read(work)
 
     def session_chain(self, session_id: str) -> list[Session]:
-        sid = _codec.check_session_id(session_id)
+        sid = check_session_id(session_id)
         return self._db.read(lambda conn: self._chain(conn, sid))
 
     def _chain(self, conn: Connection, sid: str) -> list[Session]:
@@ -369,9 +406,13 @@ class SessionRepository:
         self,
         session_id: str,
         messages: Iterable[Message | Mapping[str, Any]],
+        *,
+        on_conflict: Literal["report", "raise"] = "report",
         **session_defaults: Any,
     ) -> AppendResult:
-        return self.append_prepared(self.prepare(session_id, messages, **session_defaults))
+        check_choice(on_conflict, "on_conflict", _ON_CONFLICT)
+        batch = self.prepare(session_id, messages, **session_defaults)
+        return self.append_prepared(batch, on_conflict=on_conflict)
 
     def prepare(
         self,
@@ -382,22 +423,33 @@ class SessionRepository:
         """Validate and encode a batch for :meth:`append_prepared`; nothing is written.
 
         Raises:
-            InvalidMessage: the batch cannot be stored faithfully.
+            InvalidMessage: the batch cannot be stored faithfully, or a session default
+                is derived (see :meth:`append`).
         """
-        sid = _codec.check_session_id(session_id)
+        sid = check_session_id(session_id)
+        _refuse_derived(session_defaults, "session_defaults")
         validated, rows = _codec.prepare_messages(messages)
         session = _codec.build_session(sid, session_defaults, "session_defaults")
         return PreparedBatch(sid, validated, rows, session)
 
     def append_prepared(
-        self, batch: PreparedBatch, *, timeout: float | None = None
+        self,
+        batch: PreparedBatch,
+        *,
+        timeout: float | None = None,
+        on_conflict: Literal["report", "raise"] = "report",
     ) -> AppendResult:
         """:meth:`append` for a batch :meth:`prepare` made.
 
         Args:
             timeout: seconds the database may spend on it (PostgreSQL enforces it on the
                 server: statement and lock timeouts); ``None`` for no limit.
+            on_conflict: as for :meth:`append`.
         """
+        check_instance(batch, "batch", PreparedBatch)
+        if timeout is not None:
+            check_seconds(timeout, "timeout")
+        check_choice(on_conflict, "on_conflict", _ON_CONFLICT)
         if not batch.rows:
             return AppendResult(session_id=batch.session_id)
         new_session = _codec.session_row(batch.session)
@@ -406,6 +458,14 @@ class SessionRepository:
             if timeout is not None:
                 self._db.dialect.limit_transaction_time(conn, timeout)
             result = self._append(conn, batch.session_id, batch.rows, new_session)
+            if result.conflicts and on_conflict == "raise":
+                # Raised inside the transaction: it rolls back, the session row included.
+                raise ConflictError(
+                    f"session {batch.session_id!r}: stored with other content under the "
+                    f"same key: {', '.join(map(str, result.conflicts))}; nothing was written",
+                    session_id=batch.session_id,
+                    conflicts=result.conflicts,
+                )
             self._index_inserted(conn, result, batch.messages)
             return result
 
@@ -500,29 +560,23 @@ class SessionRepository:
         limit: int = 20,
         cursor: int | str | None = None,
     ) -> list[SearchHit]:
-        """Messages whose content matches ``query``, best first (or newest first).
-
-        ``query`` is words (all must occur), "quoted phrases", ``prefix*`` and
-        ``-excluded`` words; any other character is literal text, so no input is a
-        syntax error. Filters narrow by session, source, role, user and time
-        (``since`` inclusive, ``until`` exclusive). Pages: pass ``cursor=`` the number of
-        hits already read (``cursor=len(previous_hits)``).
-
-        Raises:
-            SearchIndexUnavailable: the index is stale or broken (``reindex`` fixes it).
-        """
-        try:
-            offset = int(cursor) if cursor is not None else 0
-        except ValueError:
-            raise InvalidMessage("cursor", "must be the number of hits already read") from None
-        if offset < 0:
-            raise InvalidMessage("cursor", "must not be negative")
-        bounds = {}
-        for name, value in (("since", since), ("until", until)):
+        check_instance(query, "query", str)
+        check_optional_session_id(session_id)
+        for name, value in (("source", source), ("role", role), ("user_id", user_id)):
+            check_optional_text(value, name)
+        check_choice(order, "order", ("rank", "newest"))
+        limit = check_limit(limit, maximum=MAX_PAGE)
+        offset = _search_offset(cursor)
+        bounds: dict[str, datetime | None] = {}
+        for name, moment in (("since", since), ("until", until)):
+            if isinstance(moment, bool) or not isinstance(moment, datetime | int | float | None):
+                raise ArgumentTypeError(
+                    name, f"must be an aware datetime or epoch seconds, got {type(moment).__name__}"
+                )
             try:
-                bounds[name] = None if value is None else to_utc(value, name)
+                bounds[name] = None if moment is None else to_utc(moment, name)
             except ValueError as exc:
-                raise InvalidMessage(name, str(exc).removeprefix(f"{name}: ")) from None
+                raise InvalidArgument(name, str(exc).removeprefix(f"{name}: ")) from None
         return self._search.search(
             query,
             session_id=session_id,
@@ -537,34 +591,18 @@ class SessionRepository:
         )
 
     def reindex(self, *, progress: Callable[[int, int], None] | None = None) -> int:
-        """Rebuild the search index from the messages (after corruption, or an upgrade
-        over existing messages); returns how many messages were indexed. Appends wait
-        for it, or park through a ``TranscriptWriter``."""
+        check_callable(progress, "progress")
         return self._search.reindex(progress=progress)
 
     def catch_up_search_index(self, *, limit: int | None = None) -> int:
-        """Index messages appended since the last catch-up (``search`` does this first,
-        and a ``TranscriptWriter``'s drainer every round); returns how many were indexed.
-
-        Safe to run from several processes at once: no message is indexed twice. An
-        indexing failure marks the index stale instead of raising (``reindex`` repairs
-        it) and never affects appends.
-
-        Args:
-            limit: stop after about this many messages (``None``: the whole backlog).
-
-        Raises:
-            BackendUnavailable: the database cannot be reached (nothing is lost: the
-                backlog stays for the next catch-up).
-        """
+        if limit is not None:
+            limit = check_limit(limit)
         return self._search.catch_up(limit)
 
     def search_index_backlog(self) -> int:
-        """How many appended messages wait for the catch-up to index them."""
         return self._search.backlog()
 
     def search_index_state(self) -> tuple[str, str | None]:
-        """``("ok", None)``, or ``("stale", why)`` when search refuses until a reindex."""
         return self._search.state()
 
     def load_transcript(
@@ -576,11 +614,14 @@ class SessionRepository:
         limit: int | None = None,
         include_ancestors: bool = False,
     ) -> list[StoredMessage]:
-        sid = _codec.check_session_id(session_id)
-        if limit is not None and limit < 1:
-            raise InvalidMessage("limit", "must be at least 1")
+        sid = check_session_id(session_id)
+        after_seq = check_seq(after_seq, "after_seq")
+        before_seq = check_seq(before_seq, "before_seq")
+        if limit is not None:
+            limit = check_limit(limit)
+        include_ancestors = check_bool(include_ancestors, "include_ancestors")
         if include_ancestors and (after_seq, before_seq, limit) != (None, None, None):
-            raise InvalidMessage("include_ancestors", "cannot be combined with a cursor")
+            raise InvalidArgument("include_ancestors", "cannot be combined with a cursor")
 
         transcript = select(*_codec.load_columns).order_by(M.seq)
         query = transcript.where(M.session_id == sid)
@@ -898,13 +939,51 @@ def _encode_cursor(last_active_at: datetime, session_id: str) -> str:
     return base64.urlsafe_b64encode(raw).decode().rstrip("=")
 
 
-def _decode_cursor(cursor: str) -> tuple[datetime, str]:
+def _decode_cursor(cursor: object) -> tuple[datetime, str]:
+    cursor = check_instance(cursor, "cursor", str)
     try:
         padded = cursor + "=" * (-len(cursor) % 4)
         when, sid = json.loads(base64.urlsafe_b64decode(padded))
-        return datetime.fromisoformat(when), str(sid)
+        last_active = datetime.fromisoformat(when)
+        if last_active.tzinfo is None or not isinstance(sid, str):
+            raise ValueError("not written by _encode_cursor")
+        return last_active, check_identifier(sid, "cursor")
     except (ValueError, TypeError) as exc:
-        raise InvalidMessage("cursor", "not a cursor returned by list_sessions") from exc
+        raise InvalidArgument("cursor", "not a cursor returned by list_sessions") from exc
+
+
+def _search_offset(cursor: object) -> int:
+    """``search``'s cursor (the hits already read: an ``int``, or its digits as text,
+    as a command line hands it over) as an offset."""
+    if isinstance(cursor, str):
+        text = cursor.strip()
+        if not text.isascii() or not text.isdigit():
+            raise InvalidArgument("cursor", "must be the number of hits already read")
+        cursor = int(text)
+    return 0 if cursor is None else check_int(cursor, "cursor")
+
+
+#: The ways appends keep the search index (see :func:`open_repository`).
+_SEARCH_INDEX_MODES = (True, False, "immediate")
+_ON_CONFLICT = ("report", "raise")
+
+
+def _refuse_derived(fields: Mapping[str, Any], prefix: str) -> None:
+    """The store keeps these from the transcript: a caller setting them would make the
+    session lie about its own messages (``message_count=1000`` stored 1001)."""
+    for name in DERIVED_FIELDS:
+        if name in fields:
+            raise InvalidMessage(
+                f"{prefix}.{name}", "is derived from the transcript by the store; it cannot be set"
+            )
+
+
+def _check_reason(reason: object) -> str:
+    reason = check_instance(reason, "reason", str)
+    try:
+        return check_identifier(reason, "reason", MAX_REASON_LENGTH)
+    except ValueError as exc:
+        raise InvalidMessage("reason", str(exc).removeprefix("reason: ")) from None
 
 
 def _snapshot(row: Any) -> SessionSnapshot:
@@ -987,7 +1066,21 @@ def open_repository(
     Raises:
         SchemaOutOfDate: the database is not at this code's schema revision.
         BackendUnavailable: the database cannot be reached.
+        InvalidArgument: an argument or option is invalid or unknown (nothing was
+            opened; :class:`~sessionrepo.errors.ArgumentTypeError`: of the wrong type).
     """
+    check_open_arguments(auto_migrate, require_connection, search_index)
     database = Database(url, **options)
     schema.check_schema(database, auto_migrate=auto_migrate, require_connection=require_connection)
     return SessionRepository(database, search_index=search_index)
+
+
+def check_open_arguments(
+    auto_migrate: object, require_connection: object, search_index: object
+) -> None:
+    """The arguments :func:`open_repository` and ``open_async_repository`` share, checked
+    before anything is opened."""
+    if auto_migrate is not None:
+        check_bool(auto_migrate, "auto_migrate")
+    check_bool(require_connection, "require_connection")
+    check_choice(search_index, "search_index", _SEARCH_INDEX_MODES)
