@@ -11,7 +11,14 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from sessionrepo import InvalidMessage, NotFound, RepoError, SessionRepository
+from sessionrepo import (
+    ArgumentTypeError,
+    InvalidArgument,
+    InvalidMessage,
+    NotFound,
+    RepoError,
+    SessionRepository,
+)
 from sessionrepo.models import Message, Session, StoredMessage
 from sessionrepo.models.message import utcnow
 from sessionrepo.store.repository import SessionFilter, SessionSnapshot
@@ -74,11 +81,14 @@ def test_filters_select_and_refuse_what_cannot_be_meant(repo: SessionRepository)
     assert ids(SessionFilter(ended_before=utcnow())) == ["old"]
     assert ids(SessionFilter(active_before=LONG_AGO + timedelta(days=1))) == ["old"]
     assert repo.count_sessions(SessionFilter(active_before=LONG_AGO)) == 0
-    with pytest.raises(InvalidMessage, match="ids or filters"):
+    with pytest.raises(InvalidArgument, match="ids or filters") as raised:
         repo.count_sessions(SessionFilter(session_ids=("old",), source="cli"))
-    with pytest.raises(InvalidMessage, match="timezone-aware"):
+    assert type(raised.value) is InvalidArgument
+    with pytest.raises(InvalidArgument, match="timezone-aware"):
         repo.session_snapshots(SessionFilter(ended_before=datetime(2020, 1, 1)))
-    with pytest.raises(InvalidMessage, match="limit"):
+    with pytest.raises(ArgumentTypeError, match="ended_before"):
+        repo.session_snapshots(SessionFilter(ended_before="2020-01-01"))  # type: ignore[arg-type]
+    with pytest.raises(InvalidArgument, match="limit"):
         repo.session_snapshots(limit=0)
 
 
@@ -212,8 +222,10 @@ def test_only_ended_sessions_older_than_the_cutoff_are_deleted(repo: SessionRepo
     with pytest.raises(NotFound):
         repo.get_session("old")
     assert repo.get_session("old-but-open").is_open
-    with pytest.raises(InvalidMessage, match="timezone-aware"):
+    with pytest.raises(InvalidArgument, match="timezone-aware"):
         repo.delete_ended_sessions(["recent"], cutoff=datetime(2030, 1, 1))
+    with pytest.raises(ArgumentTypeError, match="cutoff"):
+        repo.delete_ended_sessions(["recent"], cutoff=None)  # type: ignore[arg-type]
 
 
 def test_a_session_changed_since_its_snapshot_is_kept(repo: SessionRepository) -> None:

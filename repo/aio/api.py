@@ -113,8 +113,12 @@ class AsyncSessionRepository(AsyncFacade[SessionRepository]):
     def database(self) -> Database:
         return self._sync.database
 
+    @property
+    def display_url(self) -> str:
+        return self._sync.display_url
+
     def __repr__(self) -> str:
-        return f"AsyncSessionRepository({self.database.display_url})"
+        return f"AsyncSessionRepository({self.display_url})"
 
     async def __aenter__(self) -> AsyncSessionRepository:
         return self

@@ -130,7 +130,7 @@ def _run(
                 summary = hermes.import_hermes(
                     source, repository, inbound_report=report, progress=bar.update
                 )
-            return summary.model_copy(update={"target": repository.database.display_url})
+            return summary.model_copy(update={"target": repository.display_url})
         finally:
             repository.close()
 

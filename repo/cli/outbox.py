@@ -91,7 +91,7 @@ def _open_outbox(target: _OutboxTarget) -> Iterator[Outbox]:
         return
     repository = open_repository(target.url)
     try:
-        yield Outbox(repository.database)
+        yield Outbox.of(repository)
     finally:
         repository.close()
 
@@ -159,7 +159,7 @@ def status(ctx: click.Context, as_json: bool, max_age: float | None, limit: int)
     """
     target: _OutboxTarget = ctx.obj
     with _open_outbox(target) as box:
-        where = box.database.display_url
+        where = box.display_url
         health = box.status(limit=limit)
     health = _masked_status(health, target)
     if as_json:

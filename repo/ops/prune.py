@@ -17,9 +17,9 @@ from typing import IO, Final
 
 from pydantic import BaseModel, ConfigDict
 
-from sessionrepo.errors import InvalidMessage
 from sessionrepo.models import Session
 from sessionrepo.ops.export import ExportWriter, snapshot_pages
+from sessionrepo.store.arguments import check_aware_time, check_limit
 from sessionrepo.store.repository import SessionFilter, SessionRepository
 
 UNITS: Final = {"s": 1, "m": 60, "h": 3600, "d": 86_400}
@@ -101,10 +101,8 @@ def prune_sessions(
             With ``dry_run`` the file is written and nothing deleted.
         on_batch: called with each batch's sessions once deleted (dry run: listed).
     """
-    if cutoff.tzinfo is None:
-        raise InvalidMessage("cutoff", "must be timezone-aware")
-    if not 1 <= batch_size <= 1000:
-        raise InvalidMessage("batch_size", "must be between 1 and 1000")
+    check_aware_time(cutoff, "cutoff")
+    check_limit(batch_size, "batch_size", maximum=1000)
     writer = ExportWriter(repository, export_to) if export_to is not None else None
     if writer is not None:
         writer.header()

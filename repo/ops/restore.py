@@ -28,9 +28,9 @@ from typing import IO, Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from sessionrepo.errors import InvalidMessage
 from sessionrepo.models import Session, StoredMessage
 from sessionrepo.ops.export import EXPORT_FORMAT, EXPORT_VERSION, BadExportFile
+from sessionrepo.store.arguments import check_limit
 from sessionrepo.store.codec import invalid_from_validation
 from sessionrepo.store.repository import SessionRepository, SessionSnapshot
 
@@ -126,10 +126,9 @@ def import_sessions(
 
     Raises:
         BadExportFile: the stream is not an export, or a line is damaged.
-        InvalidMessage: ``batch_size`` is out of range.
+        InvalidArgument: ``batch_size`` is out of range.
     """
-    if not 1 <= batch_size <= MAX_BATCH:
-        raise InvalidMessage("batch_size", f"must be between 1 and {MAX_BATCH}")
+    check_limit(batch_size, "batch_size", maximum=MAX_BATCH)
     importer = _Importer(repository)
     pending: _Pending | None = None
     seen_sessions = seen_messages = 0

@@ -32,6 +32,7 @@ from sessionrepo.models.message import utcnow
 from sessionrepo.models.outbox import OutboxStatus, SessionBacklog
 from sessionrepo.models.tables import outbox_table
 from sessionrepo.store.database import Database
+from sessionrepo.store.repository import SessionRepository
 
 # The result models live in sessionrepo.models.outbox (the contract names them); they
 # stay importable from here.
@@ -78,6 +79,17 @@ class Outbox:
         self._insert = database.dialect.insert_ignoring(
             outbox_table, ["session_id", "client_msg_uuid"]
         )
+
+    @classmethod
+    def of(cls, repository: SessionRepository) -> Outbox:
+        """The outbox in ``repository``'s own database: where a :class:`TranscriptWriter`
+        without an ``outbox_url`` parks (for reading it, e.g. ``sessionrepo outbox status``)."""
+        return cls(repository.database)
+
+    @property
+    def display_url(self) -> str:
+        """Where this outbox lives, any password masked."""
+        return self.database.display_url
 
     def has_pending(self, session_id: str) -> bool:
         """Whether the session has parked messages a new write must queue behind."""

@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 import operator
 from collections.abc import Callable, Collection, Mapping
+from datetime import datetime
 from typing import Any, SupportsIndex, TypeVar, cast
 
 from sessionrepo.errors import ArgumentTypeError, InvalidArgument, InvalidMessage
@@ -68,6 +69,15 @@ def check_seconds(value: object, field: str, *, allow_zero: bool = False) -> flo
         bound = "zero or more" if allow_zero else "more than zero"
         raise InvalidArgument(field, f"must be {bound} seconds, got {value!r}")
     return float(value)
+
+
+def check_aware_time(value: object, field: str) -> datetime:
+    """A timezone-aware ``datetime`` (an instant: a naive one would mean a different moment
+    on each backend and machine)."""
+    value = check_instance(value, field, datetime)
+    if value.tzinfo is None or value.utcoffset() is None:
+        raise InvalidArgument(field, "must be timezone-aware")
+    return value
 
 
 def check_choice(value: T, field: str, choices: Collection[object]) -> T:

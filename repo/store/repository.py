@@ -63,6 +63,7 @@ from sessionrepo.search.text import content_text
 from sessionrepo.store import codec as _codec
 from sessionrepo.store import schema
 from sessionrepo.store.arguments import (
+    check_aware_time,
     check_bool,
     check_callable,
     check_choice,
@@ -136,7 +137,7 @@ class SessionFilter:
                 self.active_before,
             )
             if filters != (None,) * len(filters):
-                raise InvalidMessage("selection", "give session ids or filters, not both")
+                raise InvalidArgument("selection", "give session ids or filters, not both")
             return S.id.in_([_codec.check_session_id(sid) for sid in self.session_ids])
         clauses: list[ColumnElement[bool]] = []
         if self.source is not None:
@@ -148,15 +149,13 @@ class SessionFilter:
         elif self.status == "ended":
             clauses.append(S.ended_at.is_not(None))
         elif self.status is not None:
-            raise InvalidMessage("status", "must be 'open', 'ended' or None")
+            raise InvalidArgument("status", "must be 'open', 'ended' or None")
         for name, bound, column in (
             ("ended_before", self.ended_before, S.ended_at),
             ("active_before", self.active_before, S.last_active_at),
         ):
             if bound is not None:
-                if bound.tzinfo is None:
-                    raise InvalidMessage(name, "must be timezone-aware")
-                clauses.append(column < bound)
+                clauses.append(column < check_aware_time(bound, name))
         return and_(true(), *clauses)
 
 
@@ -237,8 +236,13 @@ class SessionRepository(SessionStore):
     def __exit__(self, *exc_info: object) -> None:
         self.close()
 
+    @property
+    def display_url(self) -> str:
+        """The database's URL with any password masked: safe to print or log."""
+        return self._db.display_url
+
     def __repr__(self) -> str:
-        return f"SessionRepository({self._db.display_url})"
+        return f"SessionRepository({self.display_url})"
 
     # -- sessions -------------------------------------------------------------------
 
@@ -687,10 +691,9 @@ class SessionRepository(SessionStore):
             limit: sessions per page, 1 to 1000.
 
         Raises:
-            InvalidMessage: ``limit`` is out of range, or the selection is invalid.
+            InvalidArgument: ``limit`` is out of range, or the selection is invalid.
         """
-        if not 1 <= limit <= 1000:
-            raise InvalidMessage("limit", "must be between 1 and 1000")
+        check_limit(limit, maximum=1000)
         query = select(sessions_table).where((selection or SessionFilter())._where())
         if after_id is not None:
             query = query.where(S.id > _codec.check_session_id(after_id, "after_id"))
@@ -727,10 +730,9 @@ class SessionRepository(SessionStore):
                 only while it is still exactly as its snapshot describes.
 
         Raises:
-            InvalidMessage: ``cutoff`` is naive, or an id is invalid.
+            InvalidArgument: ``cutoff`` is naive, or an id is invalid.
         """
-        if cutoff.tzinfo is None:
-            raise InvalidMessage("cutoff", "must be timezone-aware")
+        check_aware_time(cutoff, "cutoff")
         ids = sorted({_codec.check_session_id(sid) for sid in session_ids})
         expected = unchanged_from or {}
         prunable = SessionFilter(ended_before=cutoff, active_before=cutoff)._where()
@@ -913,12 +915,11 @@ class SessionRepository(SessionStore):
 
         Raises:
             NotFound: no such session.
-            InvalidMessage: a time is naive.
+            InvalidArgument: a time is naive.
         """
         sid = _codec.check_session_id(session_id)
-        for name, value in (("when", when), ("stamped_since", stamped_since)):
-            if value.tzinfo is None:
-                raise InvalidMessage(name, "must be timezone-aware")
+        check_aware_time(when, "when")
+        check_aware_time(stamped_since, "stamped_since")
         stamp = S.last_active_at
 
         def work(conn: Connection) -> bool:
