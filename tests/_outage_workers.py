@@ -19,9 +19,9 @@ from sessionrepo import (
     BackendUnavailable,
     SessionRepository,
     TranscriptWriter,
+    ensure_key,
     open_repository,
 )
-from sessionrepo.models import ensure_key
 
 #: How long a worker waits at the start barrier, or for the restart, at most.
 WAIT_TIMEOUT = 120.0

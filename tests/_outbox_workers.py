@@ -25,9 +25,9 @@ from sessionrepo import (
     SessionRepository,
     TranscriptWriter,
     WriteRejected,
+    ensure_key,
     open_repository,
 )
-from sessionrepo.models import ensure_key
 from sessionrepo.outbox.table import ClaimedBatch
 from sessionrepo.store.repository import PreparedBatch
 

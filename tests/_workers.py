@@ -15,8 +15,7 @@ import random
 import traceback
 from typing import Any
 
-from sessionrepo import SessionRepository, open_repository
-from sessionrepo.models import ensure_key
+from sessionrepo import SessionRepository, ensure_key, open_repository
 
 #: How long a worker waits at the start barrier for the others.
 BARRIER_TIMEOUT = 120.0

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from sessionrepo import InvalidMessage, NotFound, SessionRepository
-from sessionrepo.models import Message
+from sessionrepo import InvalidMessage, Message, NotFound, SessionRepository
 
 pytestmark = pytest.mark.contract  # every repo test runs on the sync and async API
 

@@ -19,9 +19,8 @@ from click.testing import CliRunner, Result
 from sqlalchemy import text
 from test_maintenance import BIG, _set_times, assert_same_store, build_corpus, snapshot
 
-from sessionrepo import SessionRepository
+from sessionrepo import Message, Session, SessionRepository
 from sessionrepo.cli import main
-from sessionrepo.models import Message, Session
 from sessionrepo.models.message import utcnow
 from sessionrepo.outbox.table import Outbox
 from sessionrepo.store.database import Database

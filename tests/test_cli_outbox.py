@@ -18,13 +18,20 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner, Result
 
-from sessionrepo import NotFound, OutboxStatus, TranscriptWriter, open_repository
+from sessionrepo import (
+    DrainReport,
+    Message,
+    NotFound,
+    OutboxStatus,
+    Session,
+    TranscriptWriter,
+    open_repository,
+)
 from sessionrepo.cli import main
 from sessionrepo.cli.outbox import EXIT_DEAD, EXIT_INCOMPLETE, EXIT_STALE
-from sessionrepo.models import Message, Session
 from sessionrepo.models.message import utcnow
 from sessionrepo.outbox.table import Outbox
-from sessionrepo.outbox.writer import DrainReport, open_outbox_database
+from sessionrepo.outbox.writer import open_outbox_database
 from sessionrepo.store.database import Database
 
 #: Port 1 refuses connections at once: a primary that is down.

@@ -6,9 +6,8 @@ import json
 
 from click.testing import CliRunner
 
-from sessionrepo import open_repository
+from sessionrepo import Message, open_repository
 from sessionrepo.cli import main
-from sessionrepo.models import Message
 
 
 def _seed(url: str) -> None:

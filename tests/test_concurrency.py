@@ -23,8 +23,7 @@ import psycopg
 import pytest
 from sqlalchemy.engine import make_url
 
-from sessionrepo import SessionRepository, open_repository
-from sessionrepo.models import Message
+from sessionrepo import Message, SessionRepository, open_repository
 
 # The spawned children import the workers by module name, with the parent's sys.path;
 # put this directory on it whatever pytest's import mode.

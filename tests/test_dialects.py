@@ -11,14 +11,19 @@ import pytest
 from sqlalchemy import Connection
 from sqlalchemy import exc as sa_exc
 
-from sessionrepo import BackendUnavailable, SearchIndexUnavailable, open_repository
+from sessionrepo import (
+    BackendUnavailable,
+    Message,
+    SearchIndexUnavailable,
+    SessionRepository,
+    StoredMessage,
+    open_repository,
+)
 from sessionrepo.dialects import dialect_for
-from sessionrepo.models import Message, StoredMessage
 from sessionrepo.models.message import WIRE_FIELDS
 from sessionrepo.models.tables import HASHED_COLUMNS, MESSAGE_COLUMNS, MESSAGE_PLACE
 from sessionrepo.store.codec import LOAD_COLUMNS
 from sessionrepo.store.database import Database
-from sessionrepo.store.repository import SessionRepository
 from sessionrepo.store.schema import upgrade
 
 

@@ -29,14 +29,15 @@ from strategies import (
     timestamps,
 )
 
-from sessionrepo import InvalidMessage, NotFound, SessionRepository, open_repository
-from sessionrepo.models import (
-    MAX_ID_LENGTH,
-    MAX_JSON_DEPTH,
-    MAX_MESSAGE_BYTES,
+from sessionrepo import (
+    InvalidMessage,
     Message,
+    NotFound,
+    SessionRepository,
     StoredMessage,
+    open_repository,
 )
+from sessionrepo.models import MAX_ID_LENGTH, MAX_JSON_DEPTH, MAX_MESSAGE_BYTES
 from sessionrepo.models.message import KEY_FIELD
 
 pytestmark = pytest.mark.contract  # every repo test runs on the sync and async API

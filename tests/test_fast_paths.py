@@ -25,8 +25,7 @@ from pydantic import ValidationError
 from sqlalchemy import Row, select
 from sqlalchemy.dialects import sqlite as sqlite_dialect
 
-from sessionrepo import SessionRepository, open_repository
-from sessionrepo.models import Message, StoredMessage
+from sessionrepo import Message, SessionRepository, StoredMessage, open_repository
 from sessionrepo.models.message import (
     is_validated,
     mark_validated,

@@ -28,7 +28,7 @@ from _hermes_fixtures import (
 )
 from click.testing import CliRunner, Result
 
-from sessionrepo import BackendUnavailable, SessionRepository, open_repository
+from sessionrepo import BackendUnavailable, SessionRepository, StoredMessage, open_repository
 from sessionrepo.cli.hermes import EXIT_ATTENTION
 from sessionrepo.cli.hermes import import_hermes as command
 from sessionrepo.importers.hermes import (
@@ -40,7 +40,6 @@ from sessionrepo.importers.hermes import (
     spool_key,
     uid_key,
 )
-from sessionrepo.models import StoredMessage
 
 #: ``messages`` columns that are ``Message`` fields.
 FIELD_COLUMNS = {

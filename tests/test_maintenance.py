@@ -17,9 +17,8 @@ from typing import Any
 import pytest
 from sqlalchemy import select, update
 
-from sessionrepo import SessionRepository, open_repository
+from sessionrepo import Message, Session, SessionRepository, open_repository
 from sessionrepo.dialects import PostgresDialect, SQLiteDialect
-from sessionrepo.models import Message, Session
 from sessionrepo.models.message import utcnow
 from sessionrepo.models.tables import messages_table, sessions_table
 from sessionrepo.ops import (

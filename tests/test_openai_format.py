@@ -24,7 +24,8 @@ from strategies import (
     timestamps,
 )
 
-from sessionrepo.models import MAX_JSON_DEPTH, Message, ensure_key
+from sessionrepo import Message, ensure_key
+from sessionrepo.models import MAX_JSON_DEPTH
 from sessionrepo.models.message import KEY_FIELD
 
 

@@ -15,11 +15,13 @@ from sessionrepo import (
     ArgumentTypeError,
     InvalidArgument,
     InvalidMessage,
+    Message,
     NotFound,
     RepoError,
+    Session,
     SessionRepository,
+    StoredMessage,
 )
-from sessionrepo.models import Message, Session, StoredMessage
 from sessionrepo.models.message import utcnow
 from sessionrepo.store.repository import SessionFilter, SessionSnapshot
 

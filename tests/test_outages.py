@@ -30,13 +30,14 @@ import pytest
 from sessionrepo import (
     BackendUnavailable,
     DrainReport,
+    Message,
     OutboxStatus,
     SessionRepository,
     TranscriptWriter,
     WriteRejected,
+    ensure_key,
     open_repository,
 )
-from sessionrepo.models import Message, ensure_key
 
 # The spawned children import the workers by module name, with the parent's sys.path.
 _TESTS_DIR = str(Path(__file__).resolve().parent)

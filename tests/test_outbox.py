@@ -40,13 +40,14 @@ from sqlalchemy import event, func, select, text
 from sessionrepo import (
     BackendUnavailable,
     InvalidMessage,
+    Message,
     NotFound,
     SessionRepository,
     TranscriptWriter,
     WriteRejected,
+    ensure_key,
     open_repository,
 )
-from sessionrepo.models import Message, ensure_key
 from sessionrepo.models.message import utcnow
 from sessionrepo.models.tables import outbox_table
 

@@ -11,8 +11,7 @@ from typing import Any
 import pytest
 
 import sessionrepo.store.search_index
-from sessionrepo import SearchIndexUnavailable, SessionRepository, open_repository
-from sessionrepo.models import Message
+from sessionrepo import Message, SearchIndexUnavailable, SessionRepository, open_repository
 
 pytestmark = pytest.mark.contract  # every repo test runs on the sync and async API
 

@@ -6,8 +6,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from sessionrepo import InvalidArgument, InvalidMessage, NotFound, SessionRepository
-from sessionrepo.models import Message
+from sessionrepo import InvalidArgument, InvalidMessage, Message, NotFound, SessionRepository
 
 pytestmark = pytest.mark.contract  # every repo test runs on the sync and async API
 
