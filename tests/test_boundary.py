@@ -495,6 +495,34 @@ def test_bad_open_arguments_are_argument_errors_and_open_nothing(
 def test_a_url_that_is_not_one_is_an_argument_error(opener: Callable[..., None]) -> None:
     _raises(ArgumentTypeError, lambda: opener(5))
     _raises(ArgumentTypeError, lambda: opener(b"sqlite:///x.db"))
+    for url in ["postgresql://app:s3cret@[::1", "mysql://app@db/chat"]:
+        error = _raises(InvalidArgument, lambda url=url: opener(url))
+        assert error.field == "url"  # type: ignore[attr-defined]
+        assert "s3cret" not in str(error)
+
+
+def test_a_fractional_connect_timeout_is_rounded_up_never_to_wait_forever() -> None:
+    """libpq takes whole seconds and reads 0 as "no limit"."""
+    from sqlalchemy import event
+
+    from sessionrepo.dialects import dialect_for, normalize_url
+
+    engine = dialect_for("postgresql").create_engine(
+        normalize_url("postgresql://app@127.0.0.1/chat"), {"connect_timeout": 0.5}
+    )
+    sent: dict[str, Any] = {}
+
+    @event.listens_for(engine, "do_connect")
+    def capture(dialect: Any, record: Any, cargs: Any, cparams: dict[str, Any]) -> None:
+        sent.update(cparams)
+        raise ConnectionAbortedError  # what libpq would be given is all this test needs
+
+    try:
+        with pytest.raises(ConnectionAbortedError):
+            engine.connect()
+    finally:
+        engine.dispose()
+    assert sent["connect_timeout"] == 1
 
 
 # -- reads never raise WriteRejected -------------------------------------------------

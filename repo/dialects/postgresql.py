@@ -8,6 +8,7 @@ a GIN index and b-trees on the message time; a search chooses between them by me
 
 from __future__ import annotations
 
+import math
 import uuid
 from collections.abc import Sequence
 from datetime import datetime
@@ -162,7 +163,8 @@ class PostgresDialect(BackendDialect):
         connect_args: dict[str, Any] = {"options": "-c timezone=UTC"}
         connect_timeout = options.pop("connect_timeout", 10)
         if connect_timeout is not None:
-            connect_args["connect_timeout"] = int(connect_timeout)
+            # libpq takes whole seconds and reads 0 as "wait forever": round a fraction up.
+            connect_args["connect_timeout"] = max(1, math.ceil(connect_timeout))
         # No ping before each checkout (a round trip per transaction): a dead connection
         # is detected on use and the transaction rerun (see Database._run).
         options.setdefault("pool_pre_ping", False)

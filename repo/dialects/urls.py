@@ -13,7 +13,7 @@ from pathlib import Path
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import URL, make_url
 
-from sessionrepo.errors import RepoError
+from sessionrepo.errors import ArgumentTypeError, InvalidArgument
 
 
 def default_database_path() -> Path:
@@ -29,8 +29,11 @@ def normalize_url(url: str | URL | None) -> URL:
     file path is a SQLite file. ``postgresql://`` and ``postgres://`` use psycopg 3.
 
     Raises:
-        RepoError: not a URL, or a database sessionrepo does not run on.
+        InvalidArgument: not a URL, or a database sessionrepo does not run on
+            (``ArgumentTypeError``: neither a string nor a URL).
     """
+    if url is not None and not isinstance(url, str | URL):
+        raise ArgumentTypeError("url", f"must be a string or a URL, got {type(url).__name__}")
     if not url:
         url = os.environ.get("SESSIONREPO_DATABASE_URL") or None
     if url is None:
@@ -42,16 +45,19 @@ def normalize_url(url: str | URL | None) -> URL:
             url = make_url(url)
         except (sa_exc.ArgumentError, ValueError):
             # Not echoed: a URL that does not parse may still hold a password.
-            raise RepoError(
+            raise InvalidArgument(
+                "url",
                 "not a database URL; expected postgresql://user@host/dbname, "
-                "sqlite:///path/to/file.db or a file path"
+                "sqlite:///path/to/file.db or a file path",
             ) from None
     name = url.get_backend_name()
     if name in ("postgresql", "postgres"):
         return url.set(drivername="postgresql+psycopg")
     if name == "sqlite":
         return url.set(drivername="sqlite+pysqlite")
-    raise RepoError(f"unsupported database {name!r}: sessionrepo runs on SQLite and PostgreSQL")
+    raise InvalidArgument(
+        "url", f"unsupported database {name!r}: sessionrepo runs on SQLite and PostgreSQL"
+    )
 
 
 def safe_url(url: str | URL | None) -> str:

@@ -44,7 +44,7 @@ from sqlalchemy import Connection, Row, bindparam, delete, exists, func, select,
 from sqlalchemy import exc as sa_exc
 
 from sessionrepo.dialects.base import IndexEntry, SearchOrder
-from sessionrepo.errors import InvalidMessage, RepoError, SearchIndexUnavailable
+from sessionrepo.errors import RepoError, SearchIndexUnavailable
 from sessionrepo.models.message import utcnow
 from sessionrepo.models.search import SearchHit
 from sessionrepo.models.tables import (
@@ -330,12 +330,7 @@ class SearchIndex:
         limit: int,
         offset: int,
     ) -> list[SearchHit]:
-        if not isinstance(query, str):
-            raise InvalidMessage("query", f"must be a string, got {type(query).__name__}")
-        if not 1 <= limit <= 1000:
-            raise InvalidMessage("limit", "must be between 1 and 1000")
-        if order not in ("rank", "newest"):
-            raise InvalidMessage("order", "must be 'rank' or 'newest'")
+        # The arguments were checked by SessionRepository.search, the public entry point.
         parsed = parse_query(query)
         if not parsed.positive:
             return []  # nothing to look for (only exclusions, or no words at all)
