@@ -78,8 +78,6 @@ def _source_files() -> set[str]:
     for folder, package in SOURCES.items():
         for path in (ROOT / folder).rglob("*"):
             if path.suffix in {".py", ".mako"} or path.name == "py.typed":
-                if folder == "models" and path.name == "py.typed":
-                    continue  # the top-level package's marker covers its subpackages
                 shipped.add(f"{package}/{path.relative_to(ROOT / folder).as_posix()}")
     return shipped
 
