@@ -232,3 +232,14 @@ def drain_outbox(
 
 def keys_of(messages: Iterable[dict[str, Any]]) -> list[str]:
     return [str(message["client_msg_uuid"]) for message in messages]
+
+
+def park_batch(*, outbox_url: str, session_id: str, batch: list[dict[str, Any]]) -> None:
+    """Another gateway, its primary down: park ``batch`` in the shared outbox, then exit."""
+    _quiet()
+    writer = TranscriptWriter(closed_primary(), outbox_url=outbox_url, deadline=5.0)
+    try:
+        result = writer.write(session_id, batch)
+        assert result.status == "parked", result
+    finally:
+        writer.close()

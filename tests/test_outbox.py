@@ -18,6 +18,7 @@ attempted, acknowledged, rows, distinct, lost, duplicates, outbox left, dead.
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
 import queue
 import random
@@ -34,6 +35,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
 from sqlalchemy import event, func, select, text
 
@@ -236,11 +238,19 @@ def test_invalid_input_raises_at_once_and_is_never_parked(
 # -- 3. per-session FIFO ------------------------------------------------------------------
 
 
+def _until_primary_back(writer: TranscriptWriter, seconds: float = 10.0) -> None:
+    """Wait for the writer's probe to find the primary back (its breaker closed)."""
+    give_up = time.monotonic() + seconds
+    while writer.primary_down is not None:
+        assert time.monotonic() < give_up, f"still parking: {writer.primary_down}"
+        time.sleep(0.01)
+
+
 def test_a_session_with_parked_messages_parks_new_ones_behind_them(
     res: _Resources, database_url: str, outbox_url: str
 ) -> None:
     primary = res.flaky(database_url)
-    writer = res.writer(primary, outbox_url=outbox_url)
+    writer = res.writer(primary, outbox_url=outbox_url, probe_interval=0.05)
     a = _messages("a", 6)
     b = _messages("b", 2)
 
@@ -248,6 +258,7 @@ def test_a_session_with_parked_messages_parks_new_ones_behind_them(
     primary.down = True
     assert writer.write("a", a[1:3]).status == "parked"
     primary.down = False  # healthy again, but "a" still has parked messages
+    _until_primary_back(writer)
 
     behind = writer.write("a", a[3:5])
     other = writer.write("b", b)
@@ -959,31 +970,52 @@ def test_a_parked_batch_is_replayed_exactly_as_it_would_have_been_stored(
     assert [getattr(replayed, f) for f in fields] == [getattr(direct, f) for f in fields]
 
 
-def test_write_returns_parked_within_its_deadline_when_the_primary_hangs(
-    res: _Resources, database_url: str, outbox_url: str
+@contextlib.contextmanager
+def _holding_the_write_lock(url: str, backend: str, session_id: str) -> Iterator[None]:
+    """Another connection holds what an append to ``session_id`` must wait for."""
+    if backend == "sqlite":
+        conn = sqlite3.connect(url.removeprefix("sqlite:///"), isolation_level=None)
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            yield
+        finally:
+            conn.rollback()
+            conn.close()
+        return
+    with psycopg.connect(url) as conn:
+        conn.execute("SELECT 1 FROM sessions WHERE id = %s FOR UPDATE", (session_id,))
+        yield
+        conn.rollback()
+
+
+def test_write_returns_parked_within_its_deadline_when_the_primary_holds_it_up(
+    res: _Resources, database_url: str, backend: str, sqlite_outbox: str
 ) -> None:
-    primary = res.flaky(database_url)
-    writer = res.writer(primary, outbox_url=outbox_url, deadline=0.5, workers=1)
-    hang = threading.Event()
-    primary.hang = hang
-    batch = _messages("s", 2)
-    try:
+    """A primary that keeps the write waiting (a held lock): the server's own timeout
+    (SQLite's busy timeout, PostgreSQL's lock timeout, set on the writer's connections)
+    ends the attempt within the deadline, the batch is parked, and the next write parks
+    at once (the primary is known to be down) instead of waiting again."""
+    primary = res.repository(database_url)
+    writer = res.writer(primary, outbox_url=sqlite_outbox, deadline=0.5, workers=1)
+    batch = _messages("s", 3)
+    assert writer.write("s", batch[:1]).status == "stored"
+    with _holding_the_write_lock(database_url, backend, "s"):
         started = time.monotonic()
-        first = writer.write("s", batch[:1])
-        second = writer.write("s", batch[1:])  # its only worker is stuck: queued, cancelled
+        first = writer.write("s", batch[1:2])
+        waited = time.monotonic() - started
+        second = writer.write("s", batch[2:])
         elapsed = time.monotonic() - started
-    finally:
-        hang.set()
-        primary.hang = None
 
     assert (first.status, second.status) == ("parked", "parked")
-    assert first.reason is not None
-    assert "did not answer" in first.reason
-    assert elapsed < 2 * (0.5 + 0.5)  # two writes, each its deadline plus parking
-    _eventually(lambda: _stored(primary, "s") != [], "the abandoned attempt committed")
+    assert second.reason is not None
+    assert "unavailable" in second.reason
+    assert waited < 0.5 + 0.5  # its deadline, plus parking on a loaded machine
+    assert elapsed - waited < 0.5  # no second wait for the primary
     report = writer.drain()
-    assert (report.replayed, report.duplicates, report.remaining) == (1, 1, 0)
+    assert report.replayed == 2, (report, writer.status())
+    assert (report.replayed, report.duplicates, report.remaining) == (2, 0, 0)
     assert _stored(primary, "s") == keys_of(batch)
+    assert writer.primary_down is None  # the replay found it back
 
 
 def test_a_drainer_that_outlived_its_lease_deletes_nothing_it_did_not_replay(
@@ -1048,9 +1080,12 @@ POSTGRES_ONLY = pytest.mark.parametrize(
 
 
 def _read_only(repository: SessionRepository, statement: str) -> Callable[[], None]:
-    """Run ``statement`` on every new connection of the primary (and on none of the
-    outbox's, which has its own engine even in the same database). Returns the undo."""
-    engine = repository.database.engine
+    """Run ``statement`` on every new connection of the primary, the writers' pools of
+    it included (and on none of the outbox's, which has its own engine even in the same
+    database). Returns the undo."""
+    # White-box: the pools a writer's deadline made (Database.bounded).
+    database = repository.database
+    engines = [database.engine, *(bounded.engine for bounded in database._bounded.values())]
 
     def on_connect(dbapi_connection: Any, record: Any) -> None:
         cursor = dbapi_connection.cursor()
@@ -1058,12 +1093,14 @@ def _read_only(repository: SessionRepository, statement: str) -> Callable[[], No
         cursor.close()
         dbapi_connection.commit()  # psycopg: a SET rolled back with its transaction is undone
 
-    event.listen(engine, "connect", on_connect)
-    engine.dispose()
+    for engine in engines:
+        event.listen(engine, "connect", on_connect)
+        engine.dispose()
 
     def undo() -> None:
-        event.remove(engine, "connect", on_connect)
-        engine.dispose()
+        for engine in engines:
+            event.remove(engine, "connect", on_connect)
+            engine.dispose()
 
     return undo
 

@@ -202,6 +202,7 @@ class AsyncTranscriptWriter(AsyncFacade[TranscriptWriter]):
         lease: float = 60.0,
         backoff_base: float = 0.5,
         backoff_cap: float = 30.0,
+        probe_interval: float = 1.0,
     ) -> None:
         check_instance(repository, "repository", AsyncSessionRepository)
         # One pool for the facade's calls and the writer's own (primary attempts past
@@ -216,6 +217,7 @@ class AsyncTranscriptWriter(AsyncFacade[TranscriptWriter]):
             lease=lease,
             backoff_base=backoff_base,
             backoff_cap=backoff_cap,
+            probe_interval=probe_interval,
             task_pool=calls,
         )
         super().__init__(writer, calls)

@@ -10,7 +10,8 @@ here too.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, ClassVar, Final, Literal
 
@@ -56,6 +57,73 @@ SearchOrder = Literal["rank", "newest"]
 LOOKUP_CHUNK: Final = 500
 
 _B = search_backlog_table.c
+
+
+@dataclass(frozen=True, slots=True)
+class DirectAppend:
+    """What :meth:`BackendDialect.append_direct` stores: a batch with distinct keys,
+    encoded by ``sessionrepo.store.codec.message_row``, for one session."""
+
+    session_id: str
+    rows: Sequence[dict[str, Any]]
+    #: Column values of the session's row, for when it has to be created.
+    new_session: dict[str, Any]
+    now: datetime
+    #: Name the inserted messages in the search backlog.
+    enqueue: bool
+    #: Insert nothing when any key is stored with other content (``on_conflict="raise"``).
+    refuse_conflicts: bool
+    #: Insert nothing when the session has messages parked in this database's outbox
+    #: (``pending_outbox``): a writer's batch queues behind them.
+    behind_outbox: bool = False
+    #: ``(seq, key)`` that must still be stored (the newest row the caller remembers
+    #: as stored, and so did not send again): when it is not, nothing is written and
+    #: the result says ``lost``.
+    verify: tuple[int, uuid.UUID] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class DirectLoad:
+    """What :meth:`BackendDialect.load_direct` reads: ``columns`` of one session's
+    messages with ``after_seq < seq < before_seq``, at most ``limit``."""
+
+    session_id: str
+    columns: Sequence[str]
+    after_seq: int | None
+    before_seq: int | None
+    limit: int | None
+    backwards: bool
+
+    def statement(self, placeholder: Callable[[str], str]) -> tuple[str, dict[str, Any]]:
+        """The SELECT, with each parameter written by ``placeholder(name)``."""
+        names = ", ".join(f'"{name}"' for name in self.columns)
+        sql = f"SELECT {names} FROM messages WHERE session_id = {placeholder('sid')}"
+        params: dict[str, Any] = {"sid": self.session_id}
+        if self.after_seq is not None:
+            sql += f" AND seq > {placeholder('after')}"
+            params["after"] = self.after_seq
+        if self.before_seq is not None:
+            sql += f" AND seq < {placeholder('before')}"
+            params["before"] = self.before_seq
+        sql += " ORDER BY seq DESC" if self.backwards else " ORDER BY seq"
+        if self.limit is not None:
+            sql += f" LIMIT {placeholder('limit')}"
+            params["limit"] = self.limit
+        return sql, params
+
+
+@dataclass(frozen=True, slots=True)
+class DirectResult:
+    """What an :meth:`BackendDialect.append_direct` did."""
+
+    #: ``{key: content_hash}`` of the rows that were already stored (not inserted).
+    stored: dict[uuid.UUID, bytes]
+    #: The ``seq`` of the first inserted row; ``None`` when nothing was inserted.
+    first_seq: int | None
+    #: Nothing was written: the session has parked messages (``behind_outbox``).
+    queued: bool = False
+    #: Nothing was written: the row ``verify`` names is not stored (any more).
+    lost: bool = False
 
 
 class BackendDialect:
@@ -109,11 +177,6 @@ class BackendDialect:
     def lock_for_migration(self, connection: Connection) -> None:
         """Serialise concurrent migrators for the rest of the current transaction."""
 
-    def limit_transaction_time(self, connection: Connection, seconds: float) -> None:
-        """Make the server give up on the current transaction's statements (and lock
-        waits) after ``seconds``. SQLite has nothing to give up on: its busy timeout
-        bounds lock waits already."""
-
     def insert_ignoring(self, table: Table, conflict_columns: Sequence[str]) -> Insert:
         """``INSERT ... ON CONFLICT (conflict_columns) DO NOTHING``: only that key may be
         skipped; any other constraint violation still raises."""
@@ -151,6 +214,44 @@ class BackendDialect:
                 bypasses the session lock could cause it); nothing was written.
         """
         raise NotImplementedError
+
+    #: The driver's own exception root (``psycopg.Error``, ``sqlite3.Error``): what a
+    #: :meth:`append_direct` raises, translated as a SQLAlchemy error would be.
+    driver_error: ClassVar[type[Exception]] = Exception
+
+    def append_direct(self, driver: Any, append: DirectAppend) -> DirectResult | None:
+        """An append on the driver's own connection (``driver``: the pooled psycopg or
+        sqlite3 connection, idle, outside any transaction), in as few round trips as the
+        backend allows, committed when it returns: :meth:`lock_session` and
+        :meth:`insert_new_messages` in one, with the session created when it is missing
+        and the inserted messages named in the search backlog.
+
+        Returns ``None``, having written nothing, when it cannot decide alone (a race
+        with a concurrent first append of the session, or a concurrent re-send of the
+        same keys): the caller then runs the locked path in a transaction of its own.
+        The default runs nothing and returns ``None``.
+        """
+        return None
+
+    def message_at(self, driver: Any, session_id: str, seq: int, key: uuid.UUID) -> bool:
+        """Whether the session stores the message ``key`` at ``seq`` (a read on the
+        driver's own connection). Only called where :meth:`append_direct` exists."""
+        raise NotImplementedError
+
+    def load_direct(self, driver: Any, load: DirectLoad) -> list[Sequence[Any]] | None:
+        """A page of a transcript on the driver's own connection, in one statement
+        (its own read transaction): the rows of ``load.columns``, in ``seq`` order (or
+        newest first, ``load.backwards``), as the driver returns them. The default
+        returns ``None``: the caller reads through SQLAlchemy."""
+        return None
+
+    def sever(self, driver: Any) -> None:
+        """From another thread: make the call blocked on ``driver`` (a DBAPI connection)
+        fail now, for a server that does not answer at all. The default does nothing."""
+
+    def connection_lost(self, driver: Any) -> bool:
+        """Whether the driver connection is unusable after an error (the pool discards it)."""
+        return False
 
     def lock_outbox_session(self, connection: Connection, session_id: str) -> None:
         """Serialise parkers of one session for the rest of the current transaction."""

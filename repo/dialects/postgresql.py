@@ -8,20 +8,30 @@ a GIN index and b-trees on the message time; a search chooses between them by me
 
 from __future__ import annotations
 
+import contextlib
 import math
+import os
+import socket
 import uuid
 from collections.abc import Sequence
 from datetime import datetime
 from typing import Any, Final
 
+import psycopg
+import psycopg.errors
 from sqlalchemy import Column, Connection, Engine, Insert, Row, Table, text
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.dialects.postgresql.base import PGDialect
+from sqlalchemy.dialects.postgresql.psycopg import dialect as psycopg_dialect
 from sqlalchemy.engine import URL
+from sqlalchemy.util import await_
 
 from sessionrepo.dialects.base import (
     BackendDialect,
+    DirectAppend,
+    DirectLoad,
+    DirectResult,
     IndexEntry,
     SearchOrder,
     bind_times,
@@ -32,7 +42,7 @@ from sessionrepo.dialects.base import (
 )
 from sessionrepo.errors import BackendUnavailable, RepoError, WriteRejected
 from sessionrepo.models.doctor import Check
-from sessionrepo.models.tables import MESSAGE_COLUMNS, messages_table
+from sessionrepo.models.tables import MESSAGE_COLUMNS, messages_table, sessions_table
 from sessionrepo.search.query import Query, SearchFilters
 
 #: Key of the PostgreSQL advisory lock held while migrating ("sessrepo" in ASCII).
@@ -127,6 +137,129 @@ SELECT client_msg_uuid, content_hash FROM existing
 """
 
 
+#: A new session's columns an append sets from the session's defaults; the counters,
+#: ``next_seq`` and ``last_active_at`` come from the batch.
+_CREATED_COLUMNS: Final = tuple(
+    column.name
+    for column in sessions_table.c
+    if column.name not in ("message_count", "tool_call_count", "next_seq", "last_active_at")
+)
+_CREATED_NAMES = ", ".join(f'"{name}"' for name in _CREATED_COLUMNS)
+_CREATED_VALUES = ", ".join(
+    f"%(s_{name})s::{_array_type(sessions_table.c[name])}" for name in _CREATED_COLUMNS
+)
+_PSYCOPG = psycopg_dialect()  # type: ignore[no-untyped-call]  # untyped in SQLAlchemy
+#: The sessions columns' own conversions (JSON as text, times in UTC), as SQLAlchemy
+#: would bind them.
+_SESSION_BINDS: Final = {
+    name: sessions_table.c[name].type.bind_processor(_PSYCOPG) for name in _CREATED_COLUMNS
+}
+
+# The whole append as one statement that commits by itself (an implicit transaction):
+# one round trip, one durable commit. The session row is locked first (``locked``:
+# appenders to one session queue there; under READ COMMITTED the lock returns the row
+# as the appender before us committed it) and created when missing; the new rows are
+# numbered from its ``next_seq``; the counters, ``last_active_at`` and the search
+# backlog move with them. The statement's snapshot is older than the lock: rows an
+# appender before us committed while we waited are invisible to ``existing``. If one of
+# them has a key of this batch, the insert (no ON CONFLICT) fails on the unique key and
+# nothing is written; a session created meanwhile shows as the ``r`` row. Both send the
+# caller to the locked path, whose probe runs after its lock.
+_PG_APPEND_DIRECT = f"""
+WITH input AS (
+    SELECT * FROM unnest({_ARRAYS}) WITH ORDINALITY AS i({_INPUT_NAMES}, ord)
+),
+lost AS (
+    SELECT 1 WHERE %(verify_seq)s::bigint IS NOT NULL AND NOT EXISTS (
+        SELECT 1 FROM messages
+        WHERE session_id = %(sid)s AND seq = %(verify_seq)s
+            AND client_msg_uuid = %(verify_key)s::uuid
+    )
+),
+parked AS (
+    SELECT 1 FROM pending_outbox
+    WHERE %(behind_outbox)s AND session_id = %(sid)s AND state = 'pending'
+    LIMIT 1
+),
+locked AS (
+    SELECT next_seq FROM sessions WHERE id = %(sid)s FOR UPDATE
+),
+existing AS (
+    SELECT client_msg_uuid, content_hash FROM (
+        SELECT i.client_msg_uuid, (
+            SELECT m.content_hash FROM messages m
+            WHERE m.session_id = %(sid)s AND m.client_msg_uuid = i.client_msg_uuid
+        ) AS content_hash
+        FROM input i
+        OFFSET 0
+    ) probed
+    WHERE content_hash IS NOT NULL
+),
+fresh AS (
+    SELECT i.*,
+        coalesce((SELECT next_seq FROM locked), 1) + row_number() OVER (ORDER BY i.ord) - 1
+            AS seq
+    FROM input i
+    WHERE NOT EXISTS (SELECT 1 FROM existing e WHERE e.client_msg_uuid = i.client_msg_uuid)
+        AND NOT EXISTS (SELECT 1 FROM parked)
+        AND NOT EXISTS (SELECT 1 FROM lost)
+        AND NOT (%(refuse_conflicts)s AND EXISTS (
+            SELECT 1 FROM existing e JOIN input j USING (client_msg_uuid)
+            WHERE e.content_hash <> j.content_hash
+        ))
+),
+created AS (
+    INSERT INTO sessions ({_CREATED_NAMES},
+        message_count, tool_call_count, next_seq, last_active_at)
+    SELECT {_CREATED_VALUES},
+        (SELECT count(*) FROM fresh),
+        (SELECT coalesce(sum(tool_call_total), 0) FROM fresh),
+        1 + (SELECT count(*) FROM fresh),
+        %(now)s
+    WHERE NOT EXISTS (SELECT 1 FROM locked) AND NOT EXISTS (SELECT 1 FROM parked)
+        AND NOT EXISTS (SELECT 1 FROM lost)
+    ON CONFLICT (id) DO NOTHING
+    RETURNING 1
+),
+inserted AS (
+    INSERT INTO messages (session_id, seq, {_STORED_NAMES})
+    SELECT %(sid)s, seq, {_STORED_NAMES}
+    FROM fresh
+    WHERE EXISTS (SELECT 1 FROM locked) OR EXISTS (SELECT 1 FROM created)
+    ORDER BY seq
+    RETURNING seq
+),
+counted AS (
+    UPDATE sessions SET
+        next_seq = next_seq + n.inserted,
+        message_count = message_count + n.inserted,
+        tool_call_count = tool_call_count + n.tool_calls,
+        last_active_at = %(now)s
+    FROM (
+        SELECT (SELECT count(*) FROM inserted) AS inserted,
+            (SELECT coalesce(sum(tool_call_total), 0) FROM fresh) AS tool_calls
+    ) n
+    WHERE id = %(sid)s AND n.inserted > 0 AND EXISTS (SELECT 1 FROM locked)
+),
+queued AS (
+    INSERT INTO search_backlog (session_id, first_seq, count)
+    SELECT %(sid)s, min(seq), count(*) FROM inserted
+    WHERE %(enqueue)s
+    HAVING count(*) > 0
+)
+SELECT 'i', NULL::uuid, NULL::bytea, min(seq), count(*) FROM inserted HAVING count(*) > 0
+UNION ALL
+SELECT 'e', client_msg_uuid, content_hash, NULL, NULL FROM existing
+UNION ALL
+SELECT 'q', NULL, NULL, NULL, NULL FROM parked
+UNION ALL
+SELECT 'm', NULL, NULL, NULL, NULL FROM lost
+UNION ALL
+SELECT 'r', NULL, NULL, NULL, NULL
+WHERE NOT EXISTS (SELECT 1 FROM locked) AND NOT EXISTS (SELECT 1 FROM created)
+    AND NOT EXISTS (SELECT 1 FROM parked) AND NOT EXISTS (SELECT 1 FROM lost)
+"""
+
 _PG_LOCK_SESSION = "SELECT next_seq FROM sessions WHERE id = %(sid)s FOR UPDATE"
 
 
@@ -162,6 +295,14 @@ class PostgresDialect(BackendDialect):
         options.pop("sqlite_synchronous", None)
         connect_args: dict[str, Any] = {"options": "-c timezone=UTC"}
         connect_timeout = options.pop("connect_timeout", 10)
+        server_timeout = options.pop("server_timeout", None)
+        if server_timeout is not None:
+            milliseconds = max(1, int(server_timeout * 1000))
+            connect_args["options"] += (
+                f" -c statement_timeout={milliseconds} -c lock_timeout={milliseconds}"
+            )
+            seconds = max(1, math.ceil(server_timeout))
+            connect_timeout = seconds if connect_timeout is None else min(connect_timeout, seconds)
         if connect_timeout is not None:
             # libpq takes whole seconds and reads 0 as "wait forever": round a fraction up.
             connect_args["connect_timeout"] = max(1, math.ceil(connect_timeout))
@@ -204,11 +345,75 @@ class PostgresDialect(BackendDialect):
             raise lock_bypassed(session_id, len(rows) - len(stored) - inserted)
         return stored
 
-    def limit_transaction_time(self, connection: Connection, seconds: float) -> None:
-        milliseconds = max(1, int(seconds * 1000))
-        connection.exec_driver_sql(
-            f"SET LOCAL statement_timeout = {milliseconds}; SET LOCAL lock_timeout = {milliseconds}"
+    driver_error = psycopg.Error
+
+    def append_direct(self, driver: Any, append: DirectAppend) -> DirectResult | None:
+        rows = append.rows
+        params: dict[str, Any] = {name: [row[name] for row in rows] for name in _INPUT_COLUMNS}
+        params |= {
+            f"s_{name}": value if (bind := _SESSION_BINDS[name]) is None else bind(value)
+            for name in _CREATED_COLUMNS
+            for value in (append.new_session.get(name),)
+        }
+        params |= {
+            "sid": append.session_id,
+            "now": append.now,
+            "enqueue": append.enqueue,
+            "refuse_conflicts": append.refuse_conflicts,
+            "behind_outbox": append.behind_outbox,
+            "verify_seq": None if append.verify is None else append.verify[0],
+            "verify_key": None if append.verify is None else append.verify[1],
+        }
+        try:
+            found = _execute_alone(driver, _PG_APPEND_DIRECT, params)
+        except psycopg.errors.UniqueViolation:
+            return None  # a concurrent re-send committed first: the locked path decides
+        stored: dict[uuid.UUID, bytes] = {}
+        first_seq: int | None = None
+        inserted = 0
+        for kind, key, digest, seq, count in found:
+            if kind == "q":
+                return DirectResult(stored={}, first_seq=None, queued=True)
+            if kind == "m":
+                return DirectResult(stored={}, first_seq=None, lost=True)
+            if kind == "r":
+                return None  # the session was created meanwhile: the locked path decides
+            if kind == "e":
+                stored[key] = digest
+            else:
+                first_seq, inserted = int(seq), int(count)
+        refused = append.refuse_conflicts and any(
+            stored.get(row["client_msg_uuid"], row["content_hash"]) != row["content_hash"]
+            for row in rows
         )
+        fresh = 0 if refused else len(rows) - len(stored)
+        if inserted != fresh:  # pragma: no cover - the statement inserts all or fails
+            raise lock_bypassed(append.session_id, fresh - inserted)
+        return DirectResult(stored=stored, first_seq=first_seq)
+
+    def message_at(self, driver: Any, session_id: str, seq: int, key: uuid.UUID) -> bool:
+        return bool(
+            _execute_alone(
+                driver,
+                "SELECT 1 FROM messages WHERE session_id = %(sid)s AND seq = %(seq)s "
+                "AND client_msg_uuid = %(key)s",
+                {"sid": session_id, "seq": seq, "key": key},
+            )
+        )
+
+    def load_direct(self, driver: Any, load: DirectLoad) -> list[Sequence[Any]] | None:
+        sql, params = load.statement(lambda name: f"%({name})s")
+        return _execute_alone(driver, sql, params)
+
+    def sever(self, driver: Any) -> None:
+        # Shut the socket down under libpq: the blocked read fails at once (a frozen
+        # server cannot act on a cancel request, nor time out its own statement).
+        descriptor = os.dup(driver.pgconn.socket)
+        with socket.socket(fileno=descriptor) as connection:
+            connection.shutdown(socket.SHUT_RDWR)
+
+    def connection_lost(self, driver: Any) -> bool:
+        return bool(driver.closed or driver.broken)
 
     def lock_outbox_session(self, connection: Connection, session_id: str) -> None:
         connection.execute(
@@ -546,3 +751,23 @@ def _pg_search(
         params["window"] = window
         outer = "top.rank DESC, top.ts DESC, top.session_id DESC, top.seq DESC"
     return run_search(connection, page_of_hits(matches, outer), params)
+
+
+def _execute_alone(driver: Any, statement: str, params: dict[str, Any]) -> list[Any]:
+    """Run one statement in autocommit on a psycopg connection (sync, or async from the
+    greenlet of sessionrepo's async API): one round trip, a prepared statement (planned
+    once per connection), its own implicit transaction."""
+    if isinstance(driver, psycopg.AsyncConnection):
+        await_(driver.set_autocommit(True))
+        try:
+            cursor = await_(driver.execute(statement, params, prepare=True))
+            return list(await_(cursor.fetchall()))
+        finally:
+            with contextlib.suppress(psycopg.Error):  # a broken connection is discarded
+                await_(driver.set_autocommit(False))
+    driver.autocommit = True
+    try:
+        return list(driver.execute(statement, params, prepare=True).fetchall())
+    finally:
+        with contextlib.suppress(psycopg.Error):
+            driver.autocommit = False

@@ -24,11 +24,15 @@ from sqlalchemy import exc as sa_exc
 from sqlalchemy.dialects import sqlite
 from sqlalchemy.engine import URL
 from sqlalchemy.pool import ConnectionPoolEntry
+from sqlalchemy.util import await_
 
 from sessionrepo.dialects.base import (
     LOOKUP_CHUNK,
     READ_ONLY,
     BackendDialect,
+    DirectAppend,
+    DirectLoad,
+    DirectResult,
     IndexEntry,
     SearchOrder,
     bind_times,
@@ -44,6 +48,7 @@ from sessionrepo.models.tables import (
     MESSAGE_PLACE,
     UTCDateTime,
     messages_table,
+    sessions_table,
 )
 from sessionrepo.search.query import Query, SearchFilters, Term
 from sessionrepo.search.ranking import relevance
@@ -92,6 +97,9 @@ class SQLiteDialect(BackendDialect):
         options.pop("connect_timeout", None)  # PostgreSQL's; a file has nothing to connect
         options.pop("search_config", None)
         busy_timeout = float(options.pop("busy_timeout", 10.0))
+        server_timeout = options.pop("server_timeout", None)
+        if server_timeout is not None:
+            busy_timeout = min(busy_timeout, float(server_timeout))
         synchronous = str(options.pop("sqlite_synchronous", "FULL")).upper()
         if synchronous not in ("OFF", "NORMAL", "FULL", "EXTRA"):
             raise ValueError(f"sqlite_synchronous: {synchronous!r} is not a SQLite level")
@@ -176,6 +184,34 @@ class SQLiteDialect(BackendDialect):
     def _code(exc: sa_exc.DBAPIError) -> int | None:
         code = getattr(exc.orig, "sqlite_errorcode", None)
         return None if code is None else int(code) & 0xFF
+
+    driver_error = sqlite3.Error
+
+    def append_direct(self, driver: Any, append: DirectAppend) -> DirectResult | None:
+        # The statements on the sqlite3 connection itself: SQLAlchemy's compiling,
+        # binding and result handling cost more than SQLite's work. On aiosqlite, the
+        # whole append runs in its thread as one call (one hop, not one per statement).
+        if isinstance(driver, sqlite3.Connection):
+            return _sqlite_append(driver, append)
+        result: DirectResult = await_(driver._execute(_sqlite_append, driver._conn, append))
+        return result
+
+    def message_at(self, driver: Any, session_id: str, seq: int, key: uuid.UUID) -> bool:
+        params = (session_id, seq, _sqlite_key(key))
+        if isinstance(driver, sqlite3.Connection):
+            return driver.execute(_SQLITE_AT, params).fetchone() is not None
+        found: list[Any] = await_(driver._execute(_fetch_all, driver._conn, _SQLITE_AT, params))
+        return bool(found)
+
+    def load_direct(self, driver: Any, load: DirectLoad) -> list[Sequence[Any]] | None:
+        sql, params = load.statement(lambda name: f":{name}")
+        if isinstance(driver, sqlite3.Connection):
+            return driver.execute(sql, params).fetchall()
+        rows: list[Sequence[Any]] = await_(driver._execute(_fetch_all, driver._conn, sql, params))
+        return rows
+
+    def sever(self, driver: Any) -> None:
+        driver.interrupt()  # the statement (or its busy wait) ends with SQLITE_INTERRUPT
 
     def translate(self, exc: sa_exc.DBAPIError) -> RepoError:
         code = self._code(exc)
@@ -583,3 +619,102 @@ def _sqlite_search(
         f"FROM (VALUES {rows})"
     )
     return run_search(connection, page_of_hits(matches, "top.rank DESC, top.k DESC"), values)
+
+
+#: A new session's columns an append sets from the session's defaults (the counters,
+#: ``next_seq`` and ``last_active_at`` come from the batch), with SQLAlchemy's
+#: conversions for SQLite (JSON as text, times as SQLAlchemy writes them).
+_CREATED_COLUMNS: Final = tuple(
+    column.name
+    for column in sessions_table.c
+    if column.name not in ("message_count", "tool_call_count", "next_seq", "last_active_at")
+)
+_SESSION_BINDS: Final = tuple(
+    sessions_table.c[name].type.bind_processor(sqlite.dialect()) for name in _CREATED_COLUMNS
+)
+_SQLITE_CREATE = (
+    "INSERT INTO sessions ("
+    + ", ".join(f'"{name}"' for name in _CREATED_COLUMNS)
+    + ", message_count, tool_call_count, next_seq, last_active_at) VALUES ("
+    + ", ".join("?" * (len(_CREATED_COLUMNS) + 4))
+    + ")"
+)
+_SQLITE_PARKED = "SELECT 1 FROM pending_outbox WHERE session_id = ? AND state = 'pending' LIMIT 1"
+_SQLITE_AT = "SELECT 1 FROM messages WHERE session_id = ? AND seq = ? AND client_msg_uuid = ?"
+_SQLITE_BACKLOG = "INSERT INTO search_backlog (session_id, first_seq, count) VALUES (?, ?, ?)"
+
+
+def _sqlite_append(db: sqlite3.Connection, append: DirectAppend) -> DirectResult:
+    """An append in one ``BEGIN IMMEDIATE`` transaction on the sqlite3 connection: the
+    write lock serialises appenders, so what the lookup finds is what the insert would
+    collide with."""
+    sid = append.session_id
+    db.execute("BEGIN IMMEDIATE")
+    try:
+        result = _sqlite_append_locked(db, append, sid)
+    except BaseException:
+        if db.in_transaction:
+            db.execute("ROLLBACK")
+        raise
+    if result.first_seq is None:
+        db.execute("ROLLBACK")  # nothing written: no commit to wait for
+    else:
+        db.execute("COMMIT")
+    return result
+
+
+def _sqlite_append_locked(db: sqlite3.Connection, append: DirectAppend, sid: str) -> DirectResult:
+    if append.verify is not None:
+        seq, key = append.verify
+        if db.execute(_SQLITE_AT, (sid, seq, _sqlite_key(key))).fetchone() is None:
+            return DirectResult(stored={}, first_seq=None, lost=True)
+    session = db.execute(_SQLITE_NEXT_SEQ, (sid,)).fetchone()
+    if append.behind_outbox and db.execute(_SQLITE_PARKED, (sid,)).fetchone() is not None:
+        return DirectResult(stored={}, first_seq=None, queued=True)
+    rows = append.rows
+    stored: dict[uuid.UUID, bytes] = {}
+    if session is not None:
+        by_hex = {row["client_msg_uuid"].hex: row["client_msg_uuid"] for row in rows}
+        hexes = list(by_hex)
+        for start in range(0, len(hexes), LOOKUP_CHUNK):
+            chunk = hexes[start : start + LOOKUP_CHUNK]
+            found = db.execute(
+                f"{_SQLITE_LOOKUP}({', '.join('?' * len(chunk))})", (sid, *chunk)
+            ).fetchall()
+            stored.update((by_hex[key], bytes(digest)) for key, digest in found)
+    fresh = [row for row in rows if row["client_msg_uuid"] not in stored]
+    refused = append.refuse_conflicts and any(
+        stored.get(row["client_msg_uuid"], row["content_hash"]) != row["content_hash"]
+        for row in rows
+    )
+    if not fresh or refused:
+        return DirectResult(stored=stored, first_seq=None)
+    now = _sqlite_time(append.now)
+    tool_calls = sum(row["tool_call_total"] for row in fresh)
+    if session is None:
+        next_seq = 1
+        values = [
+            value if bind is None else bind(value)
+            for name, bind in zip(_CREATED_COLUMNS, _SESSION_BINDS, strict=True)
+            for value in (append.new_session.get(name),)
+        ]
+        db.execute(_SQLITE_CREATE, (*values, len(fresh), tool_calls, 1 + len(fresh), now))
+    else:
+        next_seq = int(session[0])
+        db.execute(_SQLITE_COUNTERS, (len(fresh), len(fresh), tool_calls, now, sid))
+    inserts = []
+    for index, row in enumerate(fresh):
+        value = list(_pick_columns(row))
+        for position, convert in _CONVERTED:
+            value[position] = convert(value[position])
+        inserts.append((sid, next_seq + index, *value))
+    cursor = db.executemany(_SQLITE_INSERT, inserts)
+    if cursor.rowcount != len(fresh):
+        raise lock_bypassed(sid, len(fresh) - cursor.rowcount)
+    if append.enqueue:
+        db.execute(_SQLITE_BACKLOG, (sid, next_seq, len(fresh)))
+    return DirectResult(stored=stored, first_seq=next_seq)
+
+
+def _fetch_all(db: sqlite3.Connection, sql: str, params: Any) -> list[Any]:
+    return db.execute(sql, params).fetchall()

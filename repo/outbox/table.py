@@ -17,16 +17,19 @@ from __future__ import annotations
 
 import os
 import socket
+import sqlite3
+import threading
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from pathlib import Path
 from typing import Any, Final
 
 from pydantic import ValidationError
 from sqlalchemy import Connection, case, delete, func, select, update
 
-from sessionrepo.errors import RepoError
+from sessionrepo.errors import BackendUnavailable, RepoError
 from sessionrepo.models import Message, Session
 from sessionrepo.models.message import utcnow
 from sessionrepo.models.outbox import OutboxStatus, SessionBacklog
@@ -79,6 +82,12 @@ class Outbox:
         self._insert = database.dialect.insert_ignoring(
             outbox_table, ["session_id", "client_msg_uuid"]
         )
+        path = database.url.database
+        self._parked = (
+            _ParkedSessions(path)
+            if database.backend == "sqlite" and path not in (None, "", ":memory:")
+            else None
+        )
 
     @classmethod
     def of(cls, repository: SessionRepository) -> Outbox:
@@ -92,9 +101,30 @@ class Outbox:
         return self.database.display_url
 
     def has_pending(self, session_id: str) -> bool:
-        """Whether the session has parked messages a new write must queue behind."""
+        """Whether the session has parked messages a new write must queue behind.
+
+        On a SQLite file, answered from memory while nobody changed the file: SQLite's
+        ``data_version`` moves whenever any other connection, in this process or
+        another, commits to it, and then the answers are read again, one session at a
+        time, as asked. So the answer is the file's, whoever parked or drained.
+        """
+        if self._parked is not None and self.database.checked:
+            return self._parked.has(session_id)
         query = select(O.position).where(O.session_id == session_id, O.state == PENDING).limit(1)
         return self.database.read(lambda conn: conn.execute(query).first() is not None)
+
+    def any_pending(self, session_id: str | None = None) -> bool:
+        """Whether anything (of the session) waits in the outbox: a read, so that a
+        drain with nothing to do never takes the write lock."""
+        query = select(O.position).where(O.state == PENDING).limit(1)
+        if session_id is not None:
+            query = query.where(O.session_id == session_id)
+        return self.database.read(lambda conn: conn.execute(query).first() is not None)
+
+    def close(self) -> None:
+        if self._parked is not None:
+            self._parked.close()
+        self.database.dispose()
 
     def park(
         self,
@@ -418,3 +448,60 @@ def _aware(value: Any) -> datetime:
         parsed = datetime.fromisoformat(value)
         return parsed if parsed.tzinfo else parsed.replace(tzinfo=utcnow().tzinfo)
     raise RepoError(f"unexpected time value {value!r} in pending_outbox")
+
+
+class _ParkedSessions:
+    """Which sessions of a SQLite outbox file have parked messages, kept in memory.
+
+    A connection of its own asks ``PRAGMA data_version`` (no transaction, no lock: it
+    reads the shared WAL index). While the number stays, nobody has committed to the
+    file since the answers were read, so they still hold; when it moves, they are
+    forgotten and read again as asked, by the primary key's prefix.
+    """
+
+    _QUERY = "SELECT 1 FROM pending_outbox WHERE session_id = ? AND state = 'pending' LIMIT 1"
+
+    def __init__(self, path: str) -> None:
+        self._path = path
+        self._connection: sqlite3.Connection | None = None
+        self._version: int | None = None
+        self._answers: dict[str, bool] = {}
+        self._lock = threading.Lock()
+
+    def has(self, session_id: str) -> bool:
+        with self._lock:
+            try:
+                if self._connection is None:
+                    # Never creating the file: the writer's outbox made it.
+                    uri = f"{Path(self._path).resolve().as_uri()}?mode=rw"
+                    self._connection = sqlite3.connect(uri, uri=True, check_same_thread=False)
+                connection = self._connection
+                version = connection.execute("PRAGMA data_version").fetchone()[0]
+                if version != self._version:
+                    self._answers.clear()
+                    self._version = version
+                answer = self._answers.get(session_id)
+                if answer is None:
+                    found = connection.execute(self._QUERY, (session_id,)).fetchone()
+                    answer = self._answers[session_id] = found is not None
+                    if len(self._answers) > _PARKED_ANSWERS:
+                        self._answers.clear()
+                        self._answers[session_id] = answer
+                return answer
+            except sqlite3.Error as exc:
+                self.close_locked()
+                raise BackendUnavailable(f"the outbox file could not be read: {exc}") from exc
+
+    def close_locked(self) -> None:
+        if self._connection is not None:
+            self._connection.close()
+        self._connection, self._version = None, None
+        self._answers.clear()
+
+    def close(self) -> None:
+        with self._lock:
+            self.close_locked()
+
+
+#: Sessions whose answer :class:`_ParkedSessions` keeps (a gateway's open sessions).
+_PARKED_ANSWERS: Final = 100_000

@@ -9,18 +9,20 @@ after the primary has committed it, and the message key makes any repeat a no-op
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import queue
 import random
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import Future
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, Protocol, TypeVar
+from typing import Any, Final, Protocol, TypeVar
 
+from sqlalchemy import event
 from sqlalchemy.engine import URL
 
 from sessionrepo.contract import ResilientWriter
@@ -47,7 +49,7 @@ from sessionrepo.store.arguments import (
     check_seconds,
 )
 from sessionrepo.store.database import Database
-from sessionrepo.store.repository import PreparedBatch, SessionRepository
+from sessionrepo.store.repository import PreparedBatch, QueuedBehindOutbox, SessionRepository
 
 # The result models live in sessionrepo.models.outbox (the contract names them); they
 # stay importable from here.
@@ -112,6 +114,11 @@ class TranscriptWriter(ResilientWriter):
         backoff_base: seconds of the first retry's backoff after a failed replay
             (doubled each attempt, with jitter).
         backoff_cap: the longest backoff, in seconds.
+        probe_interval: while the primary is known to be down (a write failed for an
+            operational reason, or missed the deadline), writes park at once, without
+            trying it; every ``probe_interval`` seconds one probe in the background
+            asks it, and the first answer (or a replay that goes through) lets writes
+            try it again.
         task_pool: for a repository on an asyncio driver only: the task pool that
             carries the writer's primary and outbox calls (``AsyncTranscriptWriter``
             passes its own, so that its ``close`` waits for them all); a new one if
@@ -134,6 +141,7 @@ class TranscriptWriter(ResilientWriter):
         workers: int = 4,
         backoff_base: float = 0.5,
         backoff_cap: float = 30.0,
+        probe_interval: float = 1.0,
         task_pool: _aio.TaskPool | None = None,
     ) -> None:
         check_instance(repository, "repository", SessionRepository)
@@ -144,6 +152,7 @@ class TranscriptWriter(ResilientWriter):
         workers = check_int(workers, "workers", minimum=1, maximum=1024)
         backoff_base = check_seconds(backoff_base, "backoff_base", allow_zero=True)
         backoff_cap = check_seconds(backoff_cap, "backoff_cap", allow_zero=True)
+        probe_interval = check_seconds(probe_interval, "probe_interval")
         if outbox_url is not None and not isinstance(outbox_url, str | URL):
             raise ArgumentTypeError(
                 "outbox_url", f"must be a string or a URL, got {type(outbox_url).__name__}"
@@ -167,6 +176,9 @@ class TranscriptWriter(ResilientWriter):
         else:
             outbox_db = open_outbox_database(url, asynchronous=asynchronous)
         self._outbox = Outbox(outbox_db)
+        #: Parked messages live in the primary itself: the append checks for them in
+        #: its own statement (no question of its own to the outbox).
+        self._outbox_on_primary = url is None
         self.deadline = deadline
         self.max_attempts = max_attempts
         self.batch_size = batch_size
@@ -174,6 +186,16 @@ class TranscriptWriter(ResilientWriter):
         self._backoff = (backoff_base, backoff_cap)
         # Of the deadline, this much is kept for parking after the primary gave up.
         self._park_reserve = min(1.0, deadline / 4)
+        # Writes go through a pool of their own whose connections the server holds to
+        # the primary's share of the deadline (statement and lock timeouts, SQLite's
+        # busy timeout): the call runs on the caller's thread, and only a server that
+        # does not answer at all needs the watchdog (or, on an asyncio driver, a task).
+        self._budget = deadline - self._park_reserve
+        bounded = repository.bounded_database(self._budget)
+        self._watchdog = None if asynchronous else _Watchdog(bounded)
+        if self._watchdog is not None:
+            bounded.may_rerun = self._watchdog.not_severed
+        self._breaker = _Breaker(probe_interval)
         self._primary_pool: _Pool
         self._outbox_pool: _Pool
         if asynchronous:
@@ -185,6 +207,8 @@ class TranscriptWriter(ResilientWriter):
             self._primary_pool = _DaemonPool(workers, "sessionrepo-primary")
             self._outbox_pool = _DaemonPool(2, "sessionrepo-outbox")
         self._closed = False
+        self._asynchronous = asynchronous
+        self._last_write = 0.0
         self._owner = drainer_id()
         self._stop = threading.Event()
         self._wake = threading.Event()
@@ -210,32 +234,24 @@ class TranscriptWriter(ResilientWriter):
     ) -> WriteResult:
         if self._closed:
             raise RepoError("this TranscriptWriter is closed")
-        started = time.monotonic()
+        started = self._last_write = time.monotonic()
         batch = self._repository.prepare(session_id, messages, **session_defaults)
         if not batch.messages:
             return WriteResult(session_id=batch.session_id, status="stored")
-        primary_budget = self.deadline - self._park_reserve
-
-        def attempt() -> WriteResult | None:
-            if self._outbox.has_pending(batch.session_id):
-                return None
-            self._checkpoint("before_primary")
-            stored = self._repository.append_prepared(batch, timeout=primary_budget)
-            return WriteResult(
-                session_id=batch.session_id,
-                status="stored",
-                inserted=stored.inserted,
-                duplicates=stored.duplicates,
-                conflicts=stored.conflicts,
-            )
-
+        down = self._breaker.down()
+        if down is not None:
+            # Known to be down: park at once; a probe in the background finds it back.
+            self._checkpoint("after_primary_failure")
+            return self._park(batch, down[0], down[1], timeout=self.deadline)
         try:
-            result = self._primary_pool.run(attempt, timeout=primary_budget)
+            result = self._attempt(batch)
         except TimeoutError:
-            reason = f"the primary did not answer within {primary_budget:g}s"
+            reason = f"the primary did not answer within {self._budget:g}s"
             code: str | None = "deadline"
+            self._lost(reason, code)
         except BackendUnavailable as exc:
             reason, code = str(exc), exc.code
+            self._lost(reason, code)
         else:
             if result is not None:
                 self._checkpoint("after_primary_commit")
@@ -244,6 +260,82 @@ class TranscriptWriter(ResilientWriter):
         self._checkpoint("after_primary_failure")
         remaining = max(self._park_reserve, self.deadline - (time.monotonic() - started))
         return self._park(batch, reason, code, timeout=remaining)
+
+    def _attempt(self, batch: PreparedBatch) -> WriteResult | None:
+        """The batch into the primary, or ``None`` when it must queue behind the
+        session's parked messages; ``TimeoutError`` past the primary's budget."""
+
+        def attempt() -> WriteResult | None:
+            if not self._outbox_on_primary and self._outbox.has_pending(batch.session_id):
+                return None
+            self._checkpoint("before_primary")
+            try:
+                stored = self._repository.append_prepared(
+                    batch, timeout=self._budget, behind_outbox=self._outbox_on_primary
+                )
+            except QueuedBehindOutbox:
+                return None
+            return WriteResult(
+                session_id=batch.session_id,
+                status="stored",
+                inserted=stored.inserted,
+                duplicates=stored.duplicates,
+                conflicts=stored.conflicts,
+            )
+
+        watchdog = self._watchdog
+        if watchdog is None or not watchdog.connection_ready():
+            # A new connection to a server that may not answer: on a pool thread (or a
+            # task), abandoned at the deadline.
+            return self._primary_pool.run(attempt, timeout=self._budget)
+        with watchdog.guard(self._budget) as guard:
+            try:
+                return attempt()
+            except BackendUnavailable as exc:
+                if guard.severed:
+                    raise TimeoutError from exc
+                raise
+
+    def _lost(self, reason: str, code: str | None) -> None:
+        if not self._breaker.trip(reason, code):
+            return
+        log.warning("primary unavailable: %s; writes park until it answers again", reason)
+        interval = self._breaker.interval
+
+        def probe() -> None:
+            # One question per interval until it answers (or a replay goes through).
+            while self._breaker.down() is not None and not self._closed:
+                self._pause(interval)
+                try:
+                    self._repository.bounded_database(self._budget).read(
+                        lambda conn: conn.exec_driver_sql("SELECT 1")
+                    )
+                except Exception:
+                    log.debug("the primary does not answer yet", exc_info=True)
+                    continue
+                self._back()
+
+        if self._asynchronous:
+            self._primary_pool.submit(probe)
+        else:  # a thread of its own: the pool's threads are for the writes and replays
+            threading.Thread(target=probe, name="sessionrepo-probe", daemon=True).start()
+
+    def _pause(self, seconds: float) -> None:
+        if self._asynchronous:
+            _aio.sleep(seconds)
+        else:
+            time.sleep(seconds)
+
+    @property
+    def primary_down(self) -> str | None:
+        """Why writes park at once (the primary is known to be down), or ``None`` while
+        they go to it."""
+        down = self._breaker.down()
+        return None if down is None else down[0]
+
+    def _back(self) -> None:
+        if self._breaker.close():
+            log.warning("primary answers again: writes go to it")
 
     def _park(
         self, batch: PreparedBatch, reason: str, code: str | None, *, timeout: float
@@ -264,8 +356,12 @@ class TranscriptWriter(ResilientWriter):
                 code=code,
             ) from exc
         self._checkpoint("after_park")
-        log.warning(
-            "session %r: parked %d messages: %s", batch.session_id, len(batch.messages), reason
+        log.log(
+            logging.DEBUG if self._breaker.down() is not None else logging.INFO,
+            "session %r: parked %d messages: %s",
+            batch.session_id,
+            len(batch.messages),
+            reason,
         )
         self.notify_drainer()
         return WriteResult(
@@ -296,6 +392,8 @@ class TranscriptWriter(ResilientWriter):
         check_optional_session_id(session_id)
         check_bool(ignore_backoff, "ignore_backoff")
         totals = {"replayed": 0, "duplicates": 0, "conflicts": 0, "failed": 0, "dead": 0}
+        if not self._outbox.any_pending(session_id):
+            return DrainReport(**totals, remaining=0)  # nothing parked: no write lock taken
         done: set[str] = set()
         while True:
             claimed = self._outbox.claim(
@@ -375,9 +473,10 @@ class TranscriptWriter(ResilientWriter):
         }
         batch = self._repository.prepare(session_id, messages, **defaults)
         result = self._primary_pool.run(
-            lambda: self._repository.append_prepared(batch, timeout=self.deadline),
+            lambda: self._repository.append_prepared(batch, timeout=self._budget),
             timeout=self.deadline,
         )
+        self._back()
         self._checkpoint("drain_after_primary_commit")
         self._outbox.complete(session_id, [m.client_msg_uuid for m in messages])
         if result.conflicts:
@@ -455,7 +554,11 @@ class TranscriptWriter(ResilientWriter):
         # within the deadline (a catch-up past it finishes in the background), so that
         # searches find little to do; sooner again while more is left. Its failures are
         # the index's, never the transcript's: logged, not raised.
-        limit = 2000
+        # While writes are flowing, one short transaction per round: the catch-up takes
+        # the write lock (SQLite) and must not hold the gateway's writes up; search
+        # catches up what is left when it is asked.
+        flowing = time.monotonic() - self._last_write < _WRITES_FLOWING
+        limit = 1 if flowing else 2000
         try:
             indexed = self._primary_pool.run(
                 lambda: self._repository.catch_up_search_index(limit=limit),
@@ -464,7 +567,7 @@ class TranscriptWriter(ResilientWriter):
         except Exception:
             log.warning("search index catch-up failed; retrying next round", exc_info=True)
             return wait
-        return min(wait, 0.05) if indexed >= limit else wait
+        return min(wait, 0.05) if indexed >= limit and not flowing else wait
 
     def stop(self, timeout: float | None = 30.0) -> None:
         if timeout is not None:
@@ -483,7 +586,9 @@ class TranscriptWriter(ResilientWriter):
         self.stop()
         self._primary_pool.shutdown()
         self._outbox_pool.shutdown()
-        self._outbox.database.dispose()
+        if self._watchdog is not None:
+            self._watchdog.stop()
+        self._outbox.close()
 
     def __enter__(self) -> TranscriptWriter:
         return self
@@ -492,10 +597,131 @@ class TranscriptWriter(ResilientWriter):
         self.close()
 
 
+class _Breaker:
+    """Whether the primary is known to be down.
+
+    Tripped by a write that failed for an operational reason or missed its deadline;
+    while tripped, writes park at once instead of each spending the deadline on a
+    primary that cannot answer, and one probe per ``interval`` asks it. Closed by the
+    first call that goes through (the probe, or a replay).
+    """
+
+    def __init__(self, interval: float) -> None:
+        self.interval = interval
+        self._lock = threading.Lock()
+        self._down: tuple[str, str | None] | None = None
+
+    def down(self) -> tuple[str, str | None] | None:
+        """``(reason, code)`` while tripped, else ``None`` (read without the lock)."""
+        return self._down
+
+    def trip(self, reason: str, code: str | None) -> bool:
+        """Trip it; ``True`` when it was closed (then the caller starts the probe)."""
+        with self._lock:
+            was_closed = self._down is None
+            self._down = (f"the primary is unavailable ({reason})", code)
+            return was_closed
+
+    def close(self) -> bool:
+        """Close it; ``True`` when it was tripped."""
+        with self._lock:
+            was_down = self._down is not None
+            self._down = None
+            return was_down
+
+
+class _Guard:
+    __slots__ = ("connection", "deadline", "severed")
+
+    def __init__(self, deadline: float) -> None:
+        self.deadline = deadline
+        self.connection: Any = None
+        self.severed = False
+
+
+class _Watchdog:
+    """The deadline of a write that runs on the caller's thread, for a server that does
+    not answer at all (frozen, or a network that drops everything), where the server's
+    own timeouts cannot fire: past the deadline, the connection under the call is cut
+    (:meth:`~sessionrepo.dialects.base.BackendDialect.sever`), and the call fails at
+    once with the server's silence as its reason.
+
+    One daemon thread per writer looks at the calls in flight a few times a second:
+    a guarded call costs two dictionary operations, and no thread switch.
+    """
+
+    def __init__(self, database: Database) -> None:
+        self._dialect = database.dialect
+        self._pool = database.engine.pool
+        self._guards: dict[int, _Guard] = {}
+        self._stopped = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+        event.listen(database.engine, "checkout", self._checked_out)
+
+    def connection_ready(self) -> bool:
+        """Whether the call would find a connection made already (a new one could hang
+        in the connect, before there is a connection to cut)."""
+        return self._dialect.name == "sqlite" or self._pool.checkedin() > 0  # type: ignore[attr-defined]
+
+    def _checked_out(self, dbapi_connection: Any, record: Any, proxy: Any) -> None:
+        guard = self._guards.get(threading.get_ident())
+        if guard is not None:
+            guard.connection = dbapi_connection
+
+    def not_severed(self) -> bool:
+        guard = self._guards.get(threading.get_ident())
+        return guard is None or not guard.severed
+
+    @contextlib.contextmanager
+    def guard(self, seconds: float) -> Iterator[_Guard]:
+        if self._thread is None:
+            self._start()
+        guard = _Guard(time.monotonic() + seconds)
+        ident = threading.get_ident()
+        self._guards[ident] = guard
+        try:
+            yield guard
+        finally:
+            del self._guards[ident]
+
+    def _start(self) -> None:
+        with self._lock:
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._watch, name="sessionrepo-watchdog", daemon=True
+                )
+                self._thread.start()
+
+    def _watch(self) -> None:
+        while not self._stopped.wait(_WATCH_TICK):
+            now = time.monotonic()
+            for guard in list(self._guards.values()):
+                if guard.deadline <= now and not guard.severed and guard.connection is not None:
+                    guard.severed = True
+                    try:
+                        self._dialect.sever(guard.connection)
+                    except Exception:  # a connection closed meanwhile: nothing to cut
+                        log.debug("could not cut a connection past its deadline", exc_info=True)
+
+    def stop(self) -> None:
+        self._stopped.set()
+
+
+#: A write this recent (seconds) means writes are flowing: the drainer's catch-up
+#: then takes one short transaction per round.
+_WRITES_FLOWING: Final = 0.25
+
+#: Seconds between the watchdog's looks at the calls in flight.
+_WATCH_TICK: Final = 0.05
+
+
 class _Pool(Protocol):
     """Where the writer runs a call with a deadline: daemon threads, or asyncio tasks."""
 
     def run(self, work: Callable[[], T], *, timeout: float) -> T: ...
+
+    def submit(self, work: Callable[[], Any]) -> None: ...
 
     def shutdown(self) -> None: ...
 
@@ -528,6 +754,10 @@ class _DaemonPool:
         except TimeoutError:
             future.cancel()  # not started yet: never start it
             raise
+
+    def submit(self, work: Callable[[], Any]) -> None:
+        """``work()`` on a pool thread; not waited for (its failure is its own)."""
+        self._queue.put((Future(), work))
 
     def _work(self) -> None:
         while (item := self._queue.get()) is not None:

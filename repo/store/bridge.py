@@ -98,6 +98,13 @@ class TaskPool:
         for at most ``timeout`` seconds (then ``TimeoutError``; the call runs on)."""
         return await_(asyncio.wait_for(self.call(work), timeout))
 
+    def submit(self, work: Callable[[], Any]) -> None:
+        """From logic running under :meth:`call`: start ``work()`` as a call of its own
+        and do not wait for it (its failure is its own to handle)."""
+        task = asyncio.get_running_loop().create_task(greenlet_spawn(work))
+        self._running.add(task)
+        task.add_done_callback(self._finished)
+
     async def settle(self, timeout: float | None = None) -> int:
         """Wait up to ``timeout`` seconds for the calls still running (a cancelled
         caller's, an abandoned deadline's); returns how many are still running."""

@@ -9,6 +9,7 @@ types and markers there. A new plain column (text, number, JSON) needs nothing h
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import textwrap
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -23,6 +24,7 @@ from sessionrepo.errors import InvalidMessage
 from sessionrepo.models import MAX_MESSAGE_BYTES, Message, Session, StoredMessage
 from sessionrepo.models._limits import check_identifier
 from sessionrepo.models.message import (
+    KEY_FIELD,
     coerce_message,
     is_validated,
     mark_validated,
@@ -178,7 +180,21 @@ def prepare_messages(
         raise InvalidMessage("messages", "expected a list of messages, got a single one")
     validated: list[Message] = []
     rows = []
+    remembered = _ENCODED
     for index, item in enumerate(messages):
+        if isinstance(item, dict):
+            key = item.get(KEY_FIELD)
+            known = remembered.get(key) if isinstance(key, str) else None
+            if known is not None and known[0] == item:
+                validated.append(known[1])
+                rows.append(known[2])
+                continue
+        elif isinstance(item, Message):
+            known = remembered.get(item.client_msg_uuid)
+            if known is not None and known[0] is item:
+                validated.append(known[1])
+                rows.append(known[2])
+                continue
         field = f"messages[{index}]"
         try:
             if isinstance(item, Message) and is_validated(item):
@@ -191,9 +207,53 @@ def prepare_messages(
             raise invalid_from_validation(exc, field) from exc
         except TypeError as exc:
             raise InvalidMessage(field, str(exc)) from exc
+        row = message_row(message, field)
         validated.append(message)
-        rows.append(message_row(message, field))
+        rows.append(row)
+        if isinstance(item, dict):
+            key = item.get(KEY_FIELD)
+            if isinstance(key, str):
+                _remember(key, _snapshot(item), message, row)
+        elif item is message:
+            _remember(message.client_msg_uuid, item, message, row)
     return validated, rows
+
+
+# -- validation once ----------------------------------------------------------------
+#
+# A gateway re-flushes the same messages (its whole transcript, each turn); each is
+# validated and encoded once per process. What was made from a stamped dict is reused
+# while the dict still equals a copy of itself taken then (any change made since, deep
+# inside too, is a new message to validate: a re-send with other content is still
+# reported as a conflict); what was made from a validated ``Message`` (frozen) is
+# reused for that same object. Equality is Python's: a value replaced by an equal one
+# of another numeric type (``1`` for ``1.0`` or ``True``) counts as unchanged.
+
+#: Messages remembered (a gateway's open transcripts); the oldest are forgotten first.
+ENCODED_MEMORY: Final = 65_536
+
+_ENCODED: dict[Any, tuple[Any, Message, dict[str, Any]]] = {}
+
+
+def _remember(key: Any, source: Any, message: Message, row: dict[str, Any]) -> None:
+    memory = _ENCODED
+    memory.pop(key, None)
+    memory[key] = (source, message, row)
+    if len(memory) > ENCODED_MEMORY:
+        # Oldest first: dicts keep insertion order. Races between threads only forget
+        # a little more or less; every entry is checked before it is used.
+        for old in list(itertools.islice(memory, len(memory) - ENCODED_MEMORY)):
+            memory.pop(old, None)
+
+
+def _snapshot(value: Any) -> Any:
+    """A copy of a JSON-like value's containers that shares its leaves (strings,
+    numbers: immutable), so comparing the value with it later is fast and exact."""
+    if isinstance(value, dict):
+        return {name: _snapshot(item) for name, item in value.items()}
+    if isinstance(value, list):
+        return [_snapshot(item) for item in value]
+    return value
 
 
 _FIELDS = tuple(Message.model_fields)

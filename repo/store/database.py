@@ -34,6 +34,11 @@ from sessionrepo.store.arguments import (
 
 T = TypeVar("T")
 
+
+def _always() -> bool:
+    return True
+
+
 #: How many times a transaction that lost a lock race is run before giving up.
 DEFAULT_ATTEMPTS = 8
 
@@ -91,6 +96,7 @@ class Database:
         *,
         attempts: int = DEFAULT_ATTEMPTS,
         asynchronous: bool = False,
+        _server_timeout: float | None = None,
         **engine_options: Any,
     ) -> None:
         if url is not None and not isinstance(url, str | URL):
@@ -105,15 +111,51 @@ class Database:
         #: :mod:`sessionrepo.store.bridge` runs for a coroutine, where each database wait
         #: yields to the event loop.
         self.asynchronous = asynchronous
+        self._engine_options = dict(engine_options)
+        self._bounded: dict[float, Database] = {}
+        self._bounded_lock = threading.Lock()
+        options = dict(engine_options)
+        if _server_timeout is not None:
+            options["server_timeout"] = _server_timeout
         self.engine: Engine = self.dialect.create_engine(
-            self.url, dict(engine_options), asynchronous=asynchronous
+            self.url, options, asynchronous=asynchronous
         )
+        #: Whether a transaction whose connection was lost may run again at once (a
+        #: writer says no for a call its watchdog cut: the server did not answer).
+        self.may_rerun: Callable[[], bool] = _always
         self._read_engine = self.engine.execution_options(**{READ_ONLY: True})
         self._attempts = attempts
         self._first_use: Callable[[Database], None] | None = None
         self._first_use_lock: AbstractContextManager[Any] = (
             _aio.Lock() if asynchronous else threading.Lock()
         )
+
+    def bounded(self, seconds: float) -> Database:
+        """Another pool on the same database whose connections the server itself holds
+        to ``seconds`` per statement and per lock wait (PostgreSQL's
+        ``statement_timeout`` and ``lock_timeout``, SQLite's busy timeout), set once
+        when each connects: no statement per transaction. For a writer's deadline: one
+        per ``seconds``, made on first use, disposed with this database."""
+        database = self._bounded.get(seconds)
+        if database is None:
+            with self._bounded_lock:
+                database = self._bounded.get(seconds)
+                if database is None:
+                    database = self._bounded[seconds] = Database(
+                        self.url,
+                        attempts=2,
+                        asynchronous=self.asynchronous,
+                        _server_timeout=seconds,
+                        **self._engine_options,
+                    )
+                    if self._first_use is not None:  # the same schema check, on first use
+                        database.check_on_first_use(self._first_use)
+        return database
+
+    @property
+    def checked(self) -> bool:
+        """Whether the check of :meth:`check_on_first_use` has passed (or none was set)."""
+        return self._first_use is None
 
     def check_on_first_use(self, check: Callable[[Database], None]) -> None:
         """Run ``check(database)`` before the first unit of work, until it passes (a
@@ -133,6 +175,19 @@ class Database:
         """Run ``work`` in a write transaction (SQLite: ``BEGIN IMMEDIATE``)."""
         return self._run(self.engine, work, reading=False)
 
+    def write_direct(self, work: Callable[[Any], T]) -> T:
+        """Run ``work(driver)`` on a pooled connection's own driver connection (psycopg,
+        sqlite3 or their asyncio faces), idle and outside any transaction: for the
+        dialect's statements that manage their own (see
+        :meth:`~sessionrepo.dialects.base.BackendDialect.append_direct`). Errors are
+        translated, lost races and dropped connections rerun, as for :meth:`write`."""
+        return self._run(self.engine, work, reading=False, direct=True)
+
+    def read_direct(self, work: Callable[[Any], T]) -> T:
+        """:meth:`write_direct` for a read: one statement of the dialect's own, which is
+        its own read transaction."""
+        return self._run(self._read_engine, work, reading=True, direct=True)
+
     def read(self, work: Callable[[Connection], T]) -> T:
         """Run ``work`` in a read transaction (SQLite: deferred, never blocks writers).
 
@@ -141,7 +196,9 @@ class Database:
         """
         return self._run(self._read_engine, work, reading=True)
 
-    def _run(self, engine: Engine, work: Callable[[Connection], T], *, reading: bool) -> T:
+    def _run(
+        self, engine: Engine, work: Callable[[Any], T], *, reading: bool, direct: bool = False
+    ) -> T:
         if self._first_use is not None:
             with self._first_use_lock:
                 check = self._first_use
@@ -157,6 +214,8 @@ class Database:
         while True:
             attempt += 1
             try:
+                if direct:
+                    return self._direct(engine, work)
                 with engine.begin() as connection:
                     return work(connection)
             except sa_exc.DBAPIError as exc:
@@ -164,7 +223,7 @@ class Database:
                 # terminated backend) is found on use, not pinged before each checkout:
                 # the pool discards it and its peers, and the transaction reruns once,
                 # at once (a server that is down fails the rerun just as fast).
-                if exc.connection_invalidated and not reconnected:
+                if exc.connection_invalidated and not reconnected and self.may_rerun():
                     reconnected = True
                     continue
                 if attempt < self._attempts and self.dialect.is_retryable(exc):
@@ -192,6 +251,28 @@ class Database:
                 # rolled back, and the caller gets a RepoError with the cause chained.
                 raise RepoError(f"unexpected {type(exc).__name__} in a transaction: {exc}") from exc
 
+    def _direct(self, engine: Engine, work: Callable[[Any], T]) -> T:
+        """``work`` on a pooled driver connection; a driver error comes out as the
+        SQLAlchemy error it would have been, the connection discarded when it is lost."""
+        try:
+            pooled = engine.raw_connection()
+        except self.dialect.driver_error as exc:  # the connect itself failed
+            raise sa_exc.DBAPIError.instance(None, None, exc, self.dialect.driver_error) from exc
+        try:
+            try:
+                return work(pooled.driver_connection)
+            except self.dialect.driver_error as exc:
+                lost = self.dialect.connection_lost(pooled.driver_connection)
+                if lost:
+                    # As SQLAlchemy does on a disconnect: this connection and every one
+                    # made before it (a restarted server dropped them all) are replaced.
+                    engine.pool._invalidate(pooled, exc)
+                raise sa_exc.DBAPIError.instance(
+                    None, None, exc, self.dialect.driver_error, connection_invalidated=lost
+                ) from exc
+        finally:
+            pooled.close()
+
     def _pause(self, seconds: float) -> None:
         if self.asynchronous:
             _aio.sleep(seconds)
@@ -199,4 +280,6 @@ class Database:
             time.sleep(seconds)
 
     def dispose(self) -> None:
+        for database in list(self._bounded.values()):
+            database.dispose()
         self.engine.dispose()

@@ -12,7 +12,7 @@ import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Literal
+from typing import Any, Final, Literal
 from uuid import UUID
 
 from sqlalchemy import (
@@ -32,6 +32,7 @@ from sqlalchemy import (
 from sqlalchemy.engine import URL
 
 from sessionrepo.contract import SessionStore
+from sessionrepo.dialects.base import DirectAppend, DirectLoad, DirectResult
 from sessionrepo.errors import (
     ArgumentTypeError,
     ConflictError,
@@ -221,10 +222,17 @@ class SessionRepository(SessionStore):
         self._index_appends = search_index
         dialect = database.dialect
         self._insert_session = dialect.insert_ignoring(sessions_table, ["id"])
+        self._acks = _Acknowledged()
 
     @property
     def backend(self) -> str:
         return self._db.backend
+
+    def bounded_database(self, seconds: float) -> Database:
+        """The pool that :meth:`append_prepared` with ``timeout=seconds`` runs on: the
+        same database, connections the server itself holds to ``seconds`` per
+        statement and lock wait (see :meth:`Database.bounded`)."""
+        return self._db.bounded(seconds)
 
     @property
     def database(self) -> Database:
@@ -442,25 +450,55 @@ class SessionRepository(SessionStore):
         *,
         timeout: float | None = None,
         on_conflict: Literal["report", "raise"] = "report",
+        behind_outbox: bool = False,
     ) -> AppendResult:
         """:meth:`append` for a batch :meth:`prepare` made.
 
         Args:
-            timeout: seconds the database may spend on it (PostgreSQL enforces it on the
-                server: statement and lock timeouts); ``None`` for no limit.
+            timeout: seconds the database may spend on it, enforced by the server
+                (PostgreSQL's statement and lock timeouts, SQLite's busy timeout) on
+                a pool of connections that carry it (:meth:`bounded_database`);
+                ``None`` for no limit.
             on_conflict: as for :meth:`append`.
+            behind_outbox: for a ``TranscriptWriter`` that parks in this database:
+                when the session has parked messages, write nothing and raise
+                :class:`QueuedBehindOutbox` (the batch must queue behind them).
         """
         check_instance(batch, "batch", PreparedBatch)
         if timeout is not None:
             check_seconds(timeout, "timeout")
         check_choice(on_conflict, "on_conflict", _ON_CONFLICT)
+        check_bool(behind_outbox, "behind_outbox")
+        result = self._append_batch(
+            batch, timeout=timeout, on_conflict=on_conflict, behind_outbox=behind_outbox
+        )
+        if result is None:
+            raise QueuedBehindOutbox(batch.session_id)
+        return result
+
+    def _append_batch(
+        self,
+        batch: PreparedBatch,
+        *,
+        timeout: float | None = None,
+        on_conflict: Literal["report", "raise"] = "report",
+        behind_outbox: bool = False,
+    ) -> AppendResult | None:
+        """:meth:`append_prepared`, checked arguments; with ``behind_outbox`` (a
+        ``TranscriptWriter`` whose outbox is this database), ``None`` and nothing
+        written when the session has parked messages: the batch queues behind them."""
         if not batch.rows:
             return AppendResult(session_id=batch.session_id)
         new_session = _codec.session_row(batch.session)
+        database = self._db if timeout is None else self.bounded_database(timeout)
+        if self._index_appends is True:
+            direct = self._append_direct(database, batch, new_session, on_conflict, behind_outbox)
+            if direct is not None:
+                return None if direct is _QUEUED else direct
 
-        def work(conn: Connection) -> AppendResult:
-            if timeout is not None:
-                self._db.dialect.limit_transaction_time(conn, timeout)
+        def work(conn: Connection) -> AppendResult | None:
+            if behind_outbox and _has_parked(conn, batch.session_id):
+                return None
             result = self._append(conn, batch.session_id, batch.rows, new_session)
             if result.conflicts and on_conflict == "raise":
                 # Raised inside the transaction: it rolls back, the session row included.
@@ -473,7 +511,69 @@ class SessionRepository(SessionStore):
             self._index_inserted(conn, result, batch.messages)
             return result
 
-        return self._db.write(work)
+        return database.write(work)
+
+    def _append_direct(
+        self,
+        database: Database,
+        batch: PreparedBatch,
+        new_session: dict[str, Any],
+        on_conflict: Literal["report", "raise"],
+        behind_outbox: bool,
+    ) -> AppendResult | None:
+        """The append in the dialect's fewest round trips (one statement on PostgreSQL),
+        the search backlog named with it; ``None`` when the dialect cannot decide alone
+        (a race it leaves to the locked path) or has no such path; :data:`_QUEUED` when
+        it waits behind parked messages."""
+        sid = batch.session_id
+        # Rows this process saw the database store (the same objects: see
+        # codec's validation once) are not sent again while the newest of them is
+        # still stored under its seq: the database stays the authority, at the cost of
+        # one probe instead of one per message.
+        acks = self._acks.get(sid)
+        known: set[int] = set()
+        if acks is not None and acks.tip is not None:
+            remembered = acks.rows
+            known = {id(row) for row in batch.rows if remembered.get(id(row)) is row}
+        unique: dict[Any, dict[str, Any]] = {}
+        for row in batch.rows:
+            if id(row) not in known:
+                unique.setdefault(row["client_msg_uuid"], row)
+        dialect = database.dialect
+        tip = acks.tip if known and acks is not None else None
+        if tip is not None and not unique:
+            if database.read_direct(lambda driver: dialect.message_at(driver, sid, *tip)):
+                return _outcome(sid, batch.rows, {}, None, known=known)
+            self._acks.forget(sid)
+            return self._append_direct(database, batch, new_session, on_conflict, behind_outbox)
+        append = DirectAppend(
+            session_id=sid,
+            rows=list(unique.values()),
+            new_session=new_session,
+            now=utcnow(),
+            enqueue=True,
+            refuse_conflicts=on_conflict == "raise",
+            behind_outbox=behind_outbox,
+            verify=tip,
+        )
+        done = database.write_direct(lambda driver: dialect.append_direct(driver, append))
+        if done is None:
+            return None
+        if done.queued:
+            return _QUEUED
+        if done.lost:  # the newest remembered row is gone: remember nothing, send all
+            self._acks.forget(sid)
+            return self._append_direct(database, batch, new_session, on_conflict, behind_outbox)
+        result = _outcome(sid, batch.rows, done.stored, done.first_seq, known=known)
+        if result.conflicts and on_conflict == "raise":
+            raise ConflictError(
+                f"session {sid!r}: stored with other content under the "
+                f"same key: {', '.join(map(str, result.conflicts))}; nothing was written",
+                session_id=sid,
+                conflicts=result.conflicts,
+            )
+        self._acks.record(sid, append.rows, done)
+        return result
 
     def _index_inserted(
         self, conn: Connection, result: AppendResult, messages: Sequence[Message]
@@ -529,24 +629,7 @@ class SessionRepository(SessionStore):
         stored = self._db.dialect.insert_new_messages(
             conn, sid, next_seq, list(unique.values()), utcnow()
         )
-
-        inserted: list[Any] = []
-        duplicates: list[Any] = []
-        conflicts: list[Any] = []
-        for row in rows:
-            key = row["client_msg_uuid"]
-            if unique.pop(key, None) is row and key not in stored:
-                inserted.append(key)
-                stored[key] = row["content_hash"]
-                continue
-            (duplicates if stored[key] == row["content_hash"] else conflicts).append(key)
-        return AppendResult(
-            session_id=sid,
-            inserted=inserted,
-            duplicates=duplicates,
-            conflicts=conflicts,
-            first_seq=next_seq if inserted else None,
-        )
+        return _outcome(sid, rows, stored, next_seq)
 
     # -- search ---------------------------------------------------------------------
 
@@ -638,6 +721,17 @@ class SessionRepository(SessionStore):
             query = query.order_by(None).order_by(M.seq.desc())
         if limit is not None:
             query = query.limit(limit)
+
+        if not include_ancestors:
+            load = DirectLoad(sid, _codec.LOAD_COLUMNS, after_seq, before_seq, limit, backwards)
+            dialect = self._db.dialect
+            rows = self._db.read_direct(lambda driver: dialect.load_direct(driver, load))
+            if rows:
+                messages = _codec.stored_messages(rows)
+                if backwards:
+                    messages.reverse()
+                return messages
+            # Nothing (or no such path): below, which tells an empty page from NotFound.
 
         def work(conn: Connection) -> list[StoredMessage]:
             ancestors: list[StoredMessage] = []
@@ -933,6 +1027,111 @@ class SessionRepository(SessionStore):
             return bool(changed)
 
         return self._db.write(work)
+
+
+class QueuedBehindOutbox(Exception):
+    """Raised by ``append_prepared(..., behind_outbox=True)``: nothing was written, the
+    session has parked messages and the batch must queue behind them."""
+
+    def __init__(self, session_id: str) -> None:
+        super().__init__(f"session {session_id!r} has parked messages")
+        self.session_id = session_id
+
+
+#: A writer's batch that waits behind its session's parked messages (nothing written).
+_QUEUED: Final = AppendResult(session_id="")
+
+
+def _has_parked(conn: Connection, session_id: str) -> bool:
+    """Whether the session has messages parked in this database's own outbox."""
+    query = (
+        select(outbox_table.c.position)
+        .where(outbox_table.c.session_id == session_id, outbox_table.c.state == "pending")
+        .limit(1)
+    )
+    return conn.execute(query).first() is not None
+
+
+def _outcome(
+    sid: str,
+    rows: Sequence[dict[str, Any]],
+    stored: dict[Any, bytes],
+    first_seq: int | None,
+    *,
+    known: set[int] | frozenset[int] = frozenset(),
+) -> AppendResult:
+    """What an insert of ``rows`` did, from the keys that were ``stored`` before it (and
+    their content hashes): the first row of each other key was inserted, in order from
+    ``first_seq``; every repeat is a duplicate or, with other content, a conflict. Rows
+    in ``known`` (by ``id``: remembered as stored, so not sent) are duplicates."""
+    stored = dict(stored)
+    inserted: list[Any] = []
+    duplicates: list[Any] = []
+    conflicts: list[Any] = []
+    for row in rows:
+        key = row["client_msg_uuid"]
+        if known and id(row) in known:
+            duplicates.append(key)
+            continue
+        known_hash = stored.get(key)
+        if known_hash is None:
+            inserted.append(key)
+            stored[key] = row["content_hash"]
+            continue
+        (duplicates if known_hash == row["content_hash"] else conflicts).append(key)
+    # The keys are UUIDs from validated messages: no validation of each again.
+    return AppendResult.model_construct(
+        session_id=sid,
+        inserted=inserted,
+        duplicates=duplicates,
+        conflicts=conflicts,
+        first_seq=first_seq if inserted else None,
+    )
+
+
+class _SessionAcks:
+    __slots__ = ("rows", "tip")
+
+    def __init__(self) -> None:
+        #: Encoded rows the database stored, by ``id`` (held, so the ids stay theirs).
+        self.rows: dict[int, dict[str, Any]] = {}
+        #: ``(seq, key)`` of the newest row this process inserted.
+        self.tip: tuple[int, UUID] | None = None
+
+
+class _Acknowledged:
+    """Per session, the encoded rows this process saw stored (bounded: the sessions
+    used least recently are forgotten first)."""
+
+    #: Rows remembered in all.
+    LIMIT: Final = 200_000
+
+    def __init__(self) -> None:
+        self._sessions: dict[str, _SessionAcks] = {}
+        self._size = 0
+
+    def get(self, session_id: str) -> _SessionAcks | None:
+        return self._sessions.get(session_id)
+
+    def forget(self, session_id: str) -> None:
+        acks = self._sessions.pop(session_id, None)
+        if acks is not None:
+            self._size -= len(acks.rows)
+
+    def record(self, session_id: str, rows: Sequence[dict[str, Any]], done: DirectResult) -> None:
+        """Remember the rows of a direct append that are now stored as sent."""
+        acks = self._sessions.pop(session_id, None) or _SessionAcks()
+        self._sessions[session_id] = acks  # most recently used last
+        before = len(acks.rows)
+        for row in rows:
+            if done.stored.get(row["client_msg_uuid"], row["content_hash"]) == row["content_hash"]:
+                acks.rows[id(row)] = row
+        if done.first_seq is not None:
+            inserted = [row for row in rows if row["client_msg_uuid"] not in done.stored]
+            acks.tip = (done.first_seq + len(inserted) - 1, inserted[-1]["client_msg_uuid"])
+        self._size += len(acks.rows) - before
+        while self._size > self.LIMIT and self._sessions:
+            self.forget(next(iter(self._sessions)))
 
 
 def _encode_cursor(last_active_at: datetime, session_id: str) -> str:
