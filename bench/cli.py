@@ -16,23 +16,25 @@ import psycopg
 from bench import machine, report
 from bench.contenders import CONTENDERS
 from bench.databases import DEFAULT_POSTGRES_URL
+from bench.report import OURS
 from bench.runner import FULL, QUICK, BackendRun, config_dict, run_all
 from bench.workload import describe
 
 RESULTS = Path(__file__).resolve().parent / "results"
 DEFAULT_CONTENDERS = (
     "raw",
+    "raw-autocommit",
     "sessionrepo",
+    "sessionrepo-dicts",
     "sessionrepo-async",
-    "sessionrepo-immediate",
-    "sessionrepo-noindex",
+    "writer",
+    "writer-drainer",
     "openai",
+    "openai-sqlite",
     "adk",
     "langchain",
 )
-STEPS = ("flush", "reflush", "load", "list", "concurrency")
-#: A failure of these fails the run (exit 1): they are this project's code.
-OURS = ("raw", "sessionrepo", "sessionrepo-async", "sessionrepo-immediate", "sessionrepo-noindex")
+STEPS = ("flush", "reflush", "turn", "load", "list", "concurrency")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -178,6 +180,18 @@ def _our_failures(runs: list[BackendRun]) -> bool:
                 for cell, by_key in run.cells.items()
                 for result in by_key.get(key, [])
                 if "error" in result
+            ]
+            # The plain-SQL checks: rows against what was sent, and their order.
+            problems += [
+                f"{cell}: check failed: {result['check']}"
+                for cell, by_key in run.cells.items()
+                for result in by_key.get(key, [])
+                if not result.get("check", {}).get("ok", True)
+            ]
+            problems += [
+                f"{name}: check failed: {value['check']}"
+                for name, value in run.setup.get(key, {}).items()
+                if isinstance(value, dict) and not value.get("check", {}).get("ok", True)
             ]
             for problem in problems:
                 print(f"FAILED [{run.backend}] {key}: {problem}", file=sys.stderr)
