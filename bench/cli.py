@@ -7,6 +7,7 @@ import dataclasses
 import importlib.util
 import os
 import shlex
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -149,6 +150,7 @@ def main(argv: list[str] | None = None) -> int:
     description = machine.describe(postgres_url)
     workload = describe(config.seed)
     runs = run_all(config, contenders, backends, postgres_url)
+    profiles = _budgets(backends, postgres_url, 60 if args.quick else 500)
     seconds = time.perf_counter() - started
     command = "python -m bench" + (" " + shlex.join(argv if argv is not None else sys.argv[1:]))
     document = report.document(
@@ -160,12 +162,32 @@ def main(argv: list[str] | None = None) -> int:
         config_values=config_dict(config),
         runs=runs,
         seconds=seconds,
+        profile=profiles,
     )
     name = args.name or f"bench-{config.mode}"
     json_path, md_path = report.write(document, args.out, name)
     print(report.markdown(document))
     print(f"wrote {json_path} and {md_path} in {seconds:.0f} s", file=sys.stderr)
     return 1 if _our_failures(runs) else 0
+
+
+def _budgets(backends: list[str], postgres_url: str | None, calls: int) -> dict[str, str]:
+    """``python -m bench.profile --budget`` per backend, in a process of its own, after the
+    rounds: where a 1-message append's microseconds go, for the report."""
+    out = {}
+    for backend in backends:
+        command = [sys.executable, "-m", "bench.profile", "--budget", "--backend", backend]
+        command += ["--calls", str(calls)]
+        if postgres_url:
+            command += ["--postgres-url", postgres_url]
+        print(f"profiling a 1-message append on {backend}", file=sys.stderr)
+        done = subprocess.run(command, capture_output=True, text=True, timeout=600, check=False)
+        out[backend] = (
+            done.stdout
+            if done.returncode == 0
+            else f"(the profile failed: {done.stderr.strip().splitlines()[-1:]})"
+        )
+    return out
 
 
 def _our_failures(runs: list[BackendRun]) -> bool:

@@ -90,19 +90,23 @@ def summarize_cell(
         summary["messages_done"] = statistics.median(result["messages"] for result in good)
     checks = [result["check"] for result in good if "check" in result]
     if checks and not any("unsupported" in check for check in checks):
-        failed = [check for check in checks if not check["ok"] and not check["ok_but_stores_again"]]
+        failed = [
+            check for check in checks if not check["ok"] and not check.get("ok_but_stores_again")
+        ]
         summary["checked_rounds"] = len(checks)
         if failed:
             worst = failed[0]
             summary["check_failed"] = (
                 f"{len(failed)} of {len(checks)} round(s): "
-                f"{worst['rows']:,} rows for {worst['sent']:,} sent, {worst['missing']:,} "
+                f"{worst.get('rows', 0):,} rows for {worst.get('sent', 0):,} sent, "
+                f"{worst.get('missing', 0):,} "
                 f"missing, {worst.get('unexpected', 0):,} unexpected, "
-                f"{worst['duplicates']:,} stored twice, {worst['misordered_sessions']} "
+                f"{worst.get('duplicates', 0):,} stored twice, "
+                f"{worst.get('misordered_sessions', 0)} "
                 "session(s) out of order"
                 + (f", {worst['parked']:,} parked" if worst.get("parked") else "")
             )
-        elif any(check["ok_but_stores_again"] for check in checks):
+        elif any(check.get("ok_but_stores_again") for check in checks):
             last = checks[-1]
             summary["stores_again"] = {"rows": last["rows"], "sent": last["sent"]}
     return summary
@@ -115,7 +119,7 @@ def summarize(run: BackendRun, config: Config) -> dict[str, Any]:
         raw = by_key.get("raw")
         unit = units.get(cell, "rate")
         cells[cell] = {key: summarize_cell(results, raw, unit) for key, results in by_key.items()}
-    for key, summary in cells.get("reflush", {}).items():
+    for summary in cells.get("reflush", {}).values():
         if "value" not in summary:
             continue
         if summary.get("raised"):
@@ -212,7 +216,9 @@ def goals(summaries: list[dict[str, Any]], config: Config) -> list[dict[str, Any
         for key, what in (("sessionrepo", "append"), ("writer-drainer", "write, drainer running")):
             if key not in keys:
                 continue
-            cells = [c for c in ("flush_1", "flush_10", "flush_100", "load") if has(summary, c, key)]
+            cells = [
+                c for c in ("flush_1", "flush_10", "flush_100", "load") if has(summary, c, key)
+            ]
             behind, margins = [], []
             for cell in cells:
                 for peer in peers:
@@ -227,8 +233,7 @@ def goals(summaries: list[dict[str, Any]], config: Config) -> list[dict[str, Any
             if margins:
                 low = min(margins)
                 add(
-                    f"{backend}: {what} ahead of every peer in every cell "
-                    f"({', '.join(cells)})",
+                    f"{backend}: {what} ahead of every peer in every cell ({', '.join(cells)})",
                     ("behind " + "; ".join(behind))
                     if behind
                     else f"ahead; closest: {low[0]:.2f}× {label[low[2]]} at {low[1]}",
@@ -243,8 +248,7 @@ def goals(summaries: list[dict[str, Any]], config: Config) -> list[dict[str, Any
             known = {c: r for c, r in ratios.items() if r is not None}
             if known:
                 add(
-                    f"{backend}: the dict path (validation timed) within 15 % of `Message` "
-                    "objects",
+                    f"{backend}: the dict path (validation timed) within 15 % of `Message` objects",
                     ", ".join(f"{c}: {r:.2f}×" for c, r in known.items()),
                     all(r >= 0.85 for r in known.values()),
                 )
@@ -260,8 +264,17 @@ def goals(summaries: list[dict[str, Any]], config: Config) -> list[dict[str, Any
                     value["ratio"] >= floor,
                 )
 
-        def relative(mine: str, theirs: str, cells: tuple[str, ...], floor: float, goal: str) -> None:
-            if mine not in keys or theirs not in keys:
+        def relative(
+            mine: str,
+            theirs: str,
+            cells: tuple[str, ...],
+            floor: float,
+            goal: str,
+            *,
+            summary: dict[str, Any] = summary,
+            backend: str = backend,
+        ) -> None:
+            if mine not in summary["contenders"] or theirs not in summary["contenders"]:
                 return
             found = {
                 cell: pair_ratio(summary, cell, mine, theirs, units[cell])
@@ -345,8 +358,7 @@ def goals(summaries: list[dict[str, Any]], config: Config) -> list[dict[str, Any
             )
     if summaries:
         add(
-            "frozen primary: after the first timeout, p99 write latency ≤ 50 ms until it "
-            "recovers",
+            "frozen primary: after the first timeout, p99 write latency ≤ 50 ms until it recovers",
             "not measured by `make bench` (the outage tests and their own measurement)",
             None,
         )
@@ -519,6 +531,20 @@ def markdown(document: dict[str, Any]) -> str:
             mark = "—" if check["met"] is None else "✓" if check["met"] else "✗ missed"
             lines.append(f"| {check['goal']} | {check['measured']} | {mark} |")
         lines.append("")
+    if document.get("profile"):
+        lines += [
+            "## Where one 1-message append's time goes",
+            "",
+            "`python -m bench.profile --budget` per backend, after the rounds, on a fresh "
+            "database (method: `bench/budget.py`). PostgreSQL's statements and round trips "
+            "are read from libpq's own protocol trace, so psycopg's implicit `BEGIN` and "
+            "anything pipelined or prepared are seen; SQLite's from `sqlite3`'s trace "
+            "callback. The Python part is split by cProfile's shares (which inflate code "
+            "made of many small calls). The raw yardsticks are traced the same way.",
+            "",
+        ]
+        for text in document["profile"].values():
+            lines += [text.strip(), ""]
     workload = document["workload"]
     lines += [
         "## Workload",
@@ -577,6 +603,7 @@ def document(
     config_values: dict[str, Any],
     runs: list[BackendRun],
     seconds: float,
+    profile: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     summaries = [summarize(run, config) for run in runs]
     samples = [value for run in runs for value in run.load_average] or [0.0]
@@ -595,6 +622,7 @@ def document(
         "cells": _cells(config),
         "backends": summaries,
         "goals": goals(summaries, config),
+        "profile": profile or {},
     }
 
 
@@ -645,6 +673,7 @@ def _from_json(path: Path) -> dict[str, Any]:
         config_values=stored["config"],
         runs=runs,
         seconds=stored["seconds"],
+        profile=stored.get("profile"),
     )
 
 

@@ -42,8 +42,8 @@ def _versions(packages: tuple[str, ...]) -> dict[str, str]:
 
 
 def _distinct(keys: list[str]) -> list[str]:
-    seen: set[str] = set()
-    return [key for key in keys if not (key in seen or seen.add(key))]
+    """The keys in order, each at its first occurrence."""
+    return list(dict.fromkeys(keys))
 
 
 class _Server:

@@ -5,9 +5,10 @@ for (``postgresql+asyncpg``, ``sqlite+aiosqlite``), ``create_session`` once per
 conversation, then ``await append_event(session, event)`` for each message (it has no batch
 call: a batch of 10 is 10 calls). Each gateway dict becomes an ADK ``Event`` (the key as
 the event id; text as a ``Part``; tool calls as ``function_call`` parts; tool outputs as
-``function_response`` parts), built before the timed call as an ADK gateway holds them. Load is ``get_session`` (every
-event, validated back into ``Event`` objects). ``list_sessions(app_name=...)`` has no limit:
-it returns every session of the app, oldest first, and the newest 50 are its last 50.
+``function_response`` parts), built before the timed call as an ADK gateway holds them.
+Load is ``get_session`` (every event, validated back into ``Event`` objects).
+``list_sessions(app_name=...)`` has no limit: it returns every session of the app, oldest
+first, and the newest 50 are its last 50.
 Re-appending an event id raises ``IntegrityError``.
 
 SQLite: the service sets ``foreign_keys`` only; the file is in WAL (made so by the harness)
@@ -24,8 +25,8 @@ from bench.contenders.base import (
     AsyncContender,
     Call,
     Message,
-    atimed,
     Unsupported,
+    atimed,
     atimed_calls,
     seed_count,
 )

@@ -1,10 +1,15 @@
-"""The practical limit: the raw driver, one ``executemany`` per call, committed.
+"""The yardstick: the raw driver, one ``executemany`` per call, committed.
 
 Table: the same keys as sessionrepo's ``messages`` (``PRIMARY KEY (session_id, seq)``,
 ``UNIQUE (session_id, client_msg_uuid)``, a foreign key to ``sessions``) and the columns a
 transcript needs. Each call turns the dicts into row tuples (``tool_calls`` as JSON text),
 runs ``INSERT ... ON CONFLICT (session_id, client_msg_uuid) DO NOTHING`` through
-``executemany`` (psycopg 3 pipelines it: one round trip) and commits. It keeps ``seq`` in
+``executemany`` and commits. On PostgreSQL that is **3 round trips** per 1-message call:
+psycopg's implicit ``BEGIN`` (a round trip of its own), the ``INSERT`` (``executemany``
+pipelines its rows: one round trip for any number), ``COMMIT``; on SQLite 3 statements
+(``BEGIN``, the ``INSERT`` per row, ``COMMIT``). ``python -m bench.profile --budget`` counts
+them from the driver's trace. ``RawAutocommit`` is the same rows in one autocommit
+statement: 1 round trip. It keeps ``seq`` in
 the process, moves no counters and reports nothing about which rows were new: that is the
 work sessionrepo does on top.
 
@@ -121,7 +126,9 @@ class Raw(Contender):
     usage = (
         "psycopg 3 / sqlite3: `executemany` of `INSERT … ON CONFLICT (session_id, "
         "client_msg_uuid) DO NOTHING` into a table with sessionrepo's keys, one commit per "
-        "call; `seq` kept in the process; load = `SELECT` + decode to dicts"
+        "call: on PostgreSQL 3 round trips per call (psycopg's implicit `BEGIN`, the "
+        "pipelined `INSERT`, `COMMIT`), on SQLite 3 statements; `seq` kept in the process; "
+        "load = `SELECT` + decode to dicts. The ratio of every cell is to this one"
     )
 
     keys_sql = (
@@ -280,7 +287,7 @@ FROM unnest(%s::bigint[], %s::uuid[], %s::text[], %s::text[], %s::text[], %s::te
 ON CONFLICT (session_id, client_msg_uuid) DO NOTHING
 """
 _SQLITE_COLUMNS = (
-    'INSERT INTO messages (session_id, seq, client_msg_uuid, role, content, tool_calls, '
+    "INSERT INTO messages (session_id, seq, client_msg_uuid, role, content, tool_calls, "
     'tool_call_id, "timestamp") VALUES '
 )
 #: Rows per SQLite statement (8 parameters each, under SQLite's 32,766).
@@ -310,7 +317,9 @@ class RawAutocommit(Raw):
     def _write(self, session_id: str, messages: list[Message]) -> int:
         rows = self._rows(session_id, messages)
         if self.sqlite:
-            chunks = [rows[start : start + _SQLITE_ROWS] for start in range(0, len(rows), _SQLITE_ROWS)]
+            chunks = [
+                rows[start : start + _SQLITE_ROWS] for start in range(0, len(rows), _SQLITE_ROWS)
+            ]
             if len(chunks) > 1:
                 self.connection.execute("BEGIN")
             for chunk in chunks:

@@ -18,7 +18,7 @@ import shutil
 import tempfile
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 from bench.contenders.base import (
     Call,
@@ -83,7 +83,7 @@ def _as_messages(messages: list[Message]) -> list[Any]:
 class SessionRepo(Contender):
     key = "sessionrepo"
     label = "sessionrepo append"
-    packages = ("sessionrepo", "sqlalchemy", "pydantic", "psycopg")
+    packages: ClassVar[tuple[str, ...]] = ("sessionrepo", "sqlalchemy", "pydantic", "psycopg")
     keys_sql = _KEYS_SQL
     usage = (
         "`open_repository(url).append(session_id, messages)` of `Message` objects built "
@@ -229,7 +229,9 @@ class Writer(SessionRepo):
         from sessionrepo import TranscriptWriter, open_repository
 
         self.repo = open_repository(self.target.location, auto_migrate=True)
-        self._scratch = tempfile.mkdtemp(prefix="bench-outbox-", dir=os.environ.get("BENCH_SQLITE_DIR"))
+        self._scratch = tempfile.mkdtemp(
+            prefix="bench-outbox-", dir=os.environ.get("BENCH_SQLITE_DIR")
+        )
         outbox = os.path.join(self._scratch, "outbox.db")
         self.writer = TranscriptWriter(self.repo, outbox_url=f"sqlite:///{outbox}")
         if self.drainer:

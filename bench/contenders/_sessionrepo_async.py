@@ -17,7 +17,8 @@ class SessionRepoAsync(AsyncContender, SessionRepo):
     packages = ("sessionrepo", "sqlalchemy", "pydantic", "psycopg", "aiosqlite", "greenlet")
     usage = (
         "`await open_async_repository(url)`; `await repo.append(session_id, messages)` of the "
-        "same `Message` objects as sessionrepo append; `await load_transcript`; `await list_sessions(limit=50)`; "
+        "same `Message` objects as sessionrepo append; `await load_transcript`; "
+        "`await list_sessions(limit=50)`; "
         "aiosqlite / psycopg async, one event loop; SQLite `synchronous=FULL`"
     )
 
@@ -25,7 +26,7 @@ class SessionRepoAsync(AsyncContender, SessionRepo):
         from sessionrepo import open_async_repository
 
         self.arepo = self.run(open_async_repository(self.target.location, auto_migrate=True))
-        self.repo = self.arepo  # for the base class's untimed helpers that only read
+        self.repo = self.arepo  # type: ignore[assignment]  # for the base class's untimed helpers that only read
 
     def prepare(self, messages: list[Message]) -> list[Any]:
         return _as_messages(messages)
