@@ -95,6 +95,8 @@ class _PgTrace:
         return traces
 
 
+#: A wait whose messages name no statement (a lone Sync, or text the trace's quoting split).
+_UNNAMED = "(no statement named in the trace)"
 _QUOTED = re.compile(r'"((?:[^"\\]|\\.)*)"')
 
 
@@ -115,7 +117,9 @@ def round_trips(lines: list[str], names: dict[str, str] | None = None) -> list[t
         rest = parts[4].strip() if len(parts) > 4 else ""
         if direction == "F":
             if not sending:  # a new round trip starts: close the previous one
-                trips.append((" + ".join(labels) or "?", (last_answer or 0) - (last_sent or 0)))
+                trips.append(
+                    (" + ".join(labels) or _UNNAMED, (last_answer or 0) - (last_sent or 0))
+                )
                 labels = []
             sending = True
             last_sent = stamp
@@ -135,7 +139,7 @@ def round_trips(lines: list[str], names: dict[str, str] | None = None) -> list[t
             sending = False
             last_answer = stamp
     if not sending:
-        trips.append((" + ".join(labels) or "?", (last_answer or 0) - (last_sent or 0)))
+        trips.append((" + ".join(labels) or _UNNAMED, (last_answer or 0) - (last_sent or 0)))
     return trips
 
 
@@ -185,6 +189,13 @@ def _profile_split(stats: pstats.Stats) -> tuple[dict[str, float], float]:
     driver_c = 0.0
     raw: dict[Any, Any] = stats.stats  # type: ignore[attr-defined]
     for (filename, _, name), (_, _, tottime, _, callers) in raw.items():
+        if (filename.endswith("/psycopg/connection.py") and name == "wait") or (
+            "/psycopg/waiting.py" in filename
+        ):
+            # psycopg blocks on the socket in Cython called from here (invisible to
+            # cProfile): the server's time, which the trace measures.
+            driver_c += tottime
+            continue
         if filename == "~":
             if any(marker in name for marker in _DRIVER_C):
                 driver_c += tottime
