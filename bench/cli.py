@@ -218,6 +218,11 @@ def _our_failures(runs: list[BackendRun]) -> bool:
                 if not result.get("check", {}).get("ok", True)
             ]
             problems += [
+                f"{name}: {value['error']}"
+                for name, value in run.setup.get(key, {}).items()
+                if isinstance(value, dict) and "error" in value
+            ]
+            problems += [
                 f"{name}: check failed: {value['check']}"
                 for name, value in run.setup.get(key, {}).items()
                 if isinstance(value, dict) and not value.get("check", {}).get("ok", True)

@@ -55,17 +55,17 @@ FULL = Config(
     mode="full",
     rounds=5,
     sessions=200,
-    flush_calls={1: 300, 10: 150, 100: 30},
+    flush_calls={1: 200, 10: 100, 100: 20},
     reflush_size=1000,
     turn_sizes=(10, 100, 1000, 10_000),
     load_size=10_000,
     list_total=100_000,
     list_limit=50,
-    writers=(1, 2, 4, 8),
+    writers=(1, 2, 4),
     writer_calls=100,
     writer_batch=10,
     writer_sessions=10,
-    cap=3.0,
+    cap=2.0,
 )
 
 QUICK = Config(
@@ -162,7 +162,12 @@ class Runner:
         return value
 
     def _broadcast(
-        self, run: BackendRun, workers: dict[str, Worker], method: str, *args: Any
+        self,
+        run: BackendRun,
+        workers: dict[str, Worker],
+        method: str,
+        *args: Any,
+        tolerant: bool = False,
     ) -> dict[str, Any]:
         """Send one command to every live worker at once (untimed setup work runs in
         parallel), then collect the answers."""
@@ -181,7 +186,16 @@ class Runner:
                 answers[key] = workers[key].receive()
             except UnsupportedStep as exc:
                 answers[key] = UnsupportedStep(str(exc))
-            except (WorkerError, EOFError, OSError) as exc:
+            except WorkerError as exc:
+                if not tolerant:
+                    run.failed[key] = _first_line(str(exc))
+                    self.log(f"  {key} {method}: {run.failed[key]}")
+                    continue
+                # The contender goes on; the failure is kept with the setup (and fails
+                # the run for our contenders).
+                answers[key] = {"error": _first_line(str(exc))}
+                self.log(f"  {key} {method}: {answers[key]['error']}")
+            except (EOFError, OSError) as exc:
                 run.failed[key] = _first_line(str(exc))
                 self.log(f"  {key} {method}: {run.failed[key]}")
         return answers
@@ -217,7 +231,7 @@ class Runner:
                 )
                 for size in config.turn_sizes:
                     for key, value in self._broadcast(
-                        run, workers, "seed_turn", f"turn-{size}", size
+                        run, workers, "seed_turn", f"turn-{size}", size, tolerant=True
                     ).items():
                         if isinstance(value, dict):
                             run.setup.setdefault(key, {})[f"seed_turn_{size}"] = value

@@ -57,6 +57,7 @@ class _Server:
         self.sent: dict[str, list[str]] = {}
         #: Per turn-flush session: the gateway's in-memory transcript (prepared objects).
         self.turns: dict[str, list[Any]] = {}
+        self.turn_errors: dict[str, str] = {}
 
     def open(self) -> dict[str, Any]:
         self.contender.open()
@@ -176,7 +177,15 @@ class _Server:
         write path by this process (so the objects are the ones it sent before), untimed."""
         start = time.perf_counter()
         messages, prepared = self._take(session_id, count)
-        self.contender.seed_turn(session_id, prepared)
+        try:
+            self.contender.seed_turn(session_id, prepared)
+        except Unsupported:
+            raise
+        except Exception as exc:
+            # Kept for the turn cells, which then fail with it (a seed that fails is a
+            # failure of the write path, not of the harness).
+            self.turn_errors[session_id] = f"seeding {count:,} messages failed: {exc!r}"
+            raise
         self.turns[session_id] = prepared
         self._record([(session_id, [m["client_msg_uuid"] for m in messages])], count)
         result = self._check({"messages": count, "seconds": 0.0}, [session_id])
@@ -185,6 +194,8 @@ class _Server:
 
     def turn_flush(self, session_id: str, new: int, cap: float) -> dict[str, Any]:
         """A turn: ``new`` new messages added to the kept transcript, flushed whole."""
+        if session_id in self.turn_errors:
+            raise RuntimeError(self.turn_errors[session_id])
         if session_id not in self.turns:
             raise Unsupported("no stored transcript to re-flush")
         messages, prepared = self._take(session_id, new)
