@@ -41,8 +41,8 @@ lint: $(STAMP)
 
 check: lint test
 
-# make bench   sessionrepo against the raw drivers and the peer stores (issue 7), about
-#              10 minutes; results in bench/results/. BENCH_ARGS=--quick for a smoke run.
+# make bench   sessionrepo against the raw drivers and the peer stores (issues 7, 13), about
+#              15 minutes; results in bench/results/. BENCH_ARGS=--quick for a smoke run.
 #              PostgreSQL from BENCH_POSTGRES_URL (default postgresql://postgres@127.0.0.1:5432/postgres)
 .PHONY: bench
 bench: $(STAMP)

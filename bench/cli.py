@@ -7,6 +7,7 @@ import dataclasses
 import importlib.util
 import os
 import shlex
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -16,23 +17,28 @@ import psycopg
 from bench import machine, report
 from bench.contenders import CONTENDERS
 from bench.databases import DEFAULT_POSTGRES_URL
+from bench.report import OURS
 from bench.runner import FULL, QUICK, BackendRun, config_dict, run_all
 from bench.workload import describe
 
 RESULTS = Path(__file__).resolve().parent / "results"
 DEFAULT_CONTENDERS = (
     "raw",
+    "raw-autocommit",
     "sessionrepo",
+    "sessionrepo-dicts",
     "sessionrepo-async",
-    "sessionrepo-immediate",
-    "sessionrepo-noindex",
+    "writer",
+    "writer-drainer",
     "openai",
+    "openai-sqlite",
     "adk",
     "langchain",
 )
-STEPS = ("flush", "reflush", "load", "list", "concurrency")
-#: A failure of these fails the run (exit 1): they are this project's code.
-OURS = ("raw", "sessionrepo", "sessionrepo-async", "sessionrepo-immediate", "sessionrepo-noindex")
+#: Left out of a --quick run unless named: its imports and its one-call-per-message
+#: appends take most of a smoke run's minute.
+QUICK_SKIPS = ("adk",)
+STEPS = ("flush", "reflush", "turn", "load", "list", "concurrency")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -56,9 +62,10 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--contenders",
-        default=",".join(DEFAULT_CONTENDERS),
+        default=None,
         help=f"comma-separated, from {', '.join(CONTENDERS)} (raw is always run: it is "
-        "the yardstick)",
+        "the yardstick; default: all but the sessionrepo-immediate / -noindex variants, and "
+        "with --quick also but Google ADK, the slowest to start and to run)",
     )
     parser.add_argument(
         "--steps",
@@ -115,7 +122,10 @@ def main(argv: list[str] | None = None) -> int:
         cap=args.cap or config.cap,
         steps=steps,
     )
-    wanted = [key for key in args.contenders.split(",") if key]
+    chosen = args.contenders or ",".join(
+        key for key in DEFAULT_CONTENDERS if not (args.quick and key in QUICK_SKIPS)
+    )
+    wanted = [key for key in chosen.split(",") if key]
     unknown = set(wanted) - set(CONTENDERS)
     if unknown:
         print(f"unknown contenders: {', '.join(sorted(unknown))}", file=sys.stderr)
@@ -147,6 +157,7 @@ def main(argv: list[str] | None = None) -> int:
     description = machine.describe(postgres_url)
     workload = describe(config.seed)
     runs = run_all(config, contenders, backends, postgres_url)
+    profiles = _budgets(backends, postgres_url, 60 if args.quick else 500)
     seconds = time.perf_counter() - started
     command = "python -m bench" + (" " + shlex.join(argv if argv is not None else sys.argv[1:]))
     document = report.document(
@@ -158,12 +169,32 @@ def main(argv: list[str] | None = None) -> int:
         config_values=config_dict(config),
         runs=runs,
         seconds=seconds,
+        profile=profiles,
     )
     name = args.name or f"bench-{config.mode}"
     json_path, md_path = report.write(document, args.out, name)
     print(report.markdown(document))
     print(f"wrote {json_path} and {md_path} in {seconds:.0f} s", file=sys.stderr)
     return 1 if _our_failures(runs) else 0
+
+
+def _budgets(backends: list[str], postgres_url: str | None, calls: int) -> dict[str, str]:
+    """``python -m bench.profile --budget`` per backend, in a process of its own, after the
+    rounds: where a 1-message append's microseconds go, for the report."""
+    out = {}
+    for backend in backends:
+        command = [sys.executable, "-m", "bench.profile", "--budget", "--backend", backend]
+        command += ["--calls", str(calls)]
+        if postgres_url:
+            command += ["--postgres-url", postgres_url]
+        print(f"profiling a 1-message append on {backend}", file=sys.stderr)
+        done = subprocess.run(command, capture_output=True, text=True, timeout=600, check=False)
+        out[backend] = (
+            done.stdout
+            if done.returncode == 0
+            else f"(the profile failed: {done.stderr.strip().splitlines()[-1:]})"
+        )
+    return out
 
 
 def _our_failures(runs: list[BackendRun]) -> bool:
@@ -178,6 +209,23 @@ def _our_failures(runs: list[BackendRun]) -> bool:
                 for cell, by_key in run.cells.items()
                 for result in by_key.get(key, [])
                 if "error" in result
+            ]
+            # The plain-SQL checks: rows against what was sent, and their order.
+            problems += [
+                f"{cell}: check failed: {result['check']}"
+                for cell, by_key in run.cells.items()
+                for result in by_key.get(key, [])
+                if not result.get("check", {}).get("ok", True)
+            ]
+            problems += [
+                f"{name}: {value['error']}"
+                for name, value in run.setup.get(key, {}).items()
+                if isinstance(value, dict) and "error" in value
+            ]
+            problems += [
+                f"{name}: check failed: {value['check']}"
+                for name, value in run.setup.get(key, {}).items()
+                if isinstance(value, dict) and not value.get("check", {}).get("ok", True)
             ]
             for problem in problems:
                 print(f"FAILED [{run.backend}] {key}: {problem}", file=sys.stderr)

@@ -133,11 +133,23 @@ def _parser() -> argparse.ArgumentParser:
         default=os.environ.get("BENCH_POSTGRES_URL") or DEFAULT_POSTGRES_URL,
     )
     parser.add_argument("--top", type=int, default=25, help="functions to list")
+    parser.add_argument(
+        "--budget",
+        action="store_true",
+        help="where one 1-message append's microseconds go (validation, encoding, each "
+        "statement and round trip as the driver sees it, Python by area), with the raw "
+        "yardsticks' statements; see bench/budget.py",
+    )
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    if args.budget:
+        from bench import budget
+
+        print(budget.run(args.backend, args.postgres_url, args.calls))
+        return 0
     from sessionrepo import open_repository
 
     transcripts = Transcripts(20261129)

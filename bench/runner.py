@@ -18,6 +18,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from bench.contenders import BACKENDS
 from bench.databases import Databases, Target
 from bench.machine import source_digest
 from bench.worker import UnsupportedStep, Worker, WorkerError
@@ -32,6 +33,9 @@ class Config:
     #: Calls per round for each batch size (messages per call).
     flush_calls: dict[int, int]
     reflush_size: int
+    #: Turn flush: transcripts of n stored messages, each round 2 new ones added and the
+    #: whole transcript flushed again.
+    turn_sizes: tuple[int, ...]
     load_size: int
     list_total: int
     list_limit: int
@@ -43,23 +47,25 @@ class Config:
     #: over what it did, and the table marks the cell). Only slow peers ever reach it.
     cap: float
     seed: int = 20261129
-    steps: tuple[str, ...] = ("flush", "reflush", "load", "list", "concurrency")
+    steps: tuple[str, ...] = ("flush", "reflush", "turn", "load", "list", "concurrency")
+    turn_new: int = 2
 
 
 FULL = Config(
     mode="full",
     rounds=5,
     sessions=200,
-    flush_calls={1: 300, 10: 150, 100: 30},
+    flush_calls={1: 200, 10: 100, 100: 20},
     reflush_size=1000,
+    turn_sizes=(10, 100, 1000, 10_000),
     load_size=10_000,
     list_total=100_000,
     list_limit=50,
-    writers=(1, 2, 4, 8),
+    writers=(1, 2, 4),
     writer_calls=100,
     writer_batch=10,
     writer_sessions=10,
-    cap=3.0,
+    cap=2.0,
 )
 
 QUICK = Config(
@@ -68,6 +74,7 @@ QUICK = Config(
     sessions=10,
     flush_calls={1: 5, 10: 3, 100: 1},
     reflush_size=50,
+    turn_sizes=(10, 100),
     load_size=300,
     list_total=1_000,
     list_limit=50,
@@ -155,7 +162,12 @@ class Runner:
         return value
 
     def _broadcast(
-        self, run: BackendRun, workers: dict[str, Worker], method: str, *args: Any
+        self,
+        run: BackendRun,
+        workers: dict[str, Worker],
+        method: str,
+        *args: Any,
+        tolerant: bool = False,
     ) -> dict[str, Any]:
         """Send one command to every live worker at once (untimed setup work runs in
         parallel), then collect the answers."""
@@ -174,7 +186,16 @@ class Runner:
                 answers[key] = workers[key].receive()
             except UnsupportedStep as exc:
                 answers[key] = UnsupportedStep(str(exc))
-            except (WorkerError, EOFError, OSError) as exc:
+            except WorkerError as exc:
+                if not tolerant:
+                    run.failed[key] = _first_line(str(exc))
+                    self.log(f"  {key} {method}: {run.failed[key]}")
+                    continue
+                # The contender goes on; the failure is kept with the setup (and fails
+                # the run for our contenders).
+                answers[key] = {"error": _first_line(str(exc))}
+                self.log(f"  {key} {method}: {answers[key]['error']}")
+            except (EOFError, OSError) as exc:
                 run.failed[key] = _first_line(str(exc))
                 self.log(f"  {key} {method}: {run.failed[key]}")
         return answers
@@ -184,7 +205,7 @@ class Runner:
     def run_backend(self, backend: str) -> BackendRun:
         config = self.config
         started = time.perf_counter()
-        contenders = list(self.contenders)
+        contenders = [key for key in self.contenders if backend in BACKENDS.get(key, (backend,))]
         run = BackendRun(backend, contenders, source_sha256=source_digest())
         targets = {key: self.databases.create(backend, key.replace("-", "_")) for key in contenders}
         workers = {key: Worker(key, targets[key], config.seed) for key in contenders}
@@ -195,15 +216,32 @@ class Runner:
                 run.info[key] = info
             flush_sessions = [f"s{index:04d}" for index in range(config.sessions)]
             reflush_sessions = [f"reflush-{index}" for index in range(config.rounds)]
+            turn_sessions = [f"turn-{size}" for size in config.turn_sizes]
             self._broadcast(
-                run, workers, "create_sessions", [*flush_sessions, *reflush_sessions, "load"]
+                run,
+                workers,
+                "create_sessions",
+                [*flush_sessions, *reflush_sessions, *turn_sessions, "load"],
             )
+            if "turn" in config.steps:
+                self.log(
+                    f"[{backend}] seeding turn-flush transcripts of "
+                    + ", ".join(f"{size:,}" for size in config.turn_sizes)
+                    + " messages (each through its contender's own write path)"
+                )
+                for size in config.turn_sizes:
+                    for key, value in self._broadcast(
+                        run, workers, "seed_turn", f"turn-{size}", size, tolerant=True
+                    ).items():
+                        if isinstance(value, dict):
+                            run.setup.setdefault(key, {})[f"seed_turn_{size}"] = value
             if "load" in config.steps:
                 self.log(f"[{backend}] seeding a {config.load_size:,}-message transcript")
                 for key, value in self._broadcast(
                     run, workers, "seed_transcript", "load", config.load_size
                 ).items():
-                    run.setup.setdefault(key, {})["seed_transcript_s"] = value["seconds"]
+                    if isinstance(value, dict):
+                        run.setup.setdefault(key, {})["seed_transcript_s"] = value["seconds"]
             if "list" in config.steps:
                 self.log(f"[{backend}] seeding {config.list_total:,} sessions (bulk SQL)")
                 for key, value in self._broadcast(
@@ -288,6 +326,19 @@ class Runner:
                     first["messages"],
                     config.cap,
                 )
+        if "turn" in config.steps:
+            for size in config.turn_sizes:
+                for key in order:
+                    self._cell(
+                        run,
+                        workers,
+                        f"turn_{size}",
+                        key,
+                        "turn_flush",
+                        f"turn-{size}",
+                        config.turn_new,
+                        config.cap,
+                    )
         # One call each, which the cap cannot cut short: a contender whose call took longer
         # than the cap is measured in the first round only (the table says how many).
         if "load" in config.steps:
@@ -347,6 +398,7 @@ class Runner:
         for worker in pool:
             worker.send("write")
         results = [worker.receive() for worker in pool]
+        checks = [result.get("check", {}) for result in results]
         start = min(result["start"] for result in results)
         end = max(result["end"] for result in results)
         messages = sum(result["messages"] for result in results)
@@ -355,6 +407,15 @@ class Runner:
             "messages": messages,
             "seconds": end - start,
             "slowest_writer_s": max(result["seconds"] for result in results),
+            "check": {
+                "ok": all(check.get("ok", False) for check in checks),
+                "ok_but_stores_again": False,
+                "sent": sum(check.get("sent", 0) for check in checks),
+                "rows": sum(check.get("rows", 0) for check in checks),
+                "missing": sum(check.get("missing", 0) for check in checks),
+                "duplicates": sum(check.get("duplicates", 0) for check in checks),
+                "misordered_sessions": sum(check.get("misordered_sessions", 0) for check in checks),
+            },
         }
 
 

@@ -41,12 +41,23 @@ def _versions(packages: tuple[str, ...]) -> dict[str, str]:
     return versions
 
 
+def _distinct(keys: list[str]) -> list[str]:
+    """The keys in order, each at its first occurrence."""
+    return list(dict.fromkeys(keys))
+
+
 class _Server:
     def __init__(self, key: str, target: Target, seed: int) -> None:
         self.contender: Contender = contender_class(key)(target)
         self.transcripts = Transcripts(seed)
         self.prepared: dict[str, Any] = {}
-        self.kept: dict[str, list[dict[str, Any]]] = {}
+        self.kept: dict[str, list[Any]] = {}
+        #: Per session: the keys of every message actually sent (capped calls not
+        #: included), in sending order: what the checks compare the stored rows with.
+        self.sent: dict[str, list[str]] = {}
+        #: Per turn-flush session: the gateway's in-memory transcript (prepared objects).
+        self.turns: dict[str, list[Any]] = {}
+        self.turn_errors: dict[str, str] = {}
 
     def open(self) -> dict[str, Any]:
         self.contender.open()
@@ -66,31 +77,136 @@ class _Server:
     def create_sessions(self, session_ids: list[str]) -> None:
         self.contender.create_sessions(session_ids)
 
-    def _calls(self, spec: list[tuple[str, int]]) -> list[tuple[str, list[dict[str, Any]]]]:
-        return [
-            (session_id, self.transcripts.take(session_id, count)) for session_id, count in spec
-        ]
+    def _take(self, session_id: str, count: int) -> tuple[list[dict[str, Any]], list[Any]]:
+        """The next ``count`` dicts of the session and what the gateway keeps for them
+        (built here, before any timing)."""
+        messages = self.transcripts.take(session_id, count)
+        return messages, self.contender.prepare(messages)
+
+    def _calls(self, spec: list[tuple[str, int]]) -> tuple[list[Any], list[Any]]:
+        taken = [(session_id, self._take(session_id, count)) for session_id, count in spec]
+        keys = [(sid, [m["client_msg_uuid"] for m in pair[0]]) for sid, pair in taken]
+        return [(sid, pair[1]) for sid, pair in taken], keys
+
+    def _record(self, keys: list[tuple[str, list[str]]], messages: int) -> list[str]:
+        """Note the first ``messages`` messages of ``keys`` as sent; the sessions they
+        touched."""
+        touched: list[str] = []
+        left = messages
+        for session_id, call in keys:
+            if left <= 0:
+                break
+            self.sent.setdefault(session_id, []).extend(call[:left])
+            left -= len(call)
+            if session_id not in touched:
+                touched.append(session_id)
+        return touched
+
+    def _check(self, result: dict[str, Any], sessions: list[str]) -> dict[str, Any]:
+        """Count the stored rows with plain SQL against what was sent, and their order.
+
+        Per session: every key sent is stored, nothing else is; the distinct stored keys
+        in the store's own order (``seq``, id, timestamp) are the keys in sending order;
+        a key stored more than once is a store that stores again (a peer's property,
+        never sessionrepo's). ``ok`` is all of that with no duplicate; ``ok_but_stores_again``
+        the same with duplicates."""
+        self.contender.settle()
+        try:
+            stored = self.contender.stored_keys(sessions)
+        except Unsupported as exc:
+            result["check"] = {"unsupported": str(exc)}
+            return result
+        sent = rows = missing = unexpected = duplicates = 0
+        misordered: list[str] = []
+        for session_id in sessions:
+            expected = _distinct(self.sent.get(session_id, []))
+            found = stored.get(session_id, [])
+            distinct = _distinct(found)
+            sent += len(expected)
+            rows += len(found)
+            duplicates += len(found) - len(distinct)
+            missing += len(set(expected) - set(distinct))
+            unexpected += len(set(distinct) - set(expected))
+            if distinct != expected and not (set(expected) ^ set(distinct)):
+                misordered.append(session_id)
+        check: dict[str, Any] = {
+            "sessions": len(sessions),
+            "sent": sent,
+            "rows": rows,
+            "missing": missing,
+            "unexpected": unexpected,
+            "duplicates": duplicates,
+            "misordered_sessions": len(misordered),
+        }
+        if result.get("parked"):
+            check["parked"] = result["parked"]
+        check["ok"] = not (missing or unexpected or misordered or duplicates)
+        check["ok_but_stores_again"] = bool(
+            duplicates and not (missing or unexpected or misordered)
+        )
+        result["check"] = check
+        return result
+
+    def _flush_checked(
+        self, calls: list[Any], keys: list[tuple[str, list[str]]], cap: float
+    ) -> dict[str, Any]:
+        gc.collect()
+        result = self.contender.flush(calls, cap)
+        touched = self._record(keys, result["messages"])
+        return self._check(result, touched)
 
     def flush(self, spec: list[tuple[str, int]], cap: float) -> dict[str, Any]:
-        calls = self._calls(spec)
-        gc.collect()
-        return self.contender.flush(calls, cap)
+        calls, keys = self._calls(spec)
+        return self._flush_checked(calls, keys, cap)
 
     def first_write(self, session_id: str, count: int, cap: float) -> dict[str, Any]:
-        messages = self.transcripts.take(session_id, count)
-        self.kept[session_id] = messages
-        gc.collect()
-        result = self.contender.flush([(session_id, messages)], cap)
-        result["stored"] = self.contender.count(session_id)
-        return result
+        messages, prepared = self._take(session_id, count)
+        self.kept[session_id] = prepared
+        keys = [m["client_msg_uuid"] for m in messages]
+        self.kept[session_id + "/keys"] = keys
+        return self._flush_checked([(session_id, prepared)], [(session_id, keys)], cap)
 
     def reflush(self, session_id: str, count: int, cap: float) -> dict[str, Any]:
-        """The same dicts again (the first ``count``: what the first write got through)."""
-        messages = self.kept.pop(session_id)[:count]
-        gc.collect()
-        result = self.contender.flush([(session_id, messages)], cap)
-        result["stored"] = self.contender.count(session_id)
+        """The same objects again (the first ``count``: what the first write got through)."""
+        prepared = self.kept.pop(session_id)[:count]
+        keys = self.kept.pop(session_id + "/keys")[:count]
+        return self._flush_checked([(session_id, prepared)], [(session_id, keys)], cap)
+
+    def seed_turn(self, session_id: str, count: int) -> dict[str, Any]:
+        """The stored part of a turn-flush transcript, sent through the contender's own
+        write path by this process (so the objects are the ones it sent before), untimed."""
+        start = time.perf_counter()
+        messages, prepared = self._take(session_id, count)
+        try:
+            self.contender.seed_turn(session_id, prepared)
+        except Unsupported:
+            raise
+        except Exception as exc:
+            # Kept for the turn cells, which then fail with it (a seed that fails is a
+            # failure of the write path, not of the harness).
+            self.turn_errors[session_id] = f"seeding {count:,} messages failed: {exc!r}"
+            raise
+        self.turns[session_id] = prepared
+        self._record([(session_id, [m["client_msg_uuid"] for m in messages])], count)
+        result = self._check({"messages": count, "seconds": 0.0}, [session_id])
+        result["seconds"] = time.perf_counter() - start
         return result
+
+    def turn_flush(self, session_id: str, new: int, cap: float) -> dict[str, Any]:
+        """A turn: ``new`` new messages added to the kept transcript, flushed whole."""
+        if session_id in self.turn_errors:
+            raise RuntimeError(self.turn_errors[session_id])
+        if session_id not in self.turns:
+            raise Unsupported("no stored transcript to re-flush")
+        messages, prepared = self._take(session_id, new)
+        transcript = self.turns[session_id]
+        transcript.extend(prepared)
+        gc.collect()
+        result = self.contender.flush([(session_id, transcript)], cap)
+        result["stored_before"] = len(transcript) - new
+        if result["messages"] == len(transcript):
+            self._record([(session_id, [m["client_msg_uuid"] for m in messages])], new)
+        return self._check(result, [session_id])
 
     def seed_transcript(self, session_id: str, count: int) -> dict[str, Any]:
         start = time.perf_counter()
@@ -115,12 +231,13 @@ class _Server:
         gc.collect()
 
     def write(self) -> dict[str, Any]:
-        calls = self.prepared.pop("writes")
+        calls, keys = self.prepared.pop("writes")
         start = time.perf_counter()
         result = self.contender.flush(calls, float("inf"))
         result["start"] = start
         result["end"] = time.perf_counter()
-        return result
+        touched = self._record(keys, result["messages"])
+        return self._check(result, touched)
 
     def close(self) -> None:
         self.contender.close()

@@ -12,21 +12,34 @@ from bench.contenders.base import Contender, Unsupported
 CONTENDERS: Final = {
     "raw": ("bench.contenders._raw", "Raw", None),
     "sessionrepo": ("bench.contenders._sessionrepo", "SessionRepo", None),
+    "raw-autocommit": ("bench.contenders._raw", "RawAutocommit", None),
+    "sessionrepo-dicts": ("bench.contenders._sessionrepo", "SessionRepoDicts", None),
     "sessionrepo-async": ("bench.contenders._sessionrepo_async", "SessionRepoAsync", None),
+    "writer": ("bench.contenders._sessionrepo", "Writer", None),
+    "writer-drainer": ("bench.contenders._sessionrepo", "WriterDrainer", None),
     "sessionrepo-immediate": ("bench.contenders._sessionrepo", "SessionRepoImmediate", None),
     "sessionrepo-noindex": ("bench.contenders._sessionrepo", "SessionRepoNoIndex", None),
     "openai": ("bench.contenders._openai", "OpenAIAgents", "openai-agents"),
+    "openai-sqlite": ("bench.contenders._openai", "OpenAISQLite", "openai-agents"),
     "adk": ("bench.contenders._adk", "GoogleADK", "google-adk"),
     "langchain": ("bench.contenders._langchain", "LangChain", "langchain-community"),
 }
 
+#: Contenders that exist on some backends only.
+BACKENDS: Final = {"openai-sqlite": ("sqlite",)}
+
 LABELS: Final = {
     "raw": "raw driver",
-    "sessionrepo": "sessionrepo",
-    "sessionrepo-async": "sessionrepo (async)",
+    "raw-autocommit": "raw, one autocommit statement",
+    "sessionrepo": "sessionrepo append",
+    "sessionrepo-dicts": "sessionrepo append of dicts (validation timed)",
+    "sessionrepo-async": "sessionrepo async append",
+    "writer": "TranscriptWriter.write",
+    "writer-drainer": "TranscriptWriter.write, drainer running",
     "sessionrepo-immediate": 'sessionrepo (search_index="immediate")',
     "sessionrepo-noindex": "sessionrepo (search_index=False)",
     "openai": "OpenAI Agents SQLAlchemySession",
+    "openai-sqlite": "OpenAI Agents SQLiteSession",
     "adk": "Google ADK DatabaseSessionService",
     "langchain": "LangChain SQLChatMessageHistory",
 }
@@ -38,4 +51,4 @@ def contender_class(key: str) -> type[Contender]:
     return cls
 
 
-__all__ = ["CONTENDERS", "LABELS", "Contender", "Unsupported", "contender_class"]
+__all__ = ["BACKENDS", "CONTENDERS", "LABELS", "Contender", "Unsupported", "contender_class"]

@@ -5,9 +5,10 @@ for (``postgresql+asyncpg``, ``sqlite+aiosqlite``), ``create_session`` once per
 conversation, then ``await append_event(session, event)`` for each message (it has no batch
 call: a batch of 10 is 10 calls). Each gateway dict becomes an ADK ``Event`` (the key as
 the event id; text as a ``Part``; tool calls as ``function_call`` parts; tool outputs as
-``function_response`` parts); that conversion is timed. Load is ``get_session`` (every
-event, validated back into ``Event`` objects). ``list_sessions(app_name=...)`` has no limit:
-it returns every session of the app, oldest first, and the newest 50 are its last 50.
+``function_response`` parts), built before the timed call as an ADK gateway holds them.
+Load is ``get_session`` (every event, validated back into ``Event`` objects).
+``list_sessions(app_name=...)`` has no limit: it returns every session of the app, oldest
+first, and the newest 50 are its last 50.
 Re-appending an event id raises ``IntegrityError``.
 
 SQLite: the service sets ``foreign_keys`` only; the file is in WAL (made so by the harness)
@@ -24,6 +25,7 @@ from bench.contenders.base import (
     AsyncContender,
     Call,
     Message,
+    Unsupported,
     atimed,
     atimed_calls,
     seed_count,
@@ -71,7 +73,7 @@ class GoogleADK(AsyncContender):
     usage = (
         "`DatabaseSessionService(db_url)`; `create_session` per conversation (untimed); "
         "`await append_event(session, Event)` per message (no batch call), the dict → `Event` "
-        "conversion timed; `get_session` loads; `list_sessions(app_name)` returns all"
+        "conversion before timing; `get_session` loads; `list_sessions(app_name)` returns all"
     )
 
     def open(self) -> None:
@@ -155,12 +157,25 @@ class GoogleADK(AsyncContender):
             content=types.Content(role="model" if role == "assistant" else "user", parts=parts),
         )
 
-    async def _append(self, session_id: str, messages: list[Message]) -> int:
+    keys_sql = (
+        "SELECT session_id, id FROM events WHERE session_id IN ({sessions}) "
+        "ORDER BY session_id, timestamp"
+    )
+
+    def prepare(self, messages: list[Message]) -> list[Any]:
+        """The gateway's dicts as ADK events, built before the timed call (as an ADK
+        gateway holds them)."""
+        return [self.to_event(message) for message in messages]
+
+    def seed_turn(self, session_id: str, items: list[Any]) -> None:
+        raise Unsupported("re-appending an event id raises: no whole-transcript re-flush")
+
+    async def _append(self, session_id: str, events: list[Any]) -> int:
         session = self.sessions[session_id]
         errors = 0
-        for message in messages:
+        for event in events:
             try:
-                await self.service.append_event(session, self.to_event(message))
+                await self.service.append_event(session, event)
             except Exception:
                 errors += 1  # a re-appended event id: IntegrityError
         return errors
@@ -194,15 +209,6 @@ class GoogleADK(AsyncContender):
                 await sql.commit()
 
         self.run(seed())
-
-    def count(self, session_id: str) -> int:
-        connection = self.target.connect()
-        try:
-            sql = "SELECT count(*) FROM events WHERE session_id = "
-            sql += "?" if self.target.backend == "sqlite" else "%s"
-            return int(connection.execute(sql, (session_id,)).fetchone()[0])
-        finally:
-            connection.close()
 
     def load(self, session_id: str) -> dict[str, Any]:
         session, seconds = self.run(

@@ -75,24 +75,31 @@ class LangChain(Contender):
             self._history(session_id)
 
     def _add(self, session_id: str, messages: list[Message]) -> int:
-        self._history(session_id).add_messages(self._convert([_wire(m) for m in messages]))
+        self._history(session_id).add_messages(messages)
         return 0
+
+    def prepare(self, messages: list[Message]) -> list[Any]:
+        """The gateway's dicts as LangChain messages (the key as the message ``id``)."""
+        converted: list[Any] = self._convert([_wire(m) for m in messages])
+        return converted
+
+    def keys_query(self) -> str:
+        key = (
+            "json_extract(message, '$.data.id')"
+            if self.target.backend == "sqlite"
+            else "(message::json -> 'data' ->> 'id')"
+        )
+        return (
+            f"SELECT session_id, {key} FROM message_store WHERE session_id IN ({{sessions}}) "
+            "ORDER BY session_id, id"
+        )
 
     def flush(self, calls: Sequence[Call], cap: float) -> dict[str, Any]:
         return timed_calls(calls, cap, self._add)
 
     def seed_transcript(self, session_id: str, messages: list[Message]) -> None:
         for start in range(0, len(messages), 1000):
-            self._add(session_id, messages[start : start + 1000])
-
-    def count(self, session_id: str) -> int:
-        connection = self.target.connect()
-        try:
-            sql = "SELECT count(*) FROM message_store WHERE session_id = "
-            sql += "?" if self.target.backend == "sqlite" else "%s"
-            return int(connection.execute(sql, (session_id,)).fetchone()[0])
-        finally:
-            connection.close()
+            self._add(session_id, self.prepare(messages[start : start + 1000]))
 
     def load(self, session_id: str) -> dict[str, Any]:
         messages, seconds = timed(lambda: self._history(session_id).messages)

@@ -18,9 +18,24 @@ from bench.contenders.base import (
     AsyncContender,
     Call,
     Message,
+    Unsupported,
     atimed,
     atimed_calls,
+    sqlite_pragmas,
 )
+
+
+def _keys_sql(backend: str) -> str:
+    """The key each item carries in its JSON (the SDK stores the dict as it is)."""
+    key = (
+        "json_extract(message_data, '$.client_msg_uuid')"
+        if backend == "sqlite"
+        else "(message_data::json ->> 'client_msg_uuid')"
+    )
+    return (
+        f"SELECT session_id, {key} FROM agent_messages WHERE session_id IN ({{sessions}}) "
+        "ORDER BY session_id, id"
+    )
 
 
 class OpenAIAgents(AsyncContender):
@@ -86,14 +101,8 @@ class OpenAIAgents(AsyncContender):
         for start in range(0, len(messages), 1000):
             self.run(session.add_items(messages[start : start + 1000]))
 
-    def count(self, session_id: str) -> int:
-        connection = self.target.connect()
-        try:
-            sql = "SELECT count(*) FROM agent_messages WHERE session_id = "
-            sql += "?" if self.target.backend == "sqlite" else "%s"
-            return int(connection.execute(sql, (session_id,)).fetchone()[0])
-        finally:
-            connection.close()
+    def keys_query(self) -> str:
+        return _keys_sql(self.target.backend)
 
     def load(self, session_id: str) -> dict[str, Any]:
         items, seconds = self.run(atimed(self._session(session_id).get_items()))
@@ -101,4 +110,76 @@ class OpenAIAgents(AsyncContender):
 
     def close(self) -> None:
         self.run(self.engine.dispose())
+        super().close()
+
+
+class OpenAISQLite(AsyncContender):
+    """OpenAI Agents SDK ``SQLiteSession`` (``agents.memory``): its own ``sqlite3`` store, one
+    file, SQLite only. One ``SQLiteSession(session_id, db_path)`` per conversation on the
+    same file (the SDK serializes the sessions of one file behind a lock and gives each
+    thread its own connection); ``await add_items(dicts)`` runs ``INSERT OR IGNORE`` of the
+    session row, an ``executemany`` of the items and an ``UPDATE`` of the session's
+    ``updated_at`` in one transaction, on a worker thread; ``await get_items()``."""
+
+    key = "openai-sqlite"
+    label = "OpenAI Agents SQLiteSession"
+    packages = ("openai-agents",)
+    usage = (
+        "`SQLiteSession(session_id, db_path)` per conversation on one file (SQLite only); "
+        "`await add_items(dicts)`; `await get_items()`; bare `sqlite3` on a worker thread, "
+        "WAL set by itself, `synchronous` at SQLite's default"
+    )
+
+    def open(self) -> None:
+        if self.target.backend != "sqlite":
+            raise Unsupported("SQLiteSession is SQLite only")
+        from agents.memory import SQLiteSession
+
+        self._session_class = SQLiteSession
+        self.sessions: dict[str, Any] = {}
+        self.run(self._session("setup").get_items())
+
+    def _session(self, session_id: str) -> Any:
+        session = self.sessions.get(session_id)
+        if session is None:
+            session = self.sessions[session_id] = self._session_class(
+                session_id, db_path=self.target.location
+            )
+        return session
+
+    def settings(self) -> dict[str, Any]:
+        session = self._session("setup")
+
+        def read() -> dict[str, Any]:
+            with session._locked_connection() as connection:
+                return sqlite_pragmas(connection)
+
+        return read() | {"driver": "sqlite3"}
+
+    def create_sessions(self, session_ids: Sequence[str]) -> None:
+        for session_id in session_ids:
+            self._session(session_id)
+
+    async def _add(self, session_id: str, messages: list[Message]) -> int:
+        await self._session(session_id).add_items(messages)
+        return 0
+
+    def flush(self, calls: Sequence[Call], cap: float) -> dict[str, Any]:
+        return self.run(atimed_calls(calls, cap, self._add))
+
+    def seed_transcript(self, session_id: str, messages: list[Message]) -> None:
+        session = self._session(session_id)
+        for start in range(0, len(messages), 1000):
+            self.run(session.add_items(messages[start : start + 1000]))
+
+    def keys_query(self) -> str:
+        return _keys_sql("sqlite")
+
+    def load(self, session_id: str) -> dict[str, Any]:
+        items, seconds = self.run(atimed(self._session(session_id).get_items()))
+        return {"messages": len(items), "seconds": seconds}
+
+    def close(self) -> None:
+        for session in self.sessions.values():
+            session.close()
         super().close()

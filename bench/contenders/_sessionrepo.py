@@ -1,15 +1,24 @@
-"""sessionrepo, used as a gateway uses it: ``open_repository(url).append(session_id, dicts)``.
+"""sessionrepo, used as a gateway uses it: ``open_repository(url).append(session_id, messages)``.
 
-The gateway's OpenAI-format dicts (stamped with ``client_msg_uuid``) go to ``append`` as they
-are, so validating them into ``Message`` objects and encoding them is part of every timed
-call. Load is ``load_transcript`` (``StoredMessage`` objects); list is ``list_sessions``
-(newest activity first, with a preview).
+``sessionrepo``: the gateway keeps ``Message`` objects (``Message.from_openai(d)``, built
+before the timed call, as the peers' objects are), and a turn flush sends the same objects
+again. ``sessionrepo-dicts``: the gateway's OpenAI-format dicts (stamped with
+``client_msg_uuid``) go to ``append`` as they are, so validating them into ``Message``
+objects is part of every timed call. ``writer`` / ``writer-drainer``: the same ``Message``
+objects through ``TranscriptWriter.write`` (the path a gateway calls), its outbox in a local
+SQLite file, without and with its background drainer (``writer.start()``). Load is
+``load_transcript`` (``StoredMessage`` objects); list is ``list_sessions`` (newest activity
+first, with a preview).
 """
 
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
+import time
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 from bench.contenders.base import (
     Call,
@@ -59,13 +68,27 @@ ANALYZE;
 """
 
 
+_KEYS_SQL = (
+    "SELECT session_id, client_msg_uuid FROM messages WHERE session_id IN ({sessions}) "
+    "ORDER BY session_id, seq"
+)
+
+
+def _as_messages(messages: list[Message]) -> list[Any]:
+    from sessionrepo import Message as Validated
+
+    return [Validated.from_openai(message) for message in messages]
+
+
 class SessionRepo(Contender):
     key = "sessionrepo"
-    label = "sessionrepo"
-    packages = ("sessionrepo", "sqlalchemy", "pydantic", "psycopg")
+    label = "sessionrepo append"
+    packages: ClassVar[tuple[str, ...]] = ("sessionrepo", "sqlalchemy", "pydantic", "psycopg")
+    keys_sql = _KEYS_SQL
     usage = (
-        "`open_repository(url).append(session_id, dicts)`: the gateway's dicts go in as they "
-        "are (validation into `Message` and encoding are timed); `load_transcript`; "
+        "`open_repository(url).append(session_id, messages)` of `Message` objects built "
+        "before the timed call (`Message.from_openai(d)`, as a gateway keeps them); "
+        "`load_transcript`; "
         "`list_sessions(limit=50)`; its own SQLite default `synchronous=FULL`; the search "
         "index is maintained as by default: each append adds a backlog row, and the "
         "indexing itself happens later, in the catch-up (not timed here: "
@@ -97,6 +120,9 @@ class SessionRepo(Contender):
         for session_id in session_ids:
             self.repo.create_session(session_id, source="bench")
 
+    def prepare(self, messages: list[Message]) -> list[Any]:
+        return _as_messages(messages)
+
     def _append(self, session_id: str, messages: list[Message]) -> int:
         self.repo.append(session_id, messages)
         return 0
@@ -107,9 +133,6 @@ class SessionRepo(Contender):
     def seed_transcript(self, session_id: str, messages: list[Message]) -> None:
         for start in range(0, len(messages), 1000):
             self.repo.append(session_id, messages[start : start + 1000])
-
-    def count(self, session_id: str) -> int:
-        return len(self.repo.load_transcript(session_id))
 
     def load(self, session_id: str) -> dict[str, Any]:
         messages, seconds = timed(lambda: self.repo.load_transcript(session_id))
@@ -173,3 +196,101 @@ class SessionRepoImmediate(SessionRepo):
         self.repo = open_repository(
             self.target.location, auto_migrate=True, search_index="immediate"
         )
+
+
+class SessionRepoDicts(SessionRepo):
+    """The same, the gateway's dicts passed as they are: validation timed."""
+
+    key = "sessionrepo-dicts"
+    label = "sessionrepo append of dicts (validation timed)"
+    usage = (
+        "as sessionrepo, the gateway's dicts passed to `append` as they are (validation into "
+        "`Message` and encoding timed)"
+    )
+
+    def prepare(self, messages: list[Message]) -> list[Any]:
+        return messages
+
+
+class Writer(SessionRepo):
+    """``TranscriptWriter.write`` of the same ``Message`` objects, its outbox in a local
+    SQLite file (as the README recommends), no drainer running."""
+
+    key = "writer"
+    label = "TranscriptWriter.write"
+    drainer = False
+    usage = (
+        "`TranscriptWriter(repo, outbox_url=<local SQLite file>).write(session_id, messages)` "
+        "of `Message` objects built before timing; defaults otherwise (deadline 5 s); no "
+        "drainer; a write that parks counts as a failed check (the primary is healthy)"
+    )
+
+    def open(self) -> None:
+        from sessionrepo import TranscriptWriter, open_repository
+
+        self.repo = open_repository(self.target.location, auto_migrate=True)
+        self._scratch = tempfile.mkdtemp(
+            prefix="bench-outbox-", dir=os.environ.get("BENCH_SQLITE_DIR")
+        )
+        outbox = os.path.join(self._scratch, "outbox.db")
+        self.writer = TranscriptWriter(self.repo, outbox_url=f"sqlite:///{outbox}")
+        if self.drainer:
+            self.writer.start()
+        self.parked = 0
+
+    def _append(self, session_id: str, messages: list[Message]) -> int:
+        result = self.writer.write(session_id, messages)
+        if result.status != "stored":
+            self.parked += len(messages)
+        return 0
+
+    def flush(self, calls: Sequence[Call], cap: float) -> dict[str, Any]:
+        before = self.parked
+        result = timed_calls(calls, cap, self._append)
+        result["parked"] = self.parked - before
+        return result
+
+    def seed_transcript(self, session_id: str, messages: list[Message]) -> None:
+        raise Unsupported("the writer only writes (load is the repository's: see append)")
+
+    def load(self, session_id: str) -> dict[str, Any]:
+        raise Unsupported("the writer only writes")
+
+    def seed_listing(self, total: int) -> int:
+        raise Unsupported("the writer only writes")
+
+    def list_newest(self, limit: int) -> dict[str, Any]:
+        raise Unsupported("the writer only writes")
+
+    def settle(self) -> None:
+        """With the drainer running: wait until its search catch-up has emptied the backlog
+        that this contender's writes left, so that it does not run inside the next
+        contender's timing (its work during this contender's own cells is counted)."""
+        if not self.drainer:
+            return
+        deadline = time.monotonic() + 30
+        connection = self.target.connect()
+        try:
+            while time.monotonic() < deadline:
+                row = connection.execute("SELECT count(*) FROM search_backlog").fetchone()
+                if not row[0]:
+                    return
+                time.sleep(0.05)
+        finally:
+            connection.close()
+
+    def close(self) -> None:
+        self.writer.close()
+        self.repo.close()
+        shutil.rmtree(self._scratch, ignore_errors=True)
+
+
+class WriterDrainer(Writer):
+    key = "writer-drainer"
+    label = "TranscriptWriter.write, drainer running"
+    drainer = True
+    usage = (
+        "as TranscriptWriter.write, with `writer.start()`: the background drainer (outbox "
+        "rounds and the search catch-up, every second by default) runs in the same process "
+        "while the writes are timed"
+    )

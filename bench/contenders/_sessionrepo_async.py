@@ -7,17 +7,18 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from bench.contenders._sessionrepo import SessionRepo
+from bench.contenders._sessionrepo import SessionRepo, _as_messages
 from bench.contenders.base import AsyncContender, Call, Message, atimed, atimed_calls
 
 
 class SessionRepoAsync(AsyncContender, SessionRepo):
     key = "sessionrepo-async"
-    label = "sessionrepo (async)"
+    label = "sessionrepo async append"
     packages = ("sessionrepo", "sqlalchemy", "pydantic", "psycopg", "aiosqlite", "greenlet")
     usage = (
-        "`await open_async_repository(url)`; `await repo.append(session_id, dicts)` (validation "
-        "and encoding timed); `await load_transcript`; `await list_sessions(limit=50)`; "
+        "`await open_async_repository(url)`; `await repo.append(session_id, messages)` of the "
+        "same `Message` objects as sessionrepo append; `await load_transcript`; "
+        "`await list_sessions(limit=50)`; "
         "aiosqlite / psycopg async, one event loop; SQLite `synchronous=FULL`"
     )
 
@@ -25,7 +26,10 @@ class SessionRepoAsync(AsyncContender, SessionRepo):
         from sessionrepo import open_async_repository
 
         self.arepo = self.run(open_async_repository(self.target.location, auto_migrate=True))
-        self.repo = self.arepo  # for the base class's untimed helpers that only read
+        self.repo = self.arepo  # type: ignore[assignment]  # for the base class's untimed helpers that only read
+
+    def prepare(self, messages: list[Message]) -> list[Any]:
+        return _as_messages(messages)
 
     def settings(self) -> dict[str, Any]:
         def read(connection: Any) -> dict[str, Any]:
@@ -59,9 +63,6 @@ class SessionRepoAsync(AsyncContender, SessionRepo):
     def seed_transcript(self, session_id: str, messages: list[Message]) -> None:
         for start in range(0, len(messages), 1000):
             self.run(self.arepo.append(session_id, messages[start : start + 1000]))
-
-    def count(self, session_id: str) -> int:
-        return len(self.run(self.arepo.load_transcript(session_id)))
 
     def load(self, session_id: str) -> dict[str, Any]:
         messages, seconds = self.run(atimed(self.arepo.load_transcript(session_id)))

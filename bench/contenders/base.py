@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, ClassVar, TypeVar
 
@@ -103,14 +104,57 @@ class Contender:
         """Store a long transcript quickly, for the load step."""
         raise NotImplementedError
 
+    def seed_turn(self, session_id: str, items: list[Any]) -> None:
+        """Send the stored part of a turn-flush transcript through the timed write path
+        (untimed here), in calls of 1,000: the same objects the turn flush sends again."""
+        for start in range(0, len(items), 1000):
+            self.flush([(session_id, items[start : start + 1000])], float("inf"))
+
     def seed_listing(self, total: int) -> int:
         """Add sessions with bulk SQL in this contender's schema until it has ``total``;
         returns how many were added."""
         raise Unsupported("no session listing")
 
-    def count(self, session_id: str) -> int:
-        """How many message rows the session has (to tell a no-op from duplicates)."""
-        raise NotImplementedError
+    #: Plain SQL for the checks: the stored messages' keys of the sessions named in
+    #: ``{sessions}`` (one placeholder per session), as ``(session_id, key)`` rows in the
+    #: contender's own order (``seq``, an autoincrement id, a timestamp). Run through a
+    #: plain driver connection, never through the contender's own code.
+    keys_sql: ClassVar[str | None] = None
+
+    def keys_query(self) -> str | None:
+        """``keys_sql`` for this backend (a peer whose JSON functions differ overrides)."""
+        return self.keys_sql
+
+    def prepare(self, messages: list[Message]) -> list[Any]:
+        """What the gateway keeps in memory for these dicts, built before the timed call
+        (a ``Message``, a LangChain message, an ADK ``Event``; the dict itself for stores
+        that take dicts). The default keeps the dicts."""
+        return messages
+
+    def stored_keys(self, session_ids: Sequence[str]) -> dict[str, list[str]]:
+        """Each session's stored keys in stored order, read with plain SQL (``keys_sql``)
+        on the contender's tables: what the checks count, never the contender's own
+        reading code."""
+        query = self.keys_query()
+        if query is None:
+            raise Unsupported("no way to read the stored keys")
+        found: dict[str, list[str]] = {session_id: [] for session_id in session_ids}
+        marker = "?" if self.target.backend == "sqlite" else "%s"
+        connection = self.target.connect()
+        try:
+            ids = list(session_ids)
+            for start in range(0, len(ids), 500):
+                chunk = ids[start : start + 500]
+                sql = query.format(sessions=", ".join([marker] * len(chunk)))
+                for session_id, key in connection.execute(sql, chunk).fetchall():
+                    found[session_id].append(normal_key(key))
+        finally:
+            connection.close()
+        return found
+
+    def settle(self) -> None:
+        """Wait (untimed) until background work this contender started is done, so that it
+        does not run inside the next contender's timing."""
 
     # -- timed ----------------------------------------------------------------------
 
@@ -140,6 +184,15 @@ class AsyncContender(Contender):
 
     def close(self) -> None:
         self.loop.close()
+
+
+def normal_key(value: Any) -> str:
+    """A stored key as the canonical UUID text (PostgreSQL ``uuid``, 32 hex digits, text)."""
+    text = str(value)
+    try:
+        return str(uuid.UUID(text))
+    except ValueError:
+        return text
 
 
 def timed(function: Callable[[], T]) -> tuple[T, float]:
