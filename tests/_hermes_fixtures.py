@@ -323,13 +323,15 @@ def conversation(row: dict[str, Any]) -> dict[str, Any]:
 
 def hermes_restart(home: Path) -> list[str]:
     """What Hermes does with its spool when it starts: kinds 1 and 2 become ``user`` rows
-    (``timestamp = ts``) of ``data.session_id``, else the session ``session_key`` routes to,
+    (``timestamp = ts``, from version 31 with a uid of their own) of
+    ``data.session_id``, else the session ``session_key`` routes to,
     followed to the tip of its compression chain; kind 3 is appended to
     ``data.session_id`` with the whole message dict; in ``(ts, seq, file)`` order; each
     file is deleted once its row is in. Kind 4, ``.bad`` and unreadable files stay.
     Returns the names of the files it replayed."""
     spool = home / "pending_messages"
     conn = sqlite3.connect(home / "state.db", isolation_level=None)
+    (version,) = conn.execute("SELECT max(version) FROM schema_version").fetchone()
     replay = []
     for path in sorted(spool.glob("pending-*.json")):
         try:
@@ -345,7 +347,13 @@ def hermes_restart(home: Path) -> list[str]:
         elif "text" in data:
             target = data.get("session_id") or _route(conn, payload.get("session_key"))
             target = _tip(conn, target)
-            message = {"role": "user", "content": data["text"], "timestamp": payload["ts"]}
+            # Every version 31 row has a uid: the replay mints one for inbound text.
+            message = {
+                "role": "user",
+                "content": data["text"],
+                "timestamp": payload["ts"],
+                "message_uid": uid() if version >= 31 else None,
+            }
         else:
             continue
         order = (payload.get("ts"), payload.get("seq", -1), path.name)

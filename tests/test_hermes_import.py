@@ -1136,9 +1136,3 @@ def test_a_store_url_password_is_never_printed(modern: ModernHome) -> None:
 def test_a_missing_path_is_a_usage_error(tmp_path: Path) -> None:
     result = invoke(str(tmp_path / "nowhere"))
     assert result.exit_code == 2
-
-
-def test_no_inbound_files_are_tracked_in_the_project() -> None:
-    """Earlier versions dropped hermes-inbound-*.jsonl where they ran; none belongs here."""
-    root = Path(__file__).resolve().parent.parent
-    assert not list(root.glob("hermes-inbound-*.jsonl"))

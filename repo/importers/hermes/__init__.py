@@ -66,7 +66,10 @@ or in a kind-4 dump. Keys never depend on a path or a row ``id``:
 - a message without a uid gets :func:`content_key`: its session, role, content and how many
   messages of that session with the same role and content come before it (rows in ``id``
   order, then the spool in the order a Hermes restart replays it). A restart appends the
-  replayed messages after the rows in that same order, so each keeps its key.
+  replayed messages after the rows in that same order, so each keeps its key. Should the
+  restart give a replayed inbound message a uid of its own, the row is recognised (a
+  ``user`` row dated to the payload's integer ``ts``, whose content key an earlier import
+  stored from the spool) and keeps that key.
 
 The same message read by another route is *already present*, not a conflict: when the key
 is stored with other provenance (a spool payload then, a row now) and the same role and
@@ -486,24 +489,26 @@ class _Keys:
         self.seen[fingerprint] += 1
         return occurrence
 
-    def for_row(self, uid: Any, role: Any, content: Any, live: bool) -> tuple[uuid.UUID, str]:
+    def for_row(
+        self, uid: Any, role: Any, content: Any, live: bool
+    ) -> tuple[uuid.UUID, str, uuid.UUID]:
         """The key of a row, and its kind: ``uid``, ``content``, or ``duplicate`` (a second
         live row of a uid whose earlier row is still live: not a compaction copy, which
         replaces an archived row, but the same message stored twice, as Hermes' own spool
-        replay does when it crashed between its insert and deleting the file)."""
+        replay does when it crashed between its insert and deleting the file); last, the
+        key the row would have without its uid."""
+        occurrence = self.count(role, content)  # a duplicate too: the spool copy counted
+        self.row_prints.add(_fingerprint(role, content))
+        by_content = content_key(self.raw_session, role, content, occurrence)
         if isinstance(uid, str) and uid:
             if live and uid in self.live_uids:
-                return uid_key(uid), "duplicate"
-            self.count(role, content)
-            self.row_prints.add(_fingerprint(role, content))
+                return uid_key(uid), "duplicate", by_content
             if live:
                 self.live_uids.add(uid)
             rank = self.uid_rows[uid]
             self.uid_rows[uid] += 1
-            return (uid_key(uid) if rank == 0 else copy_key(uid, rank)), "uid"
-        occurrence = self.count(role, content)
-        self.row_prints.add(_fingerprint(role, content))
-        return content_key(self.raw_session, role, content, occurrence), "content"
+            return (uid_key(uid) if rank == 0 else copy_key(uid, rank)), "uid", by_content
+        return by_content, "content", by_content
 
     def for_spool(self, uid: Any, role: Any, content: Any) -> tuple[uuid.UUID, str]:
         occurrence = self.count(role, content)
@@ -520,6 +525,13 @@ def _route(message: Message) -> str:
         if isinstance(value, dict) and "spool_file" in value:
             return "spool"
     return "row"
+
+
+def _spool_kind(message: Message) -> Any:
+    for value in message.extra.values():
+        if isinstance(value, dict) and "spool_file" in value:
+            return value.get("kind")
+    return None
 
 
 def _same_message(new: Message, stored: StoredMessage, kind: str) -> bool:
@@ -551,6 +563,9 @@ class _Importer:
         self._newest: dict[str, datetime] = {}
         #: Keys of the inbound (kind 1 and 2) messages, to count what was delivered.
         self._inbound_keys: set[uuid.UUID] = set()
+        #: Sessions stored before this run, and their stored inbound keys (read lazily).
+        self._existed: set[str] = set()
+        self._stored_inbound: dict[str, set[uuid.UUID]] = {}
         self.progress = progress
         spool = source.spool
         self.counts = {
@@ -723,7 +738,9 @@ class _Importer:
             fields["metadata"] = {"hermes": hermes}
         self.lists["moved_aside"] += aside.problems
         existed = self._exists(sid)
-        if not existed:
+        if existed:
+            self._existed.add(sid)
+        else:
             self.counts["sessions_new"] += 1
         if origin != "no-row":
             self.repo.create_session(sid, **fields)
@@ -894,6 +911,27 @@ class _Importer:
         if existed and history_inserted:
             self._check_archived(sid, history_inserted)
 
+    def _replayed_inbound(self, sid: str, role: Any, timestamp: Any, by_content: uuid.UUID) -> bool:
+        """Whether a row is inbound text an earlier import delivered from the spool, which
+        Hermes' restart then appended as a row with a uid of its own: the row keeps the
+        spool message's key. Only a ``user`` row dated to the second (Hermes dates a
+        replayed inbound message by the payload's integer ``ts``; a live message is dated
+        to the microsecond) of a session stored before this run can be one; the session's
+        stored inbound keys are read once."""
+        if role != "user" or not isinstance(timestamp, int | float) or sid not in self._existed:
+            return False
+        if isinstance(timestamp, float) and not timestamp.is_integer():
+            return False
+        known = self._stored_inbound.get(sid)
+        if known is None:
+            known = {
+                message.client_msg_uuid
+                for message in self.repo.load_transcript(sid)
+                if _route(message) == "spool" and _spool_kind(message) in (1, 2)
+            }
+            self._stored_inbound[sid] = known
+        return by_content in known
+
     def _set_aside(
         self, history: _Pending, message: Message, where: str, kind: str
     ) -> dict[uuid.UUID, str]:
@@ -983,7 +1021,9 @@ class _Importer:
             else:
                 hermes["content_encoding"] = "json"
             content = parsed
-        key, kind = keys.for_row(row.get("message_uid"), role, content, state is None)
+        key, kind, by_content = keys.for_row(row.get("message_uid"), role, content, state is None)
+        if kind == "uid" and self._replayed_inbound(sid, role, row.get("timestamp"), by_content):
+            key, kind = by_content, "content"
         if kind == "duplicate":
             self.lists["duplicate_rows"].append(
                 Problem(
