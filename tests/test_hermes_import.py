@@ -17,6 +17,7 @@ import ast
 import base64
 import json
 import shutil
+import tempfile
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -48,6 +49,7 @@ from sessionrepo.importers.hermes import (
     HermesImportError,
     HermesImportReport,
     HermesImportSummary,
+    HermesSourceError,
     content_key,
     copy_key,
     import_hermes,
@@ -887,6 +889,47 @@ def test_a_killed_gateways_wal_tail_is_imported_and_left_alone(
     assert summary.rows_read == len(home.db.rows) + 2
     contents = [m.content for m in store.load_transcript(home.c)]
     assert contents[1:3] == ["only in the WAL", "me too"]  # rows, before the spool
+
+
+def test_a_copy_taken_while_the_gateway_writes_is_taken_again(
+    modern: ModernHome, store: SessionRepository, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    s = modern
+    copyfile = shutil.copyfile
+    written: list[int] = []
+
+    def copy_while_writing(source: Any, target: Any) -> Any:
+        copied = copyfile(source, target)
+        # The gateway commits a row once its WAL was copied: that copy misses it.
+        if str(source).endswith("-wal") and not written:
+            written.append(s.db.message(s.c, "assistant", "written during the copy"))
+        return copied
+
+    monkeypatch.setattr(shutil, "copyfile", copy_while_writing)
+    summary = import_hermes(s.home, store)
+
+    assert summary.rows_read == len(s.db.rows)  # the second copy has the row
+    rows = [m.content for m in store.load_transcript(s.c) if "spool_file" not in provenance(m)]
+    assert rows[-1] == "written during the copy"
+
+
+def test_a_home_that_never_holds_still_is_one_clean_error(
+    modern: ModernHome, store: SessionRepository, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    s = modern
+    copyfile = shutil.copyfile
+
+    def copy_while_writing(source: Any, target: Any) -> Any:
+        copied = copyfile(source, target)
+        s.db.message(s.c, "assistant", "again")
+        return copied
+
+    monkeypatch.setattr(shutil, "copyfile", copy_while_writing)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    with pytest.raises(HermesSourceError, match="kept changing while it was copied"):
+        import_hermes(s.home, store)
+    assert list((tmp_path / "tmp").iterdir()) == []  # the private copy is gone
 
 
 def test_a_gateway_writing_during_the_import(modern: ModernHome, store: SessionRepository) -> None:

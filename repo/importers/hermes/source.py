@@ -125,8 +125,6 @@ class Inbound:
     session_id: Any
     session_key: Any
     text: Any
-    ts: float | None
-    data: dict[str, Any]
     provenance: dict[str, Any]
 
 
@@ -599,8 +597,6 @@ class HermesSource:
                 session_id=data.get("session_id"),
                 session_key=key,
                 text=data.get("text"),
-                ts=header.ts,
-                data=data,
                 provenance=provenance,
             )
         )
