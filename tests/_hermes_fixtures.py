@@ -1,22 +1,31 @@
 """Builders that *make* Hermes gateway homes for the importer's tests.
 
-A Hermes home is a ``state.db`` (SQLite, schema version 2 for old installs, around 30
-for current ones) plus a ``pending_messages/`` spool of JSON files; both formats are
-described in ``hermes-state-format.md``. :class:`HermesDB` creates a database with the
-column set of either version and records every row it inserts, so a test can check that
-each one arrived with every column. :class:`Spool` writes the four payload kinds.
-:func:`build_modern_home` and :func:`build_v2_state_db` put together the scenarios the
-tests import.
+A Hermes home is a ``state.db`` (SQLite, schema version 2 for old installs, 31 for
+current ones) plus a ``pending_messages/`` spool of JSON files and, for a multi-profile
+user, ``profiles/<name>/`` homes; the formats are described in ``hermes-state-format.md``.
+:class:`HermesDB` creates a database with the column set of a version (31: every column,
+the FTS triggers, the ``display_order`` trigger, a BLOB ``display_identity``, a uid on
+every row) and records every row it inserts, so a test can check that each one arrived
+with every column. :class:`Spool` writes the four payload kinds. :func:`hermes_view` is
+what Hermes' own reader presents of a session, :func:`hermes_restart` what Hermes does
+with its spool when it starts, :func:`kill_a_writing_gateway` leaves the WAL of a killed
+gateway behind. :func:`build_modern_home` and :func:`build_v2_state_db` put together the
+scenarios the tests import.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import sqlite3
+import subprocess
+import sys
+import textwrap
 import uuid
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -96,6 +105,27 @@ MODERN_MESSAGE_COLUMNS = (
     "message_uid TEXT",
     "_compressed_summary INTEGER NOT NULL DEFAULT 0",
 )
+#: What version 31 added on top (with ``sessions.auto_archived``).
+V31_MESSAGE_COLUMNS = (
+    "display_identity BLOB",
+    "display_order INTEGER",
+    "effect_disposition TEXT",
+    "absorbed_message_uids TEXT",
+    "tool_call_uids TEXT",
+    "tool_call_uid TEXT",
+)
+V31_TABLES = """
+CREATE TRIGGER messages_display_order AFTER INSERT ON messages
+WHEN new.display_order IS NULL BEGIN
+    UPDATE messages SET display_order = new.id WHERE id = new.id;
+END;
+CREATE TABLE gateway_routing (session_key TEXT PRIMARY KEY, session_id TEXT NOT NULL);
+CREATE TABLE async_delegations (
+    id TEXT PRIMARY KEY, session_id TEXT, status TEXT, result TEXT,
+    created_at REAL, completed_at REAL, delivered_at REAL
+);
+CREATE TABLE session_model_usage (session_id TEXT, model TEXT, input_tokens INTEGER);
+"""
 FTS = """
 CREATE VIRTUAL TABLE messages_fts USING fts5(content, content=messages, content_rowid=id);
 CREATE TRIGGER messages_fts_insert AFTER INSERT ON messages BEGIN
@@ -130,12 +160,13 @@ class HermesDB:
 
     Args:
         path: the file to create.
-        version: 2 (the old column set) or 30 (today's, with extra columns, an FTS index
-            and a ``system_prompts`` table).
+        version: 2 (the old column set), 30 (extra columns, an FTS index and a
+            ``system_prompts`` table) or 31 (today's: the identity columns too, a
+            ``message_uid`` on every row unless one is given as ``None``).
         wal: put the database in WAL mode, as a running gateway does.
     """
 
-    def __init__(self, path: Path, *, version: int = 30, wal: bool = True) -> None:
+    def __init__(self, path: Path, *, version: int = 31, wal: bool = True) -> None:
         self.path = path
         self.version = version
         self.conn = sqlite3.connect(path, isolation_level=None)
@@ -155,6 +186,13 @@ class HermesDB:
             self.conn.execute("CREATE TABLE system_prompts (hash TEXT PRIMARY KEY, prompt TEXT)")
             self.conn.executescript(FTS)
             self.conn.execute("CREATE TABLE state_meta (key TEXT PRIMARY KEY, value TEXT)")
+        if version >= 31:
+            self.conn.execute(
+                "ALTER TABLE sessions ADD COLUMN auto_archived INTEGER NOT NULL DEFAULT 0"
+            )
+            for column in V31_MESSAGE_COLUMNS:
+                self.conn.execute(f"ALTER TABLE messages ADD COLUMN {column}")
+            self.conn.executescript(V31_TABLES)
         self.conn.execute("CREATE INDEX idx_messages_session ON messages(session_id, timestamp)")
         self.clock = 1_735_722_000.123456
         #: Every inserted messages row, as read back from the database (``id`` included).
@@ -183,10 +221,14 @@ class HermesDB:
             "session_id": session_id,
             "role": role,
             "content": encode_content(content),
-            "timestamp": self.tick(),
+            "timestamp": columns.pop("timestamp", None) or self.tick(),
         }
+        if self.version >= 31:
+            columns.setdefault("message_uid", uid())
         for name, value in columns.items():
             values[name] = json.dumps(value) if isinstance(value, list | dict) else value
+        if self.version >= 31:
+            values["display_identity"] = display_identity(values)
         row_id = self._insert("messages", values)
         self.rows.append(self._read("messages", "id", row_id))
         return row_id
@@ -228,6 +270,172 @@ class HermesDB:
         return dict(zip(names, cursor.fetchone(), strict=True))
 
 
+def display_identity(values: dict[str, Any]) -> bytes:
+    """The BLOB the Hermes UI derives from role, content, timestamp and tool fields."""
+    parts = [values.get(name) for name in ("role", "content", "timestamp", "tool_call_id")]
+    return hashlib.blake2b(repr(parts).encode(), digest_size=16).digest()
+
+
+def decoded(content: Any) -> Any:
+    if isinstance(content, str) and content.startswith(JSON_MARK):
+        return json.loads(content[len(JSON_MARK) :])
+    return content
+
+
+def hermes_view(db_path: Path, session_id: str) -> list[dict[str, Any]]:
+    """What Hermes' own reader presents of a session: its live rows (``active = 1``, no
+    ``session_meta``, nothing ``hidden``) in ``id`` order, content decoded, as the
+    fields a conversation has."""
+    conn = sqlite3.connect(f"{db_path.as_uri()}?mode=ro", uri=True)
+    conn.text_factory = lambda data: data.decode("utf-8", "surrogateescape")
+    try:
+        columns = {row[1] for row in conn.execute("PRAGMA table_info(messages)")}
+        where = "session_id = ?"
+        if "active" in columns:
+            where += " AND active = 1"
+        where += " AND role != 'session_meta'"
+        if "display_kind" in columns:
+            where += " AND coalesce(display_kind, '') != 'hidden'"
+        cursor = conn.execute(f"SELECT * FROM messages WHERE {where} ORDER BY id", (session_id,))
+        names = [d[0] for d in cursor.description]
+        rows = [dict(zip(names, row, strict=True)) for row in cursor]
+    finally:
+        conn.close()
+    return [conversation(row) for row in rows]
+
+
+def conversation(row: dict[str, Any]) -> dict[str, Any]:
+    """The conversation fields of a row (or a stored message's ``to_openai`` dict, whose
+    ``timestamp`` the caller sets)."""
+    calls = row.get("tool_calls")
+    if isinstance(calls, str):
+        with contextlib.suppress(ValueError):  # else Hermes keeps what it was given
+            calls = json.loads(calls)
+    when = row.get("timestamp")
+    return {
+        "role": row["role"],
+        "content": decoded(row.get("content")),
+        "tool_calls": calls,
+        "tool_call_id": row.get("tool_call_id"),
+        "timestamp": datetime.fromtimestamp(when, UTC) if isinstance(when, int | float) else when,
+    }
+
+
+def hermes_restart(home: Path) -> list[str]:
+    """What Hermes does with its spool when it starts: kinds 1 and 2 become ``user`` rows
+    (``timestamp = ts``, from version 31 with a uid of their own) of
+    ``data.session_id``, else the session ``session_key`` routes to,
+    followed to the tip of its compression chain; kind 3 is appended to
+    ``data.session_id`` with the whole message dict; in ``(ts, seq, file)`` order; each
+    file is deleted once its row is in. Kind 4, ``.bad`` and unreadable files stay.
+    Returns the names of the files it replayed."""
+    spool = home / "pending_messages"
+    conn = sqlite3.connect(home / "state.db", isolation_level=None)
+    (version,) = conn.execute("SELECT max(version) FROM schema_version").fetchone()
+    replay = []
+    for path in sorted(spool.glob("pending-*.json")):
+        try:
+            payload = json.loads(path.read_bytes().decode("utf-8-sig"))
+        except ValueError:
+            continue
+        if not isinstance(payload, dict) or not isinstance(payload.get("data"), dict):
+            continue
+        data = payload["data"]
+        if payload.get("reason") == "transcript_cap_drop":
+            target = data.get("session_id") or payload.get("session_key")
+            message = dict(data["message"])
+        elif "text" in data:
+            target = data.get("session_id") or _route(conn, payload.get("session_key"))
+            target = _tip(conn, target)
+            # Every version 31 row has a uid: the replay mints one for inbound text.
+            message = {
+                "role": "user",
+                "content": data["text"],
+                "timestamp": payload["ts"],
+                "message_uid": uid() if version >= 31 else None,
+            }
+        else:
+            continue
+        order = (payload.get("ts"), payload.get("seq", -1), path.name)
+        replay.append((order, path, target, message, payload))
+    replay.sort(key=lambda entry: entry[0])
+    for _, path, target, message, payload in replay:
+        stamp = message.get("timestamp")
+        values = {
+            "session_id": target,
+            "role": message["role"],
+            "content": encode_content(message.get("content")),
+            "timestamp": stamp if isinstance(stamp, int | float) else payload["ts"],
+            "tool_calls": json.dumps(message["tool_calls"]) if message.get("tool_calls") else None,
+            "tool_call_id": message.get("tool_call_id"),
+            "tool_name": message.get("name"),
+            "reasoning": message.get("reasoning"),
+            "finish_reason": message.get("finish_reason"),
+            "message_uid": message.get("message_uid"),
+        }
+        values["display_identity"] = display_identity(values)
+        columns = {row[1] for row in conn.execute("PRAGMA table_info(messages)")}
+        values = {name: value for name, value in values.items() if name in columns}
+        names = ", ".join(values)
+        marks = ", ".join("?" for _ in values)
+        conn.execute(f"INSERT INTO messages ({names}) VALUES ({marks})", tuple(values.values()))
+        path.unlink()
+    conn.close()
+    return [path.name for _, path, _, _, _ in replay]
+
+
+def _route(conn: sqlite3.Connection, session_key: str) -> str:
+    tables = {name for (name,) in conn.execute("SELECT name FROM sqlite_master")}
+    row = None
+    if "gateway_routing" in tables:
+        row = conn.execute(
+            "SELECT session_id FROM gateway_routing WHERE session_key = ?", (session_key,)
+        ).fetchone()
+    if row is None:
+        row = conn.execute(
+            "SELECT id FROM sessions WHERE session_key = ? ORDER BY started_at DESC LIMIT 1",
+            (session_key,),
+        ).fetchone()
+    return str(row[0])
+
+
+def _tip(conn: sqlite3.Connection, session_id: str) -> str:
+    while True:
+        row = conn.execute(
+            "SELECT id FROM sessions WHERE parent_session_id = ? ORDER BY started_at DESC LIMIT 1",
+            (session_id,),
+        ).fetchone()
+        if row is None:
+            return session_id
+        session_id = row[0]
+
+
+def kill_a_writing_gateway(db_path: Path, session_id: str, contents: list[str]) -> None:
+    """A gateway process that writes rows to ``session_id`` and is killed (SIGKILL) before
+    any checkpoint: the rows are only in ``state.db-wal``, beside its ``-shm``."""
+    script = textwrap.dedent(
+        """
+        import json, os, signal, sqlite3, sys, time, uuid
+        path, session_id, contents = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+        conn = sqlite3.connect(path, isolation_level=None)
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute("PRAGMA wal_autocheckpoint=0")
+        for text in contents:
+            conn.execute(
+                "INSERT INTO messages (session_id, role, content, timestamp, message_uid) "
+                "VALUES (?, 'assistant', ?, ?, ?)",
+                (session_id, text, time.time(), uuid.uuid4().hex),
+            )
+        os.kill(os.getpid(), signal.SIGKILL)
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script, str(db_path), session_id, json.dumps(contents)],
+        check=False,
+    )
+    assert done.returncode == -9, done
+
+
 class Spool:
     """A ``pending_messages/`` folder; each payload in its own ``pending-<hex>.json``."""
 
@@ -235,9 +443,11 @@ class Spool:
         self.path = home / "pending_messages"
         self.path.mkdir(mode=0o700, exist_ok=True)
 
-    def write(self, payload: Any, name: str | None = None) -> str:
+    def write(self, payload: Any, name: str | None = None, *, bom: bool = False) -> str:
+        """As Hermes writes one: ``indent=2``, ``ensure_ascii=False``."""
         name = name or f"pending-{uuid.uuid4().hex}.json"
-        self.raw(name, json.dumps(payload).encode())
+        data = json.dumps(payload, indent=2, ensure_ascii=False).encode()
+        self.raw(name, (b"\xef\xbb\xbf" if bom else b"") + data)
         return name
 
     def raw(self, name: str, data: bytes) -> str:
@@ -267,7 +477,14 @@ class Spool:
         )
 
     def cap_drop(
-        self, session_id: str, message: dict[str, Any], ts: int, seq: int, name: str | None = None
+        self,
+        session_id: str,
+        message: dict[str, Any],
+        ts: int,
+        seq: int,
+        name: str | None = None,
+        *,
+        bom: bool = False,
     ) -> str:
         """Kind 3."""
         return self.write(
@@ -279,6 +496,7 @@ class Spool:
                 "data": {"session_id": session_id, "message": message},
             },
             name,
+            bom=bom,
         )
 
     def history_dump(
@@ -334,13 +552,16 @@ class ModernHome:
     spooled: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
-def build_modern_home(home: Path) -> ModernHome:
-    """A current Hermes home: every column kind, a compression chain, in-place compaction
-    (inactive rows and a copied ``message_uid``), a rewind, multimodal content, tool calls,
-    values sessionrepo cannot store as they are, and a spool with all four payload kinds
-    plus two files that are not payloads."""
+def build_modern_home(home: Path, *, junk: bool = True) -> ModernHome:
+    """A current (version 31) Hermes home: every column kind, a compression chain,
+    in-place compaction (inactive rows and a copied ``message_uid``), a rewind, a
+    ``session_meta`` row and a hidden one, multimodal content, tool calls, values
+    sessionrepo cannot store as they are, an undelivered delegation result, and a spool
+    with all four payload kinds (the agent-history dump with persisted entries), a
+    ``.json.bad`` payload, a BOM, a half-written ``.tmp``; with ``junk``, also two files
+    that are not payloads (they need a person)."""
     home.mkdir(parents=True, exist_ok=True)
-    db = HermesDB(home / "state.db", version=30)
+    db = HermesDB(home / "state.db", version=31)
     spool = Spool(home)
     s = ModernHome(home=home, db=db, spool=spool)
     prompt_hash = db.system_prompt(s.prompt)
@@ -439,6 +660,8 @@ def build_modern_home(home: Path) -> ModernHome:
     # Undone by /rewind: kept as history.
     ids["a_undone"] = db.message(s.a, "user", "oops, wrong chat", active=0, message_uid=uid())
     ids["a_last"] = db.message(s.a, "user", "Book the tram tour", message_uid=uids["u7"])
+    # Bookkeeping Hermes strips before the model sees the history.
+    ids["a_meta"] = db.message(s.a, "session_meta", json.dumps({"event": "title_set"}))
     db.execute(
         "UPDATE sessions SET ended_at = ?, end_reason = 'compression' WHERE id = ?",
         db.tick(),
@@ -522,6 +745,15 @@ def build_modern_home(home: Path) -> ModernHome:
         session_key="agent:main:telegram:dm:42",
     )
     ids["c_user"] = db.message(s.c, "user", "Thanks! And dinner?")
+    ids["c_hidden"] = db.message(s.c, "assistant", "(tool budget note)", display_kind="hidden")
+    db.execute("INSERT INTO gateway_routing VALUES (?, ?)", "agent:main:telegram:dm:42", s.a)
+    db.execute(
+        "INSERT INTO async_delegations VALUES ('dlg-1', ?, 'completed', 'found 3 places', "
+        "?, ?, NULL)",
+        s.c,
+        db.clock,
+        db.clock + 1,
+    )
 
     # -- a cron session, ended, with a plain exchange -------------------------------------
     db.session(s.cron, source="cron", model="gpt-4o-mini")
@@ -569,12 +801,14 @@ def build_modern_home(home: Path) -> ModernHome:
         ],
         "reasoning": "look for restaurants",
         "reasoning_details": [{"type": "reasoning.text", "text": "restaurants"}],
+        "message_uid": uid(),
     }
     s.spooled["drop_result"] = {
         "role": "tool",
         "content": "Alfama: Taberna X",
         "tool_call_id": "call_dinner",
         "name": "web_search",
+        "message_uid": uid(),
     }
     # File names sort the other way round from the payloads' ts: order must come from ts.
     files["drop_result"] = spool.cap_drop(
@@ -589,19 +823,42 @@ def build_modern_home(home: Path) -> ModernHome:
         "refusal": None,
         "finish_reason": "stop",
         "timestamp": base + 3.5,
+        "message_uid": uid(),
     }
-    s.spooled["dump_user"] = {"role": "user", "content": "Great, thanks!"}
+    s.spooled["dump_user"] = {"role": "user", "content": "Great, thanks!", "message_uid": uid()}
+    # The agent's whole conversation: what state.db has carries _db_persisted.
+    c_row = next(row for row in db.rows if row["id"] == ids["c_user"])
+    persisted = {
+        "role": "user",
+        "content": c_row["content"],
+        "_db_persisted": True,
+        "message_uid": c_row["message_uid"],
+    }
     files["dump"] = spool.history_dump(
-        s.c, [s.spooled["dump_answer"], s.spooled["dump_user"]], name="pending-1111dump.json"
+        s.c,
+        [persisted, s.spooled["dump_answer"], s.spooled["dump_user"]],
+        name="pending-1111dump.json",
     )
     # A kind-3 file for a session state.db does not have.
     s.spooled["orphan"] = {"role": "user", "content": "hello from a lost session"}
-    files["orphan"] = spool.cap_drop(s.spool_only, s.spooled["orphan"], base, seq=1)
+    files["orphan"] = spool.cap_drop(s.spool_only, s.spooled["orphan"], base, seq=1, bom=True)
     # Also in state.db: the gateway's own replay stored it, then crashed before deleting.
-    s.spooled["replayed"] = {"role": "user", "content": "Daily digest, please."}
+    cron_row = next(row for row in db.rows if row["id"] == ids["cron_user"])
+    s.spooled["replayed"] = {
+        "role": "user",
+        "content": "Daily digest, please.",
+        "message_uid": cron_row["message_uid"],
+    }
     files["replayed"] = spool.cap_drop(s.cron, s.spooled["replayed"], base, seq=2)
-    files["broken"] = spool.raw("pending-deadbeef.json", b'{"session_key": "x", "data": ')
-    files["unknown"] = spool.write({"what": "is this"}, "pending-0123unknown.json")
+    # A payload the gateway's own database refused: still a payload.
+    s.spooled["refused"] = {"role": "assistant", "content": "digest: 0 items", "message_uid": uid()}
+    files["refused"] = spool.cap_drop(
+        s.cron, s.spooled["refused"], base + 7, seq=3, name="pending-0bad.json.bad"
+    )
+    files["tmp"] = spool.raw(".pending-half.tmp", b'{"session_key": ')
+    if junk:
+        files["broken"] = spool.raw("pending-deadbeef.json", b'{"session_key": "x", "data": ')
+        files["unknown"] = spool.write({"what": "is this"}, "pending-0123unknown.json")
     os.utime(spool.path / files["dump"], (base + 4, base + 4))  # written at shutdown
     return s
 
@@ -657,3 +914,17 @@ def build_v2_state_db(home: Path) -> V2Home:
     v2.ids["child_user"] = db.message(v2.child, "user", "And tomorrow?")
     db.refresh()
     return v2
+
+
+def build_profile(home: Path, name: str) -> HermesDB:
+    """A named profile ``profiles/<name>/`` of ``home``: a home of its own, with one
+    session and a spooled inbound message for it."""
+    root = home / "profiles" / name
+    root.mkdir(parents=True, exist_ok=True)
+    db = HermesDB(root / "state.db")
+    session = db.session(f"{name}_20250105_0900", source="slack", session_key=f"agent:{name}:dm:1")
+    db.message(session, "user", f"hello from the {name} profile")
+    db.message(session, "assistant", f"hi, {name} here")
+    db.refresh()
+    Spool(root).shutdown_pending(f"agent:{name}:dm:1", f"queued for {name}", int(db.clock) + 60)
+    return db

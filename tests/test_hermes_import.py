@@ -1,16 +1,23 @@
-"""``sessionrepo import-hermes``: a Hermes gateway's ``state.db`` and spool move over with
-nothing dropped, nothing doubled, and the source untouched, on both backends.
+"""``sessionrepo import-hermes``: a Hermes gateway's home, in the current format (schema
+version 31), moves over with nothing dropped, nothing doubled, the source untouched,
+message by message what Hermes' own reader presents, on both backends.
 
-The Hermes homes are built by the tests (``_hermes_fixtures``): the old (version 2) and a
-current column set, in-place compaction (inactive rows, a copied ``message_uid``), a rewind,
-a compression chain, tool calls, multimodal content, values sessionrepo cannot store as
-they are, and a spool with the four payload kinds and files that are not payloads.
+The Hermes homes are built by the tests (``_hermes_fixtures``): the old (version 2) and
+the current column sets, in-place compaction (inactive rows, a copied ``message_uid``), a
+rewind, ``session_meta`` and hidden rows, a compression chain, tool calls, multimodal
+content, a BLOB column, values sessionrepo cannot store as they are, a spool with the four
+payload kinds (the agent-history dump with persisted entries), ``.json.bad``, a BOM, a
+half-written ``.tmp``, files that are not payloads, profiles, a killed gateway's WAL, and
+Hermes' own restart (its spool replayed into ``state.db``, the files deleted).
 """
 
 from __future__ import annotations
 
+import ast
+import base64
 import json
 import shutil
+import tempfile
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -23,21 +30,31 @@ from _hermes_fixtures import (
     ModernHome,
     Spool,
     build_modern_home,
+    build_profile,
     build_v2_state_db,
+    conversation,
+    decoded,
+    hermes_restart,
+    hermes_view,
+    kill_a_writing_gateway,
     snapshot,
 )
 from click.testing import CliRunner, Result
 
 from sessionrepo import BackendUnavailable, SessionRepository, StoredMessage, open_repository
-from sessionrepo.cli.hermes import EXIT_ATTENTION
+from sessionrepo.cli.hermes import EXIT_ATTENTION, SHOWN
 from sessionrepo.cli.hermes import import_hermes as command
 from sessionrepo.importers.hermes import (
     HISTORY_SUFFIX,
     HermesImportError,
+    HermesImportReport,
     HermesImportSummary,
+    HermesSourceError,
+    content_key,
+    copy_key,
     import_hermes,
     open_hermes,
-    spool_key,
+    row_state,
     uid_key,
 )
 
@@ -76,25 +93,40 @@ def invoke(*args: str) -> Result:
     )
 
 
-def run_import(
-    url: str, source: Path, report: Path | None = None, *, expect: int = 0
-) -> HermesImportSummary:
-    """``import-hermes --json`` through the command; the summary it printed."""
-    extra = ["--inbound-report", str(report)] if report is not None else []
-    result = invoke("--url", url, "--json", *extra, str(source))
+def run_report(url: str, source: Path, *args: str, expect: int = 0) -> HermesImportReport:
+    """``import-hermes --json`` through the command; the report it printed."""
+    result = invoke("--url", url, "--json", *args, str(source))
     assert result.exit_code == expect, result.output
-    return HermesImportSummary.model_validate_json(result.stdout)
+    return HermesImportReport.model_validate_json(result.stdout)
+
+
+def run_import(url: str, source: Path, *args: str, expect: int = 0) -> HermesImportSummary:
+    """The summary of the (root) home of one ``import-hermes --json`` run."""
+    return run_report(url, source, *args, expect=expect).homes[0]
 
 
 @pytest.fixture(autouse=True)
-def _in_tmp_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    # The command writes its default inbound report to the current directory.
-    monkeypatch.chdir(tmp_path)
+def _nothing_in_the_cwd(
+    tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[None]:
+    # The command must never drop a file where it runs.
+    cwd = tmp_path_factory.mktemp("cwd")
+    monkeypatch.chdir(cwd)
+    yield
+    assert list(cwd.iterdir()) == []
 
 
 @pytest.fixture
 def modern(tmp_path: Path) -> Iterator[ModernHome]:
     home = build_modern_home(tmp_path / "hermes")
+    yield home
+    home.db.close()
+
+
+@pytest.fixture
+def clean(tmp_path: Path) -> Iterator[ModernHome]:
+    """A current home with nothing that needs a person (no junk files in the spool)."""
+    home = build_modern_home(tmp_path / "hermes", junk=False)
     yield home
     home.db.close()
 
@@ -119,12 +151,17 @@ def all_messages(repo: SessionRepository) -> dict[str, list[StoredMessage]]:
         cursor = page.next_cursor
 
 
+def provenance(message: StoredMessage) -> dict[str, Any]:
+    hermes: dict[str, Any] = message.extra.get("hermes", {})
+    return hermes
+
+
 def by_row_id(repo: SessionRepository) -> dict[int, tuple[str, StoredMessage]]:
     """Stored messages that came from ``state.db`` rows, by Hermes row id."""
     found: dict[int, tuple[str, StoredMessage]] = {}
     for session_id, messages in all_messages(repo).items():
         for message in messages:
-            hermes = message.extra["hermes"]
+            hermes = provenance(message)
             if "spool_file" not in hermes:
                 assert hermes["id"] not in found, "a row stored twice"
                 found[hermes["id"]] = (session_id, message)
@@ -135,23 +172,41 @@ def by_spool_place(repo: SessionRepository) -> dict[tuple[str, int], tuple[str, 
     found = {}
     for session_id, messages in all_messages(repo).items():
         for message in messages:
-            hermes = message.extra.get("hermes", {})
+            hermes = provenance(message)
             if "spool_file" in hermes:
                 found[hermes["spool_file"], hermes.get("index", 0)] = (session_id, message)
     return found
 
 
-def decoded(content: Any) -> Any:
-    if isinstance(content, str) and content.startswith("\x00json:"):
-        return json.loads(content[len("\x00json:") :])
-    return content
+def presented(message: StoredMessage) -> dict[str, Any]:
+    """A stored message as the conversation fields Hermes' reader has, with the values
+    moved aside put back (they are kept as their repr)."""
+    found = conversation(message.to_openai()) | {"timestamp": message.timestamp}
+    for field, text in provenance(message).get("moved_aside", {}).items():
+        value = ast.literal_eval(text)
+        if field == "content":
+            value = decoded(value)
+        found[field] = value
+    return found
+
+
+def without_dumps(messages: list[StoredMessage]) -> list[StoredMessage]:
+    """What Hermes never puts in a conversation, though sessionrepo keeps it: kind-4
+    entries (left for manual recovery) and ``.json.bad`` payloads (its database refused
+    them)."""
+    return [
+        m
+        for m in messages
+        if provenance(m).get("kind") != 4 and not provenance(m).get("refused_by_gateway_db")
+    ]
 
 
 def assert_row_stored(
     row: dict[str, Any], stored: StoredMessage, moved: frozenset[str] = frozenset()
 ) -> None:
     """Every non-NULL column of ``row`` is in ``stored``: in its field, or in
-    ``extra["hermes"]`` under its name; ``moved`` columns as their repr, moved aside."""
+    ``extra["hermes"]`` under its name (a BLOB as its base64); ``moved`` columns as their
+    repr, moved aside."""
     hermes = stored.extra["hermes"]
     assert hermes["id"] == row["id"]
     assert hermes["timestamp"] == row["timestamp"]  # the exact REAL
@@ -165,13 +220,18 @@ def assert_row_stored(
             assert stored.content == decoded(value)
         elif column == "tool_calls":
             assert stored.tool_calls == json.loads(value)
+        elif column == "role" and value == "session_meta":
+            assert (stored.role, hermes["role"]) == ("system", "session_meta")
         elif column in FIELD_COLUMNS:
             assert getattr(stored, column) == value, column
+        elif isinstance(value, bytes):
+            assert base64.b64decode(hermes[column]["base64"]) == value, column  # reversible
         else:
             assert hermes[column] == value, column
     kept = {c for c, v in row.items() if v is not None and c not in FIELD_COLUMNS | {"session_id"}}
-    added = {"id", "timestamp", "content_encoding", "moved_aside"}
+    added = {"id", "timestamp", "content_encoding", "moved_aside", "state", "role"}
     assert kept - {"id"} == set(hermes) - added, "columns missing or invented"
+    assert hermes.get("state") == row_state(row)
     if isinstance(row["content"], str) and row["content"].startswith("\x00json:"):
         assert hermes["content_encoding"] == "json"
 
@@ -186,23 +246,32 @@ def openai_without_provenance(message: StoredMessage) -> dict[str, Any]:
 
 
 def test_every_row_arrives_with_every_column(
-    modern: ModernHome, database_url: str, store: SessionRepository, tmp_path: Path
+    modern: ModernHome, database_url: str, store: SessionRepository
 ) -> None:
     s, db = modern, modern.db
-    summary = run_import(database_url, s.home, tmp_path / "inbound.jsonl", expect=EXIT_ATTENTION)
+    summary = run_import(database_url, s.home, expect=EXIT_ATTENTION)  # the junk files
 
-    assert summary.schema_version == 30
-    assert summary.rows_read == len(db.rows) == 22
+    assert summary.schema_version == 31
+    assert summary.profile == "default"
+    assert summary.rows_read == len(db.rows) == 24
+    states = [row_state(row) for row in db.rows]
+    assert summary.set_aside_rows == {"archived": 4, "hidden": 1, "rewound": 1, "session_meta": 1}
     assert summary.inactive_rows == sum(row["active"] == 0 for row in db.rows) == 5
-    assert summary.spool_messages_read == 6
-    assert summary.messages_read == summary.messages_inserted == 28
-    assert (summary.messages_already_present, summary.messages_changed) == (0, 0)
+    # 3 inbound, 5 cap drops, 2 of the dump's 3 entries (one is already in state.db).
+    assert summary.spool_messages_read == 10
+    assert summary.messages_read == 34
+    # The cap drop the gateway's replay already stored is the cron row: same uid, one key.
+    assert (summary.messages_inserted, summary.messages_already_present) == (33, 1)
+    assert summary.messages_seen_by_another_route == 1
+    assert summary.messages_changed == 0
+    assert summary.possible_duplicates == []
     assert summary.sessions_read == 4
     assert (summary.sessions_without_row, summary.sessions_only_in_spool) == (1, 1)
-    assert summary.history_sessions == 1
+    assert summary.history_sessions == 2  # a's and c's
 
-    # Each row once, in its session (inactive rows in the #history companion), with every
-    # column; the rows whose values could not be stored are checked below.
+    # Each row once, in its session (the rows that are not conversation in the #history
+    # companion), with every column; the rows whose values could not be stored are
+    # checked below.
     stored = by_row_id(store)
     assert set(stored) == {row["id"] for row in db.rows}
     moved = {
@@ -211,13 +280,13 @@ def test_every_row_arrives_with_every_column(
         s.ids["b_bad_calls"]: frozenset({"tool_calls"}),
         s.ids["cron_bad_utf8"]: frozenset({"content"}),
     }
-    for row in db.rows:
+    for row, state in zip(db.rows, states, strict=True):
         session_id, message = stored[row["id"]]
-        expected = row["session_id"] + (HISTORY_SUFFIX if row["active"] == 0 else "")
+        expected = row["session_id"] + (HISTORY_SUFFIX if state else "")
         assert session_id == expected, row["id"]
         assert_row_stored(row, message, moved.get(row["id"], frozenset()))
 
-    # Transcript order is Hermes' id order; the live transcript has only active rows.
+    # Transcript order is Hermes' id order; the live transcript has only conversation.
     transcripts = all_messages(store)
     for session_id, messages in transcripts.items():
         ids = [m.extra["hermes"]["id"] for m in messages if "id" in m.extra["hermes"]]
@@ -225,7 +294,21 @@ def test_every_row_arrives_with_every_column(
     live_a = [m.extra["hermes"]["id"] for m in transcripts[s.a]]
     assert live_a == [s.ids[n] for n in ("a_summary", "a_image_copy", "a_answer", "a_last")]
     history_a = [m.extra["hermes"]["id"] for m in transcripts[s.a + HISTORY_SUFFIX]]
-    assert history_a == [s.ids[n] for n in ("a_user", "a_call", "a_tool", "a_image", "a_undone")]
+    assert history_a == [
+        s.ids[n] for n in ("a_user", "a_call", "a_tool", "a_image", "a_undone", "a_meta")
+    ]
+    assert [provenance(m)["state"] for m in transcripts[s.a + HISTORY_SUFFIX]] == [
+        "archived",
+        "archived",
+        "archived",
+        "archived",
+        "rewound",
+        "session_meta",
+    ]
+    assert [provenance(m)["id"] for m in transcripts[s.c + HISTORY_SUFFIX]] == [s.ids["c_hidden"]]
+
+    # The BLOB is stored as its bytes, not moved aside.
+    assert not any(p.field == "display_identity" for p in summary.moved_aside)
 
     # What a gateway gets back: the OpenAI dict, tool calls and multimodal parts intact.
     image = stored[s.ids["a_image_copy"]][1].to_openai()
@@ -236,12 +319,6 @@ def test_every_row_arrives_with_every_column(
     calls = stored[s.ids["b_calls"]][1].to_openai()
     assert [call["id"] for call in calls["tool_calls"]] == ["call_a", "call_b"]
     assert calls["hermes"]["reasoning_content"] == "two searches in parallel"
-    tool = stored[s.ids["b_tool_b"]][1].to_openai()
-    assert (tool["role"], tool["tool_call_id"], tool["tool_name"]) == (
-        "tool",
-        "call_b",
-        "web_search",
-    )
     answer = stored[s.ids["a_answer"]][1]
     assert answer.platform_message_id == "tg-1001"
     assert json.loads(answer.extra["hermes"]["display_metadata"]) == {
@@ -250,7 +327,40 @@ def test_every_row_arrives_with_every_column(
     }
 
 
-def test_keys_follow_message_uid_and_the_compaction_copy_gets_its_own(
+def test_each_live_transcript_is_what_hermes_presents_message_by_message(
+    clean: ModernHome, database_url: str, store: SessionRepository
+) -> None:
+    """Before a Hermes restart, a live transcript is Hermes' view plus the spool Hermes
+    will replay into it; after the restart, exactly Hermes' view; the store is the same
+    both times. (Kind-4 entries are for manual recovery: Hermes shows them nowhere.)"""
+    s = clean
+    run_import(database_url, s.home)
+    stored = all_messages(store)
+    sessions = [*s.db.sessions, s.ghost, s.spool_only]
+
+    s.db.close()  # the gateway stops, starts again and replays its spool
+    assert hermes_restart(s.home)
+    again = run_import(database_url, s.home)
+
+    assert again.messages_inserted == 0
+    assert all_messages(store) == stored
+    for session_id in sessions:
+        expected = hermes_view(s.home / "state.db", session_id)
+        if session_id == s.cron:
+            # Hermes' replay stored the cap drop its crashed replay had stored already:
+            # its view has the message twice; the store, once.
+            twice = [m for m in expected if m["content"] == s.spooled["replayed"]["content"]]
+            assert len(twice) == 2
+            expected.remove(twice[1])
+        live = [presented(m) for m in without_dumps(stored[session_id])]
+        assert live == expected, session_id
+        assert len(live) == len(expected) > 0
+    # Tool calls and multimodal parts are in the comparison.
+    assert any(m["tool_calls"] for m in hermes_view(s.home / "state.db", s.c))
+    assert any(isinstance(m["content"], list) for m in hermes_view(s.home / "state.db", s.a))
+
+
+def test_keys_follow_message_uid_whatever_route_and_compaction_copies_get_their_own(
     modern: ModernHome, database_url: str, store: SessionRepository
 ) -> None:
     s = modern
@@ -266,12 +376,19 @@ def test_keys_follow_message_uid_and_the_compaction_copy_gets_its_own(
     # In-place compaction copied a_image with its uid: the original keeps the uid's key,
     # the copy gets a key of its own, and both are stored.
     assert key("a_image") == uid_key(s.uids["u4"])
-    assert key("a_image_copy") not in (key("a_image"), uid_key(s.uids["u4"]))
+    assert key("a_image_copy") == copy_key(s.uids["u4"], 1)
+    # A spooled message is keyed by its uid too: the same key once Hermes replays it.
     spooled = by_spool_place(store)
-    assert spooled[s.files["dump"], 1][1].client_msg_uuid == spool_key(s.files["dump"], 1)
+    dump_answer = spooled[s.files["dump"], 1][1]
+    assert dump_answer.client_msg_uuid == uid_key(s.spooled["dump_answer"]["message_uid"])
+    drop = spooled[s.files["drop_call"], 0][1]
+    assert drop.client_msg_uuid == uid_key(s.spooled["drop_call"]["message_uid"])
+    # A row without a uid: its session, role, content and rank among equal ones.
+    bad_utf8 = key("cron_bad_utf8")
+    assert bad_utf8 == content_key(s.cron, "assistant", "hi\udcff!", 0)
 
 
-def test_sessions_keep_every_column_and_the_compression_chain(
+def test_sessions_keep_every_column_the_profile_and_the_compression_chain(
     modern: ModernHome, database_url: str, store: SessionRepository
 ) -> None:
     s, db = modern, modern.db
@@ -280,6 +397,7 @@ def test_sessions_keep_every_column_and_the_compression_chain(
     for session_id, row in db.sessions.items():
         session = store.get_session(session_id)
         hermes = session.metadata["hermes"]
+        assert hermes["profile"] == "default"
         assert session.source == row["source"]
         assert session.user_id == row["user_id"]
         assert session.title == row["title"]
@@ -295,7 +413,6 @@ def test_sessions_keep_every_column_and_the_compression_chain(
             row["input_tokens"],
             row["output_tokens"],
         )
-        # Every other column, Hermes' own counters included, is in metadata["hermes"].
         for column, value in row.items():
             if column in SESSION_FIELD_COLUMNS or value is None:
                 continue
@@ -320,6 +437,7 @@ def test_sessions_keep_every_column_and_the_compression_chain(
     assert a.metadata["hermes"]["message_count"] == 9  # Hermes' count, not ours
     assert a.message_count == 4  # the live rows stored in a
     assert a.metadata["hermes"]["zz_future_flag"] == "kept"
+    assert a.metadata["hermes"]["auto_archived"] == 0  # a version 31 column
 
     assert (a.end_reason, b.end_reason, c.ended_at) == ("compression", "compression", None)
     assert [x.id for x in store.session_chain(s.c)] == [s.a, s.b, s.c]
@@ -329,8 +447,8 @@ def test_sessions_keep_every_column_and_the_compression_chain(
     assert history.ended_at is not None
     assert history.metadata["hermes"]["history_of"] == s.a
     assert (history.source, history.user_id) == ("telegram", "42")
-    whole = store.load_transcript(s.c, include_ancestors=True)
-    assert [m.session_id for m in whole].count(s.a) == 4
+    for other in (s.ghost, s.spool_only):
+        assert store.get_session(other).metadata["hermes"]["profile"] == "default"
 
 
 def test_values_that_cannot_be_stored_are_moved_aside_and_reported(
@@ -357,30 +475,14 @@ def test_values_that_cannot_be_stored_are_moved_aside_and_reported(
     original = bad_utf8.extra["hermes"]["moved_aside"]["content"]
     assert original == repr("hi\udcff!")  # the byte 0xFF, recoverable
 
-    reported = {(p.where, p.field, p.stored_as) for p in summary.moved_aside}
+    reported = {(p.where, p.field) for p in summary.moved_aside}
     assert reported == {
-        (
-            f"state.db messages.id={s.ids['b_bad_id']}",
-            "tool_call_id",
-            "extra.hermes.moved_aside.tool_call_id",
-        ),
-        (
-            f"state.db messages.id={s.ids['b_surrogate']}",
-            "content",
-            "extra.hermes.moved_aside.content",
-        ),
-        (
-            f"state.db messages.id={s.ids['b_bad_calls']}",
-            "tool_calls",
-            "extra.hermes.moved_aside.tool_calls",
-        ),
-        (
-            f"state.db messages.id={s.ids['cron_bad_utf8']}",
-            "content",
-            "extra.hermes.moved_aside.content",
-        ),
+        (f"state.db messages.id={s.ids['b_bad_id']}", "tool_call_id"),
+        (f"state.db messages.id={s.ids['b_surrogate']}", "content"),
+        (f"state.db messages.id={s.ids['b_bad_calls']}", "tool_calls"),
+        (f"state.db messages.id={s.ids['cron_bad_utf8']}", "content"),
     }
-    assert all(p.session_id for p in summary.moved_aside)
+    assert all(p.session_id and p.stored_as for p in summary.moved_aside)
 
 
 def test_unusable_ids_roles_and_numbers_are_replaced_and_kept_aside(
@@ -425,90 +527,162 @@ def test_unusable_ids_roles_and_numbers_are_replaced_and_kept_aside(
 
 
 def test_spool_payloads_of_every_kind(
-    modern: ModernHome, database_url: str, store: SessionRepository, tmp_path: Path
+    modern: ModernHome, database_url: str, store: SessionRepository
 ) -> None:
     s = modern
-    report = tmp_path / "reports" / "inbound.jsonl"
-    summary = run_import(database_url, s.home, report, expect=EXIT_ATTENTION)
+    summary = run_import(database_url, s.home, expect=EXIT_ATTENTION)
 
     assert summary.spool_files == {
         "shutdown_pending": 1,
         "overflow_tail": 2,
-        "transcript_cap_drop": 4,
+        "transcript_cap_drop": 5,
         "agent_history_dump": 1,
         "unparseable": 2,
     }
-    # Kinds 3 and 4 join their session after its state.db rows, in (ts, seq, name)
-    # order (the file names sort the other way), every key of each dict kept.
+    # c: its row, then what a restart replays in (ts, seq, file) order (the file names
+    # sort the other way), kinds 1 and 2 as user messages, then the dump's unsaved entries.
     c = store.load_transcript(s.c)
-    assert c[0].extra["hermes"]["id"] == s.ids["c_user"]
-    order = [(m.extra["hermes"]["spool_file"], m.extra["hermes"].get("index", 0)) for m in c[1:]]
+    assert provenance(c[0])["id"] == s.ids["c_user"]
+    order = [(provenance(m)["spool_file"], provenance(m).get("index", 0)) for m in c[1:]]
     assert order == [
         (s.files["drop_call"], 0),
         (s.files["drop_result"], 0),
-        (s.files["dump"], 0),
+        (s.files["pending"], 0),
+        (s.files["tail_0"], 0),
+        (s.files["tail_1"], 0),
         (s.files["dump"], 1),
+        (s.files["dump"], 2),
     ]
     for message, name in zip(
-        c[1:], ("drop_call", "drop_result", "dump_answer", "dump_user"), strict=True
+        [c[1], c[2], c[6], c[7]],
+        ("drop_call", "drop_result", "dump_answer", "dump_user"),
+        strict=True,
     ):
         assert openai_without_provenance(message) == s.spooled[name]
     call = c[1]
     assert call.tool_calls == s.spooled["drop_call"]["tool_calls"]
     assert call.reasoning == "look for restaurants"
-    assert call.extra["hermes"]["kind"] == 3
+    assert provenance(call)["kind"] == 3
     assert c[2].tool_call_id == "call_dinner"
-    # A dict's own timestamp is the message's; else the payload's ts.
-    assert c[3].timestamp == datetime.fromtimestamp(s.spooled["dump_answer"]["timestamp"], UTC)
-    assert c[1].timestamp == datetime.fromtimestamp(c[1].extra["hermes"]["ts"], UTC)
+    assert c[6].timestamp == datetime.fromtimestamp(s.spooled["dump_answer"]["timestamp"], UTC)
+    assert c[1].timestamp == datetime.fromtimestamp(provenance(c[1])["ts"], UTC)
 
-    # A session known only from the spool is created; a spooled message equal to a stored
-    # row is stored anyway and reported.
+    # Inbound user text is a user message of the session Hermes gives it to: data.session_id,
+    # or the routing key (gateway_routing names a) followed to the tip of the chain (c).
+    inbound = c[3:6]
+    assert [(m.role, m.content) for m in inbound] == [
+        ("user", "are you still there?"),
+        ("user", "first queued line"),
+        ("user", "second queued line"),
+    ]
+    for message in inbound:
+        assert message.timestamp == datetime.fromtimestamp(provenance(message)["ts"], UTC)
+    assert provenance(inbound[0])["data"]["sender_name"] == "Ana"
+    assert (summary.inbound_messages, summary.inbound_inserted) == (3, 3)
+    assert summary.inbound_undelivered == []
+
+    # The dump's entry already in state.db is skipped and said so, not a "duplicate".
+    assert [p.where for p in summary.dump_entries_persisted] == [
+        f"pending_messages/{s.files['dump']} messages[0]"
+    ]
+    assert summary.possible_duplicates == []
+
+    # A session known only from the spool (its file has a BOM) is created; a .json.bad
+    # payload is imported; the half-written .tmp is noted, not read.
     assert [m.content for m in store.load_transcript(s.spool_only)] == ["hello from a lost session"]
-    assert [p.where for p in summary.possible_duplicates] == [
-        f"pending_messages/{s.files['replayed']} data.message"
+    cron = store.load_transcript(s.cron)
+    refused = [m for m in cron if provenance(m).get("spool_file") == s.files["refused"]]
+    assert [m.content for m in refused] == ["digest: 0 items"]
+    assert provenance(refused[0])["refused_by_gateway_db"] is True
+    assert [f.refused_by_gateway_db for f in summary.files if f.name == s.files["refused"]] == [
+        True
     ]
+    assert s.files["tmp"] not in {f.name for f in summary.files}
+    assert any(p.where.endswith(s.files["tmp"]) for p in summary.notes)
 
-    # Kinds 1 and 2: not transcript messages; written out for re-delivery, in order.
-    assert summary.inbound_messages == 3
-    assert summary.inbound_report == str(report)
-    lines = [json.loads(line) for line in report.read_text().splitlines()]
-    assert [line["file"] for line in lines] == [
-        s.files["pending"],
-        s.files["tail_0"],
-        s.files["tail_1"],
-    ]
-    assert [line["text"] for line in lines] == [
-        "are you still there?",
-        "first queued line",
-        "second queued line",
-    ]
-    assert lines[0]["payload"] == json.loads((s.spool.path / s.files["pending"]).read_bytes())
-    contents = [m.content for ms in all_messages(store).values() for m in ms]
-    assert "are you still there?" not in contents
-    assert "first queued line" not in contents
-
-    # Files that are not payloads are reported and left alone.
+    # Files that are not payloads are reported and left alone: they need a person.
     assert {f.name for f in summary.unparseable_files} == {s.files["broken"], s.files["unknown"]}
     assert all(f.error for f in summary.unparseable_files)
+    assert summary.needs_attention
     assert (s.spool.path / s.files["broken"]).exists()
+
+    # The delegation result Hermes never delivered is mentioned.
+    assert [p.where for p in summary.pending_delegations] == [
+        "state.db async_delegations id='dlg-1'"
+    ]
+
+
+def test_inbound_text_no_session_takes_needs_a_person(
+    database_url: str, store: SessionRepository, tmp_path: Path
+) -> None:
+    home = tmp_path / "hermes"
+    home.mkdir()
+    db = HermesDB(home / "state.db")
+    db.session("s1", session_key="agent:main:cli")
+    db.message("s1", "user", "hi")
+    db.close()
+    spool = Spool(home)
+    lost = spool.shutdown_pending("agent:main:nowhere", "anyone?", 1_800_000_000)
+    spool.shutdown_pending("agent:main:cli", "routed", 1_800_000_001)
+
+    summary = run_import(database_url, home, expect=EXIT_ATTENTION)
+
+    assert [p.where for p in summary.inbound_undelivered] == [f"pending_messages/{lost}"]
+    assert [m.content for m in store.load_transcript("s1")] == ["hi", "routed"]
+    assert (spool.path / lost).exists()
+
+
+def test_dump_entries_marked_persisted(
+    database_url: str, store: SessionRepository, tmp_path: Path
+) -> None:
+    """Without a uid, ``_db_persisted`` is trusted; with one, state.db must hold it."""
+    home = tmp_path / "hermes"
+    home.mkdir()
+    db = HermesDB(home / "state.db")
+    db.session("s1")
+    db.message("s1", "user", "hi", message_uid="a" * 32)
+    db.close()
+    dump = Spool(home).history_dump(
+        "s1",
+        [
+            {"role": "user", "content": "hi", "_db_persisted": True, "message_uid": "a" * 32},
+            {"role": "assistant", "content": "old gateway", "_db_persisted": True},
+            {
+                "role": "assistant",
+                "content": "claims",
+                "_db_persisted": True,
+                "message_uid": "b" * 32,
+            },
+            {"role": "user", "content": "unsaved"},
+        ],
+    )
+
+    summary = run_import(database_url, home)
+
+    assert [p.where.rsplit(" ", 1)[1] for p in summary.dump_entries_persisted] == [
+        "messages[0]",
+        "messages[1]",
+    ]
+    assert [m.content for m in store.load_transcript("s1")] == ["hi", "claims", "unsaved"]
+    assert any(p.where == f"pending_messages/{dump} messages[2]" for p in summary.notes)
+
+
+# -- running it again, Hermes restarting --------------------------------------------------
 
 
 def test_import_again_inserts_nothing(
     modern: ModernHome, database_url: str, store: SessionRepository, tmp_path: Path
 ) -> None:
-    report = tmp_path / "inbound.jsonl"
-    first = run_import(database_url, modern.home, report, expect=EXIT_ATTENTION)
+    first = run_import(database_url, modern.home, expect=EXIT_ATTENTION)
     before = all_messages(store)
-    written = report.read_bytes()
 
-    again = run_import(database_url, modern.home, report, expect=EXIT_ATTENTION)
+    again = run_import(database_url, modern.home, expect=EXIT_ATTENTION)
 
     assert again.messages_inserted == 0
-    assert again.messages_already_present == first.messages_inserted == 28
+    assert again.messages_already_present == first.messages_read == 34
     assert (again.messages_changed, again.sessions_new, again.history_sessions) == (0, 0, 0)
+    assert again.inbound_inserted == 0
     assert all_messages(store) == before
-    assert report.read_bytes() == written
     # A copy of the home elsewhere is the same source: keys do not depend on the path.
     copy = tmp_path / "elsewhere" / "hermes-copy"
     shutil.copytree(modern.home, copy)
@@ -516,55 +690,90 @@ def test_import_again_inserts_nothing(
     assert all_messages(store) == before
 
 
-def test_the_source_is_never_modified(
-    modern: ModernHome, database_url: str, tmp_path: Path
+def test_import_twice_hermes_restarts_import_again_stores_every_message_once(
+    clean: ModernHome, database_url: str, store: SessionRepository
 ) -> None:
-    # The gateway still has state.db open (WAL): the import reads alongside it.
-    before = snapshot(modern.home)
-    run_import(database_url, modern.home, tmp_path / "inbound.jsonl", expect=EXIT_ATTENTION)
-    after = snapshot(modern.home)
-    # The -shm file is SQLite's shared-memory index, where readers register themselves.
-    assert {k: v for k, v in after.items() if not k.endswith("-shm")} == {
-        k: v for k, v in before.items() if not k.endswith("-shm")
-    }
+    """The issue's "done when": exit 0 every time, nothing new after the restart, the
+    gateway's home byte-for-byte unchanged by each import."""
+    s = clean
+    build_profile(s.home, "work").close()
+    before = snapshot(s.home)
+    first = run_report(database_url, s.home)
+    second = run_report(database_url, s.home)
+    assert snapshot(s.home) == before
+    stored = all_messages(store)
+
+    s.db.close()
+    replayed = hermes_restart(s.home) + hermes_restart(s.home / "profiles" / "work")
+    assert len(replayed) == 7 + 1  # 3 + 1 inbound, 4 cap drops (not the .bad one)
+    restarted = snapshot(s.home)
+    third = run_report(database_url, s.home)
+    assert snapshot(s.home) == restarted
+
+    assert [h.profile for h in first.homes] == ["default", "work"]
+    assert sum(h.messages_inserted for h in first.homes) == 33 + 3
+    for report in (second, third):
+        assert sum(h.messages_inserted for h in report.homes) == 0
+        assert not report.needs_attention
+    root = third.homes[0]
+    # The replayed rows were stored from the spool; the cap drop Hermes' crashed replay
+    # had stored already is now in state.db twice, and kept once.
+    assert root.messages_seen_by_another_route == 6
+    assert [p.field for p in root.duplicate_rows] == ["message_uid"]
+    assert all_messages(store) == stored
+    # Every message once: no key twice, and no content twice where Hermes had it once.
+    for session_id, messages in stored.items():
+        keys = [m.client_msg_uuid for m in messages]
+        assert len(keys) == len(set(keys)), session_id
+    work = store.get_session("work_20250105_0900")
+    assert work.metadata["hermes"]["profile"] == "work"
+    assert [m.content for m in store.load_transcript(work.id)] == [
+        "hello from the work profile",
+        "hi, work here",
+        "queued for work",
+    ]
 
 
-def test_a_stopped_gateways_home_keeps_its_files(database_url: str, tmp_path: Path) -> None:
-    home = build_modern_home(tmp_path / "hermes")
-    home.db.close()  # the gateway stopped: SQLite checkpointed and removed its -wal
-    before = snapshot(home.home)
-    assert "state.db-wal" not in before
-    run_import(database_url, home.home, tmp_path / "inbound.jsonl", expect=EXIT_ATTENTION)
-    after = snapshot(home.home)
-    # Every file is unchanged; a read-only reader of a WAL database leaves SQLite's
-    # (empty) side files behind, and nothing else.
-    assert {k: after[k] for k in before} == before
-    assert set(after) - set(before) <= {"state.db-wal", "state.db-shm"}
-    assert after.get("state.db-wal", (b"",))[0] == b""
+def test_a_home_without_uids_restarts_without_doubling(
+    database_url: str, store: SessionRepository, tmp_path: Path
+) -> None:
+    """A version 30 gateway mints no message_uid: content keys carry the restart."""
+    home = tmp_path / "hermes"
+    home.mkdir()
+    db = HermesDB(home / "state.db", version=30)
+    db.session("s1", session_key="agent:main:cli")
+    db.message("s1", "user", "ok")
+    db.message("s1", "assistant", "ok")
+    db.close()
+    spool = Spool(home)
+    spool.cap_drop(
+        "s1", {"role": "user", "content": "ok", "timestamp": 1_800_000_000.5}, 1_800_000_001, 1
+    )
+    spool.shutdown_pending("agent:main:cli", "ok", 1_800_000_002)
+    spool.cap_drop("s1", {"role": "assistant", "content": "ok"}, 1_800_000_003, 2)
 
+    first = run_import(database_url, home)
+    stored = store.load_transcript("s1")
+    # The rows, then the spool in replay order (ts): the cap drop, the inbound text, the
+    # second cap drop.
+    assert [(m.role, m.content) for m in stored] == [
+        ("user", "ok"),
+        ("assistant", "ok"),
+        ("user", "ok"),
+        ("user", "ok"),
+        ("assistant", "ok"),
+    ]
+    assert first.messages_inserted == 5
+    assert len(first.possible_duplicates) == 3  # no uid to tell equal messages apart
 
-def test_a_gateway_writing_during_the_import(modern: ModernHome, store: SessionRepository) -> None:
-    """The import reads one snapshot: rows written meanwhile come with the next run."""
-    s = modern
-    written: list[int] = []
-    seen = 0
+    hermes_restart(home)
+    again = run_import(database_url, home)
 
-    def progress(count: int) -> None:
-        nonlocal seen
-        seen += count
-        if not written:
-            written.append(s.db.message(s.c, "assistant", "written during the import"))
-
-    summary = import_hermes(s.home, store, progress=progress, batch_size=2)
-    assert summary.rows_read == len(s.db.rows) - 1
-    assert seen == summary.messages_read  # the progress calls add up
-
-    again = import_hermes(s.home, store)
-    assert again.messages_inserted == 1
-    assert store.load_transcript(s.c)[-1].content == "written during the import"
-
-
-# -- re-runs on a changed source, failures ------------------------------------------------
+    assert again.messages_inserted == 0
+    assert again.messages_seen_by_another_route == 3
+    assert store.load_transcript("s1") == stored
+    expected = hermes_view(home / "state.db", "s1")
+    assert [presented(m) for m in stored] == expected
 
 
 def test_rows_hermes_changed_since_an_earlier_import_are_reported(
@@ -572,9 +781,10 @@ def test_rows_hermes_changed_since_an_earlier_import_are_reported(
 ) -> None:
     s = modern
     run_import(database_url, s.home, expect=EXIT_ATTENTION)
-    # Hermes compacts c in place and someone edits the cron answer.
+    # Hermes compacts c in place (the copy keeps the uid) and someone edits the cron answer.
+    c_uid = next(row["message_uid"] for row in s.db.rows if row["id"] == s.ids["c_user"])
     s.db.execute("UPDATE messages SET active = 0, compacted = 1 WHERE id = ?", s.ids["c_user"])
-    s.db.message(s.c, "user", "Thanks! And dinner?")
+    s.db.message(s.c, "user", "Thanks! And dinner?", message_uid=c_uid)
     s.db.execute("UPDATE messages SET content = 'Edited.' WHERE id = ?", s.ids["cron_answer"])
 
     again = run_import(database_url, s.home, expect=EXIT_ATTENTION)
@@ -584,7 +794,7 @@ def test_rows_hermes_changed_since_an_earlier_import_are_reported(
     assert [p.where for p in again.archived_since_import] == [
         f"state.db messages.id={s.ids['c_user']}"
     ]
-    cron = {m.extra["hermes"].get("id"): m for m in store.load_transcript(s.cron)}
+    cron = {provenance(m).get("id"): m for m in store.load_transcript(s.cron)}
     assert cron[s.ids["cron_answer"]].content == "Nothing new today."  # stored row kept
 
 
@@ -600,8 +810,8 @@ def test_a_message_the_store_refuses_is_reported_and_the_rest_stored(
     assert summary.messages_rejected == 1
     assert [p.where for p in summary.rejected] == [f"state.db messages.id={big}"]
     assert summary.needs_attention
-    assert summary.messages_inserted == summary.messages_read - 1
-    cron = [m.extra["hermes"].get("id") for m in store.load_transcript(s.cron)]
+    assert summary.messages_inserted == 34 - 1
+    cron = [provenance(m).get("id") for m in store.load_transcript(s.cron)]
     assert big not in cron
     assert s.ids["cron_bad_utf8"] in cron  # the rest of its batch
 
@@ -627,7 +837,7 @@ def test_a_store_failure_stops_the_import_and_a_rerun_completes_it(
     with pytest.raises(HermesImportError, match="run it again") as caught:
         import_hermes(s.home, store)
     partial = caught.value.summary.messages_inserted
-    assert 0 < partial < 28
+    assert 0 < partial < 33
 
     result = invoke("--url", database_url, str(s.home))  # still failing: one clean line
     assert result.exit_code == 1
@@ -637,8 +847,111 @@ def test_a_store_failure_stops_the_import_and_a_rerun_completes_it(
 
     monkeypatch.setattr(SessionRepository, "append", append)
     done = run_import(database_url, s.home, expect=EXIT_ATTENTION)
-    assert done.messages_already_present + done.messages_inserted == 28
+    assert done.messages_already_present + done.messages_inserted == 34
     assert len(by_row_id(store)) == len(s.db.rows)
+
+
+# -- the source is never modified ---------------------------------------------------------
+
+
+def test_a_running_gateways_home_is_byte_for_byte_unchanged(
+    modern: ModernHome, database_url: str
+) -> None:
+    # The gateway has state.db open (WAL, its -wal and -shm beside it).
+    before = snapshot(modern.home)
+    assert {"state.db-wal", "state.db-shm"} <= set(before)
+    run_import(database_url, modern.home, expect=EXIT_ATTENTION)
+    assert snapshot(modern.home) == before
+
+
+def test_a_stopped_gateways_home_gets_no_side_files(database_url: str, tmp_path: Path) -> None:
+    home = build_modern_home(tmp_path / "hermes")
+    home.db.close()  # the gateway stopped: SQLite checkpointed and removed its -wal
+    before = snapshot(home.home)
+    assert "state.db-wal" not in before
+    run_import(database_url, home.home, expect=EXIT_ATTENTION)
+    assert snapshot(home.home) == before
+
+
+def test_a_killed_gateways_wal_tail_is_imported_and_left_alone(
+    database_url: str, store: SessionRepository, tmp_path: Path
+) -> None:
+    home = build_modern_home(tmp_path / "hermes", junk=False)
+    home.db.close()
+    kill_a_writing_gateway(home.home / "state.db", home.c, ["only in the WAL", "me too"])
+    before = snapshot(home.home)
+    assert len(before["state.db-wal"][0]) > 0
+    assert "state.db-shm" in before
+
+    summary = run_import(database_url, home.home)
+
+    assert snapshot(home.home) == before
+    assert summary.rows_read == len(home.db.rows) + 2
+    contents = [m.content for m in store.load_transcript(home.c)]
+    assert contents[1:3] == ["only in the WAL", "me too"]  # rows, before the spool
+
+
+def test_a_copy_taken_while_the_gateway_writes_is_taken_again(
+    modern: ModernHome, store: SessionRepository, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    s = modern
+    copyfile = shutil.copyfile
+    written: list[int] = []
+
+    def copy_while_writing(source: Any, target: Any) -> Any:
+        copied = copyfile(source, target)
+        # The gateway commits a row once its WAL was copied: that copy misses it.
+        if str(source).endswith("-wal") and not written:
+            written.append(s.db.message(s.c, "assistant", "written during the copy"))
+        return copied
+
+    monkeypatch.setattr(shutil, "copyfile", copy_while_writing)
+    summary = import_hermes(s.home, store)
+
+    assert summary.rows_read == len(s.db.rows)  # the second copy has the row
+    rows = [m.content for m in store.load_transcript(s.c) if "spool_file" not in provenance(m)]
+    assert rows[-1] == "written during the copy"
+
+
+def test_a_home_that_never_holds_still_is_one_clean_error(
+    modern: ModernHome, store: SessionRepository, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    s = modern
+    copyfile = shutil.copyfile
+
+    def copy_while_writing(source: Any, target: Any) -> Any:
+        copied = copyfile(source, target)
+        s.db.message(s.c, "assistant", "again")
+        return copied
+
+    monkeypatch.setattr(shutil, "copyfile", copy_while_writing)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    with pytest.raises(HermesSourceError, match="kept changing while it was copied"):
+        import_hermes(s.home, store)
+    assert list((tmp_path / "tmp").iterdir()) == []  # the private copy is gone
+
+
+def test_a_gateway_writing_during_the_import(modern: ModernHome, store: SessionRepository) -> None:
+    """The import reads one snapshot: rows written meanwhile come with the next run."""
+    s = modern
+    written: list[int] = []
+    seen = 0
+
+    def progress(count: int) -> None:
+        nonlocal seen
+        seen += count
+        if not written:
+            written.append(s.db.message(s.c, "assistant", "written during the import"))
+
+    summary = import_hermes(s.home, store, progress=progress, batch_size=2)
+    assert summary.rows_read == len(s.db.rows) - 1
+    assert seen == summary.messages_read  # the progress calls add up
+
+    again = import_hermes(s.home, store)
+    assert again.messages_inserted == 1
+    rows = [m for m in store.load_transcript(s.c) if "spool_file" not in provenance(m)]
+    assert rows[-1].content == "written during the import"
 
 
 # -- an old Hermes ------------------------------------------------------------------------
@@ -665,6 +978,9 @@ def test_a_version_2_state_db(database_url: str, store: SessionRepository, tmp_p
     assert parent.metadata["hermes"]["message_count"] == 4
     assert store.resolve_tip(v2.parent).id == v2.child
     assert not any(sid.endswith(HISTORY_SUFFIX) for sid in all_messages(store))
+    for session_id in (v2.parent, v2.child):
+        expected = hermes_view(v2.path, session_id)
+        assert [presented(m) for m in store.load_transcript(session_id)] == expected
     # A rollback-journal database: not one byte or file of the source changes.
     assert snapshot(v2.path.parent) == before
     assert run_import(database_url, v2.path).messages_inserted == 0
@@ -674,6 +990,7 @@ def test_a_state_db_given_alone_says_its_spool_was_not_read(
     database_url: str, tmp_path: Path
 ) -> None:
     v2 = build_v2_state_db(tmp_path / "hermes")
+    v2.db.close()
     Spool(tmp_path / "hermes").history_dump(v2.child, [{"role": "user", "content": "x"}])
     summary = run_import(database_url, v2.path)
     assert summary.spool_not_read == str(tmp_path / "hermes" / "pending_messages")
@@ -682,36 +999,108 @@ def test_a_state_db_given_alone_says_its_spool_was_not_read(
     assert "was not read" in result.stdout
 
 
+# -- profiles -----------------------------------------------------------------------------
+
+
+def test_every_profile_is_imported_and_named(
+    clean: ModernHome, database_url: str, store: SessionRepository
+) -> None:
+    build_profile(clean.home, "work").close()
+    build_profile(clean.home, "family").close()
+
+    report = run_report(database_url, clean.home)
+
+    assert [h.profile for h in report.homes] == ["default", "family", "work"]
+    assert [h.source for h in report.homes[1:]] == [
+        str(clean.home / "profiles" / "family"),
+        str(clean.home / "profiles" / "work"),
+    ]
+    for name in ("family", "work"):
+        session = store.get_session(f"{name}_20250105_0900")
+        assert session.metadata["hermes"]["profile"] == name
+        assert session.source == "slack"
+    # A profile given on its own is named by its folder.
+    again = run_import(database_url, clean.home / "profiles" / "work")
+    assert (again.profile, again.messages_inserted) == ("work", 0)
+
+
+def test_with_no_profiles_each_one_is_listed_with_its_command(
+    clean: ModernHome, database_url: str, store: SessionRepository
+) -> None:
+    build_profile(clean.home, "work").close()
+
+    result = invoke("--url", database_url, "--no-profiles", str(clean.home))
+
+    assert result.exit_code == 0, result.output
+    command_line = f"sessionrepo import-hermes {clean.home / 'profiles' / 'work'}"
+    assert f"work: {command_line}" in result.stdout
+    with pytest.raises(Exception, match="no session"):
+        store.get_session("work_20250105_0900")
+    report = run_report(database_url, clean.home, "--no-profiles")
+    assert report.profiles_not_imported == [("work", command_line)]
+
+
+def test_a_session_id_in_two_profiles_needs_a_person(database_url: str, tmp_path: Path) -> None:
+    home = tmp_path / "hermes"
+    home.mkdir()
+    for root in (home, home / "profiles" / "work"):
+        root.mkdir(parents=True, exist_ok=True)
+        db = HermesDB(root / "state.db")
+        db.session("same-id")
+        db.message("same-id", "user", f"from {root.name}")
+        db.close()
+    report = run_report(database_url, home, expect=EXIT_ATTENTION)
+    assert report.shared_session_ids == ["same-id"]
+
+
 # -- the command --------------------------------------------------------------------------
 
 
-def test_the_text_summary(modern: ModernHome, database_url: str, tmp_path: Path) -> None:
-    result = invoke(
-        "--url", database_url, "--inbound-report", str(tmp_path / "i.jsonl"), str(modern.home)
-    )
+def test_the_text_summary_leads_with_what_needs_a_person(
+    modern: ModernHome, database_url: str
+) -> None:
+    s = modern
+    for index in range(SHOWN + 2):  # more unparseable files than the summary shows
+        s.spool.raw(f"pending-{index:04d}broken.json", b"{")
+    result = invoke("--url", database_url, str(s.home))
     assert result.exit_code == EXIT_ATTENTION, result.output
     out = result.stdout
-    assert "28 inserted, 0 already present, 0 changed, 0 rejected" in out
+    lines = out.splitlines()
+    # Counts first: the line after the header says how many things need a person.
+    assert lines[2] == "  needs a person   7"
+    assert lines[3] == "    spool files not imported (left in place, unchanged): 7"
+    examples = lines[4 : 4 + SHOWN + 1]
+    assert all(line.startswith("      pending-") for line in examples[:SHOWN])
+    assert examples[SHOWN] == "      … 4 more"
+    assert "33 inserted, 1 already present (1 of them stored earlier by another route)" in out
+    assert "4 archived, 1 hidden, 1 rewound, 1 session_meta" in out
     assert "2 overflow tail" in out
     assert "1 agent-history dump" in out
-    assert f"{modern.files['broken']}: cannot be parsed" in out
-    assert "i.jsonl (re-deliver them)" in out
-    assert "extra.hermes.moved_aside.tool_call_id" in out
+    assert "3 in their sessions (3 appended now), 0 undelivered" in out
+    assert "agent-history dump entries already in state.db (skipped): 1" in out
+    assert "Every item of every list: --json, or --report FILE." in out
+    assert len(lines) < 60  # never a list of a thousand lines
 
 
-def test_the_default_inbound_report_is_named_after_the_spool(
-    modern: ModernHome, database_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+def test_a_clean_home_exits_0(clean: ModernHome, database_url: str) -> None:
+    result = invoke("--url", database_url, str(clean.home))
+    assert result.exit_code == 0, result.output
+    assert "needs a person   0 (nothing)" in result.stdout
+
+
+def test_the_whole_report_goes_where_the_user_says(
+    modern: ModernHome, database_url: str, tmp_path: Path
 ) -> None:
-    monkeypatch.chdir(tmp_path)
-    first = run_import(database_url, modern.home, expect=EXIT_ATTENTION)
-    assert first.inbound_report is not None
-    path = Path(first.inbound_report)
-    assert path.parent == tmp_path
-    assert path.name.startswith("hermes-inbound-")
-    with open_hermes(modern.home) as source:
-        assert source.total_messages == 28
-    second = run_import(database_url, modern.home, expect=EXIT_ATTENTION)
-    assert second.inbound_report == first.inbound_report
+    target = tmp_path / "reports" / "import.json"
+    target.parent.mkdir()
+    result = invoke("--url", database_url, "--report", str(target), str(modern.home))
+    assert result.exit_code == EXIT_ATTENTION, result.output
+    report = HermesImportReport.model_validate_json(target.read_text())
+    (home,) = report.homes
+    assert len(home.moved_aside) == 4
+    assert home.unparseable_files
+    assert f"The whole report is in {target}." in result.stdout
+    assert list(target.parent.iterdir()) == [target]  # no temporary file left
 
 
 def test_under_the_sessionrepo_group_the_groups_url_is_used(
@@ -733,9 +1122,16 @@ def test_under_the_sessionrepo_group_the_groups_url_is_used(
         env={"SESSIONREPO_DATABASE_URL": elsewhere},
     )
     assert result.exit_code == EXIT_ATTENTION, result.output
-    assert HermesImportSummary.model_validate_json(result.stdout).messages_inserted == 28
+    report = HermesImportReport.model_validate_json(result.stdout)
+    assert report.homes[0].messages_inserted == 33
     assert len(by_row_id(store)) == len(modern.db.rows)
     assert not (tmp_path / "not-this-one.db").exists()
+
+
+def test_open_hermes_counts_what_an_import_goes_through(modern: ModernHome) -> None:
+    with open_hermes(modern.home) as source:
+        assert source.total_messages == 34
+        assert source.profile is None
 
 
 def test_help_has_an_example() -> None:

@@ -5,124 +5,118 @@ this module turns what it read into sessions and messages and writes them throug
 public methods of :class:`~sessionrepo.store.repository.SessionRepository` (no SQL of its
 own), and :mod:`.summary` holds what an import reports. What it decides, and why:
 
-**The source is never modified.** ``state.db`` is opened with SQLite's ``mode=ro`` URI (not
-``immutable=1``: a gateway may be writing it) and read in one read transaction, so the
-import sees one consistent snapshot however busy the gateway is. Nothing under the Hermes
-home is written, renamed or deleted. One caveat, SQLite's own: a *WAL-mode* database that
-no process has open gets its ``state.db-wal`` / ``state.db-shm`` side files created by any
-reader (they hold SQLite's shared-memory index; Hermes' own read-only opens do the same),
-and a read-only connection cannot remove them again. ``state.db`` itself is untouched.
-Text is decoded with ``surrogateescape``, so a row holding invalid UTF-8 is imported (and
-reported, see below) instead of aborting the import.
+**The source is never modified.** ``state.db`` is not opened where it lies: SQLite writes
+into the ``-shm`` file of a WAL database even on a read-only connection, creates
+``-wal``/``-shm`` when they are missing, and an ``immutable`` open would miss the WAL tail
+of a killed gateway. :mod:`.source` copies ``state.db`` and its ``-wal`` (or ``-journal``)
+into a private temporary directory, again when a file changed while it was copied, and
+reads the copy (SQLite rebuilds the ``-shm`` index there). So the gateway's home stays
+byte-for-byte the same, whether a gateway is running, was killed, or stopped cleanly; the
+import sees one consistent snapshot. Nothing under the Hermes home is written, renamed or
+deleted, spool files included. Text is decoded with ``surrogateescape``, so a row holding
+invalid UTF-8 is imported (and reported) instead of aborting the import.
 
-**Schema versions.** Columns are found with ``PRAGMA table_info``; whatever exists is read,
-nothing is assumed beyond ``sessions.id``, ``messages.id``, ``messages.session_id`` and
-``messages.role``. The ``messages_fts`` index and other tables are ignored.
+**Schema versions.** Columns are found with ``PRAGMA table_info``; whatever exists is read
+(version 2 to 31 and later), nothing is assumed beyond ``sessions.id``, ``messages.id``,
+``messages.session_id`` and ``messages.role``. ``messages_fts`` and other tables are
+ignored, except ``system_prompts`` (the prompt a session's ``system_prompt_hash`` names),
+``gateway_routing`` (where inbound messages go) and ``async_delegations`` (results never
+delivered are reported).
 
-**Sessions.** Each Hermes session becomes a session with the same id (created with
-``create_session``, which is idempotent). Mapped to fields: ``source``, ``user_id``,
-``title``, ``model``, ``model_config`` (JSON text parsed to a dict), ``system_prompt`` (or,
-when it is NULL, the prompt that ``system_prompt_hash`` names in ``system_prompts``),
-``parent_session_id`` (continuation links, compression chains included), ``started_at`` /
-``ended_at`` (epoch seconds to aware UTC), ``end_reason``, ``input_tokens`` /
-``output_tokens`` (Hermes' usage totals: nothing in sessionrepo derives them). Every
-other non-NULL column goes to ``metadata["hermes"]``, under its column name, together
-with Hermes' own ``message_count`` / ``tool_call_count`` / token counters (sessionrepo
-counts the messages it stores itself) and the exact ``started_at`` / ``ended_at`` REALs.
-A ``model_config`` that is not a JSON object stays in ``metadata["hermes"]["model_config"]``
-as the text it was. Sessions are imported oldest first, so that listing the store by
-latest activity keeps Hermes' order.
+**Profiles.** A named profile (``profiles/<name>/``) is a Hermes home of its own; the CLI
+imports the root home and every profile (:func:`hermes_profiles`), and each session's
+``metadata["hermes"]["profile"]`` names its profile (``"default"`` for the root home).
+
+**Sessions.** Each Hermes session becomes a session with the same id. Mapped to fields:
+``source``, ``user_id``, ``title``, ``model``, ``model_config`` (JSON text parsed to a
+dict), ``system_prompt`` (or the prompt ``system_prompt_hash`` names), ``parent_session_id``,
+``started_at`` / ``ended_at``, ``end_reason``, ``input_tokens`` / ``output_tokens``. Every
+other non-NULL column goes to ``metadata["hermes"]`` under its column name.
 
 **Messages.** Rows are read in ``id`` order (Hermes' transcript order). Mapped to fields:
 ``role``, ``content`` (the ``"\\x00json:"`` form becomes the JSON content parts it
-encodes), ``tool_calls`` (JSON text to a list), ``tool_call_id``, ``tool_name``,
-``reasoning``, ``finish_reason``, ``token_count``, ``timestamp`` (epoch seconds to aware
-UTC), ``platform_message_id``. Every other non-NULL column goes to ``extra["hermes"]``
-under its column name (``reasoning_content``, ``reasoning_details``, ``codex_*``,
-``observed``, ``active``, ``compacted``, ``api_content``, ``display_kind``,
-``display_metadata``, ``message_uid``, and any column a later Hermes adds), plus the
-source row's ``id`` and its exact ``timestamp`` REAL. JSON-valued Hermes columns are kept
-as the text Hermes stored. ``extra["hermes"]`` is import provenance: ``to_openai()``
-includes it, so drop that key before sending a loaded transcript to a provider.
+encodes), ``tool_calls``, ``tool_call_id``, ``tool_name``, ``reasoning``,
+``finish_reason``, ``token_count``, ``timestamp``, ``platform_message_id``. Every other
+non-NULL column goes to ``extra["hermes"]`` under its column name, plus the row's ``id``
+and exact ``timestamp`` REAL. JSON-valued columns are kept as the text Hermes stored; a
+BLOB (``display_identity``) as ``{"base64": "<its bytes>"}``, which gives the bytes back
+exactly. ``extra["hermes"]`` is import provenance: drop it before sending a loaded
+transcript to a provider.
 
-**Inactive rows** (``active = 0``: archived by compaction or undone by rewind) are not part
-of the conversation a user or an agent resumes, but they must not be lost. They are
-stored, in ``id`` order, in a companion session ``"<id>#history"`` (same source and user,
-ended, ``metadata["hermes"]["history_of"]`` naming the live session, no
-``parent_session_id`` so that it is never taken for a continuation). So
-``load_transcript(id)`` is exactly the live transcript Hermes would load, and the archive
-is one call away. Each row keeps its Hermes ``id`` in ``extra["hermes"]["id"]``, so the
-two can be merged back into Hermes' original order.
+**Rows that are not conversation** are kept, out of the live transcript, the way Hermes
+keeps them out of the model's history: ``active = 0`` (``archived`` by compaction, or
+``rewound``), ``display_kind = 'hidden'`` and ``role = 'session_meta'`` bookkeeping rows
+(stored with role ``system``, the Hermes role in ``extra["hermes"]["role"]``). Each has its
+state in ``extra["hermes"]["state"]``. Until the store can retract messages (issue 14),
+they are stored, in ``id`` order, in a companion session ``"<id>#history"`` (ended,
+``metadata["hermes"]["history_of"]`` naming the live session, no parent, so that it is never
+taken for a continuation); :meth:`_Importer._set_aside` is the one place that decides it.
+So ``load_transcript(id)`` is the conversation Hermes' own reader presents.
 
-**Keys** are deterministic, so that running the import again inserts nothing:
+**Keys: one per logical message, whatever route it took.** A message can be read as a
+``state.db`` row, as a kind-3 payload (and, after a Hermes restart replayed it, as a row),
+or in a kind-4 dump. Keys never depend on a path or a row ``id``:
 
-- a row whose ``message_uid`` is set gets ``uuid5(NAMESPACE, "message_uid:" + uid)``
-  (:func:`uid_key`), a gateway that knows the uid can compute it. In-place compaction
-  copies a row with its uid; the uid then stays the key of its *first* row (the lowest
-  ``id``, the original) and the later copies are keyed as rows without a uid. Keying only
-  uids that are unique at import time would not be stable: a compaction between two
-  imports would change the original's key and store it twice.
-- any other row gets :func:`row_key`, a uuid5 of its session id, row ``id``, exact
-  ``timestamp`` and ``role``. This is the row's identity without naming its database: a
-  path is not stable across copies, and a "database identity" taken from some first row
-  changes when Hermes deletes that session. These values never change for a stored row,
-  are equal in every copy or backup of the file, and do not repeat across gateways (a row
-  ``id`` is unique in its file; another gateway's row with the same session id and ``id``
-  would also need the same timestamp to the last bit).
-- a spool message gets :func:`spool_key` of its file name (``pending-<uuid4>.json``,
-  unique per payload) and its index in the file, unless its dict carries its own
-  ``client_msg_uuid``.
+- a message with a ``message_uid`` gets :func:`uid_key` (a gateway that knows the uid can
+  compute it), by whichever route it comes. Copies a compaction made (a later row of the
+  same session with the same uid) get :func:`copy_key` of the uid and their rank among the
+  copies: distinct rows, and stable (compaction only adds rows). A later *live* row of a
+  uid whose earlier row is live too is not a copy but the message stored twice (Hermes'
+  spool replay is not idempotent): it is kept once and listed.
+- a message without a uid gets :func:`content_key`: its session, role, content and how many
+  messages of that session with the same role and content come before it (rows in ``id``
+  order, then the spool in the order a Hermes restart replays it). A restart appends the
+  replayed messages after the rows in that same order, so each keeps its key. Should the
+  restart give a replayed inbound message a uid of its own, the row is recognised (a
+  ``user`` row dated to the payload's integer ``ts``, whose content key an earlier import
+  stored from the spool) and keeps that key.
+
+The same message read by another route is *already present*, not a conflict: when the key
+is stored with other provenance (a spool payload then, a row now) and the same role and
+content (for a content key, the same timestamp too), it is counted as already present.
 
 **The spool** is read, never changed; unparseable or unrecognised files are reported and
-stay where they are.
+stay where they are. Files are read as ``utf-8-sig`` (a BOM is fine); ``.json.bad`` files
+(a payload the gateway's database refused) are payloads; ``.pending-*.tmp`` files are
+half-written and noted, not read.
 
-- Kind 3 (transcript cap drop) and kind 4 (agent-history dump) hold OpenAI-format message
-  dicts that never reached ``state.db``. They are stored in their session with every key of
-  the dict (``tool_calls``, ``tool_call_id``, ``reasoning`` and unknown keys alike, so
-  ``to_openai()`` gives the dict back plus ``"hermes"``), after that session's
-  ``state.db`` rows, in replay order ``(ts, seq, file name)`` then index in the file. A
-  kind 4 payload has no ``ts``; its file's modification time (when the gateway wrote it at
-  shutdown) stands in. Their true place among the stored rows cannot be recovered (clocks
-  regress), so they are kept together and carry their provenance in ``extra["hermes"]``
-  (file, kind, reason, ts, seq, index). A spool message equal in role, content and
-  tool-call id to a stored row of its session (the gateway's replay inserted it and then
-  crashed before deleting the file) is still stored, and listed as a possible duplicate.
-  Its timestamp is the dict's own ``"timestamp"`` when that is epoch seconds, else the
-  payload's ``ts``, else the file time.
-- Kinds 1 and 2 (shutdown pending slot, overflow tail) are inbound user text the agent had
-  not processed yet: not messages of any transcript, and not for the outbox (which only
-  replays transcript messages). They are counted in the summary and, when a path is
-  given (the CLI always gives one), written one JSON object per line in replay order to a
-  report file the operator re-delivers from; the spool files stay where they are. The
-  CLI's default name (:func:`default_inbound_report`) is derived from the payload files,
-  so a re-run rewrites the same file with the same content.
+- Kinds 1 and 2 (inbound user text the agent never processed) become ``user`` messages,
+  ``timestamp = ts``, of the session Hermes would append them to: ``data.session_id``, else
+  the session ``session_key`` routes to (``gateway_routing``, else the newest session with
+  that ``session_key``), followed to the live tip of its compression chain. One that no
+  session can be found for is listed (it needs a person) and stays in the spool.
+- Kind 3 (transcript cap drop) is stored in its session with every key of the dict
+  (``tool_calls``, ``tool_call_id``, ``reasoning``, ``message_uid`` and unknown keys alike).
+  Its timestamp is the dict's own ``"timestamp"``, else the payload's ``ts``.
+- Kinds 1 to 3 join their session after its rows in Hermes' replay order
+  ``(ts, seq, file name)``; provenance in ``extra["hermes"]`` (file, kind, reason, ts, seq).
+- Kind 4 (agent-history dump) holds the agent's whole conversation: an entry whose
+  ``message_uid`` ``state.db`` holds, or that says ``_db_persisted`` without a uid, is
+  skipped and counted as already persisted; the rest are stored after the replayed kinds
+  (Hermes never replays kind 4), dated by their own ``"timestamp"``, else the file's time.
 
 **Values that cannot be stored faithfully** (a lone surrogate, invalid UTF-8, a control
-character in an id, NaN, JSON that does not parse, a number where text belongs) never
-abort the import. The field gets the nearest storable value (lone surrogates become
-U+FFFD; an unusable id, ``tool_calls`` or count becomes NULL) and the original goes, as its
-``repr()``, to ``extra["hermes"]["moved_aside"][field]`` (``metadata["hermes"]["moved_aside"]``
-for sessions); the summary lists each one. A session id that cannot be an id is replaced by
-``hermes-<uuid5>`` with the original in ``metadata["hermes"]["moved_aside"]["id"]``.
+character in an id, NaN, JSON that does not parse) never abort the import. The field gets
+the nearest storable value and the original goes, as its ``repr()``, to
+``extra["hermes"]["moved_aside"][field]`` (``metadata["hermes"]["moved_aside"]`` for
+sessions); the summary lists each one.
 
 **Writes** go straight to the primary with ``SessionRepository.append``, in batches of at
-most 500 messages per transaction, not through ``TranscriptWriter``: an import is a one-off
-an operator watches, and the summary must say exactly what was inserted, already present,
-or stored with different content. A database failure stops the import with an error that
-says how far it got; running it again continues (keys make the repeat a no-op). A message
-the store rejects for its size is reported and the rest of its batch is stored.
+most 500 messages per transaction. A database failure stops the import with an error that
+says how far it got; running it again continues. A message the store rejects for its size
+is reported and the rest of its batch is stored.
 
-**Running it again** on an unchanged source inserts nothing. Rows Hermes changed in place
-since an earlier import (``active`` flipped by compaction, an edit) have the same key and
-different content: the stored row is kept (append-only) and the summary lists them;
-rows archived since an earlier import are listed too (they are then in the live session,
-from the earlier run, and in the history session).
+**Running it again** on an unchanged source inserts nothing, and neither does a run after a
+Hermes restart replayed the spool into ``state.db``. A row Hermes changed in place since an
+earlier import has the same key and different content: the stored row is kept
+(append-only) and listed; a row archived since an earlier import is listed too.
 """
 
 from __future__ import annotations
 
+import base64
+import collections
 import dataclasses
-import hashlib
 import json
 import math
 import os
@@ -131,7 +125,6 @@ import time
 import uuid
 from collections.abc import Callable, Mapping
 from datetime import datetime
-from pathlib import Path
 from typing import Any, Final, Literal, get_args
 
 from pydantic import ValidationError
@@ -139,60 +132,70 @@ from pydantic import ValidationError
 from sessionrepo.errors import InvalidMessage, NotFound, RepoError
 from sessionrepo.importers.hermes.source import (
     KIND_NAMES,
+    PROFILES_DIR,
     SPOOL_DIR,
     STATE_DB,
     HermesSource,
     SpoolMessage,
-    default_inbound_report,
     epoch_seconds,
+    hermes_profiles,
     one_line,
     open_hermes,
 )
 from sessionrepo.importers.hermes.summary import (
     HermesImportError,
+    HermesImportReport,
     HermesImportSummary,
     HermesSourceError,
     Problem,
     SpoolFile,
 )
-from sessionrepo.models import Message
+from sessionrepo.models import Message, StoredMessage
 from sessionrepo.models._limits import MAX_ID_LENGTH, check_identifier, check_json, check_text
 from sessionrepo.models.message import KEY_FIELD, Role, to_utc, utcnow
 from sessionrepo.store.repository import SessionRepository
 
 __all__ = [
     "BATCH_SIZE",
+    "DEFAULT_PROFILE",
     "HISTORY_END_REASON",
     "HISTORY_SUFFIX",
     "JSON_CONTENT_MARK",
     "KIND_NAMES",
     "NAMESPACE",
+    "PROFILES_DIR",
     "SPOOL_DIR",
     "STATE_DB",
     "HermesImportError",
+    "HermesImportReport",
     "HermesImportSummary",
     "HermesSource",
     "HermesSourceError",
     "Problem",
     "SpoolFile",
-    "default_inbound_report",
+    "content_key",
+    "copy_key",
+    "hermes_profiles",
     "import_hermes",
     "open_hermes",
-    "row_key",
-    "spool_key",
+    "row_state",
     "uid_key",
 ]
 
 #: The uuid5 namespace of every key this importer makes (see :func:`uid_key`).
 NAMESPACE: Final = uuid.UUID("0b4f6c1e-8a57-5d0c-9e3a-6d2f1b7c4a90")
-#: Suffix of the companion session holding a session's ``active = 0`` rows.
+#: Suffix of the companion session holding a session's non-conversation rows.
 HISTORY_SUFFIX: Final = "#history"
 #: ``end_reason`` of a companion history session.
 HISTORY_END_REASON: Final = "hermes_history"
+#: ``metadata["hermes"]["profile"]`` of the sessions of a root Hermes home.
+DEFAULT_PROFILE: Final = "default"
 #: Most messages written per transaction.
 BATCH_SIZE: Final = 500
 #: How Hermes marks a ``content`` value that is JSON (multimodal parts).
 JSON_CONTENT_MARK: Final = "\x00json:"
+#: Hermes' bookkeeping role: not part of the conversation.
+SESSION_META: Final = "session_meta"
 _ROLES: Final = frozenset(get_args(Role))
 #: ``sessions`` columns that become ``Session`` fields and are not kept in metadata too.
 _SESSION_FIELDS: Final = frozenset(
@@ -212,21 +215,37 @@ _BATCH_INDEX: Final = re.compile(r"^messages\[(\d+)\]")
 
 
 def uid_key(message_uid: str) -> uuid.UUID:
-    """The key of the first row carrying a Hermes ``message_uid``."""
+    """The key of the message a Hermes ``message_uid`` names (its first row)."""
     return uuid.uuid5(NAMESPACE, "message_uid:" + message_uid)
 
 
-def row_key(session_id: Any, row_id: Any, timestamp: Any, role: Any) -> uuid.UUID:
-    """The key of a ``messages`` row without a usable uid: its immutable columns.
+def copy_key(message_uid: str, rank: int) -> uuid.UUID:
+    """The key of the ``rank``-th later row of a session carrying ``message_uid`` (a copy
+    made by compaction; the first row has :func:`uid_key`)."""
+    return uuid.uuid5(NAMESPACE, f"message_uid:{message_uid}:copy:{rank}")
 
-    ``repr`` keeps it deterministic for any value SQLite can hold (lone surrogates too).
+
+def content_key(session_id: Any, role: Any, content: Any, occurrence: int) -> uuid.UUID:
+    """The key of a message without a uid: the ``occurrence``-th message (from 0) of its
+    session with this role and content, in transcript order.
+
+    ``content`` is the decoded value (text, or the JSON content parts). ``repr`` and
+    ASCII-escaped JSON keep it deterministic for any value (lone surrogates too).
     """
-    return uuid.uuid5(NAMESPACE, f"row:{session_id!r}:{row_id!r}:{timestamp!r}:{role!r}")
+    text = json.dumps(content, ensure_ascii=True, default=repr)
+    return uuid.uuid5(NAMESPACE, f"content:{session_id!r}:{role!r}:{occurrence}:{text}")
 
 
-def spool_key(file_name: str, index: int) -> uuid.UUID:
-    """The key of the ``index``-th message of a spool file."""
-    return uuid.uuid5(NAMESPACE, f"spool:{file_name!r}:{index}")
+def row_state(row: Mapping[str, Any]) -> str | None:
+    """Why a ``messages`` row is not part of the conversation, else ``None``:
+    ``archived`` (compaction), ``rewound``, ``session_meta`` or ``hidden``."""
+    if row.get("active") in (0, "0"):
+        return "archived" if row.get("compacted") in (1, "1") else "rewound"
+    if row.get("role") == SESSION_META:
+        return SESSION_META
+    if row.get("display_kind") == "hidden":
+        return "hidden"
+    return None
 
 
 # -- turning values into fields -----------------------------------------------------------
@@ -265,6 +284,14 @@ class _Aside:
 def _problem(exc: ValueError, field: str) -> str:
     text = str(exc)
     return text[len(field) + 2 :] if text.startswith(f"{field}: ") else text
+
+
+def _column(value: Any, field: str, aside: _Aside) -> Any:
+    """A column kept in ``extra``/``metadata``: a BLOB as ``{"base64": ...}`` (Hermes keeps
+    JSON as text, so a dict there can only be one), anything else checked as JSON."""
+    if isinstance(value, bytes):
+        return {"base64": base64.b64encode(value).decode("ascii")}
+    return _json_value(value, field, aside)
 
 
 def _clean_text(value: str) -> str:
@@ -328,6 +355,8 @@ def _identifier(value: Any, field: str, aside: _Aside, max_length: int = MAX_ID_
 def _role(value: Any, aside: _Aside) -> str:
     if isinstance(value, str) and value in _ROLES:
         return value
+    if value == SESSION_META:  # kept in extra["hermes"]["role"]; the row is set aside
+        return "system"
     aside.move("role", value, f"{value!r} is not a role sessionrepo stores: stored as 'system'")
     return "system"
 
@@ -420,9 +449,8 @@ def _parse_json_text(value: Any, field: str, aside: _Aside) -> tuple[bool, Any]:
         return False, None
 
 
-def _fingerprint(role: Any, content: Any, tool_call_id: Any) -> bytes:
-    text = json.dumps([role, content, tool_call_id], ensure_ascii=True, default=repr)
-    return hashlib.blake2b(text.encode(), digest_size=16).digest()
+def _fingerprint(role: Any, content: Any) -> str:
+    return json.dumps([role, content], ensure_ascii=True, default=repr)
 
 
 # -- the import -------------------------------------------------------------------------
@@ -430,11 +458,89 @@ def _fingerprint(role: Any, content: Any, tool_call_id: Any) -> bytes:
 
 @dataclasses.dataclass
 class _Pending:
-    """Messages waiting to be appended to one stored session, with where each came from."""
+    """Messages waiting to be appended to one stored session, with where each came from
+    and what kind of key each has (``uid`` or ``content``)."""
 
     session_id: str
     messages: list[Message] = dataclasses.field(default_factory=list)
     wheres: list[str] = dataclasses.field(default_factory=list)
+    kinds: list[str] = dataclasses.field(default_factory=list)
+
+
+@dataclasses.dataclass
+class _Keys:
+    """How one Hermes session's messages are keyed, in transcript order (rows in ``id``
+    order, then the spool in replay order)."""
+
+    raw_session: Any
+    #: Rows kept so far per ``message_uid`` (the first one is the message, later ones copies).
+    uid_rows: collections.Counter[str] = dataclasses.field(default_factory=collections.Counter)
+    #: ``message_uid``s a live row of the session carries so far.
+    live_uids: set[str] = dataclasses.field(default_factory=set)
+    #: Messages seen so far per (role, content).
+    seen: collections.Counter[str] = dataclasses.field(default_factory=collections.Counter)
+    #: (role, content) of the rows, for spotting a spool message equal to a row.
+    row_prints: set[str] = dataclasses.field(default_factory=set)
+
+    def count(self, role: Any, content: Any) -> int:
+        """How many messages with this role and content came before; counts this one."""
+        fingerprint = _fingerprint(role, content)
+        occurrence = self.seen[fingerprint]
+        self.seen[fingerprint] += 1
+        return occurrence
+
+    def for_row(
+        self, uid: Any, role: Any, content: Any, live: bool
+    ) -> tuple[uuid.UUID, str, uuid.UUID]:
+        """The key of a row, and its kind: ``uid``, ``content``, or ``duplicate`` (a second
+        live row of a uid whose earlier row is still live: not a compaction copy, which
+        replaces an archived row, but the same message stored twice, as Hermes' own spool
+        replay does when it crashed between its insert and deleting the file); last, the
+        key the row would have without its uid."""
+        occurrence = self.count(role, content)  # a duplicate too: the spool copy counted
+        self.row_prints.add(_fingerprint(role, content))
+        by_content = content_key(self.raw_session, role, content, occurrence)
+        if isinstance(uid, str) and uid:
+            if live and uid in self.live_uids:
+                return uid_key(uid), "duplicate", by_content
+            if live:
+                self.live_uids.add(uid)
+            rank = self.uid_rows[uid]
+            self.uid_rows[uid] += 1
+            return (uid_key(uid) if rank == 0 else copy_key(uid, rank)), "uid", by_content
+        return by_content, "content", by_content
+
+    def for_spool(self, uid: Any, role: Any, content: Any) -> tuple[uuid.UUID, str]:
+        occurrence = self.count(role, content)
+        if isinstance(uid, str) and uid:
+            # Never a copy: a spooled message whose uid a row has is that row (a replay
+            # that crashed before deleting its file).
+            return uid_key(uid), "uid"
+        return content_key(self.raw_session, role, content, occurrence), "content"
+
+
+def _route(message: Message) -> str:
+    """``spool`` when a message was stored from a spool payload, else ``row``."""
+    for value in message.extra.values():
+        if isinstance(value, dict) and "spool_file" in value:
+            return "spool"
+    return "row"
+
+
+def _spool_kind(message: Message) -> Any:
+    for value in message.extra.values():
+        if isinstance(value, dict) and "spool_file" in value:
+            return value.get("kind")
+    return None
+
+
+def _same_message(new: Message, stored: StoredMessage, kind: str) -> bool:
+    """The same logical message read by another route (spool then, row now, or back)."""
+    if _route(new) == _route(stored):
+        return False
+    if (new.role, new.content) != (stored.role, stored.content):
+        return False
+    return kind == "uid" or new.timestamp == stored.timestamp
 
 
 class _Importer:
@@ -451,10 +557,17 @@ class _Importer:
         self.source = source
         self.repo = repository
         self.batch_size = batch_size
+        self.profile = source.profile or DEFAULT_PROFILE
         self._began = utcnow()
         #: Newest timestamp of the messages this import stored, per session.
         self._newest: dict[str, datetime] = {}
+        #: Keys of the inbound (kind 1 and 2) messages, to count what was delivered.
+        self._inbound_keys: set[uuid.UUID] = set()
+        #: Sessions stored before this run, and their stored inbound keys (read lazily).
+        self._existed: set[str] = set()
+        self._stored_inbound: dict[str, set[uuid.UUID]] = {}
         self.progress = progress
+        spool = source.spool
         self.counts = {
             "sessions_read": 0,
             "sessions_new": 0,
@@ -466,24 +579,58 @@ class _Importer:
             "spool_messages_read": 0,
             "messages_inserted": 0,
             "messages_already_present": 0,
+            "messages_seen_by_another_route": 0,
             "messages_changed": 0,
-            "messages_rejected": len(source.spool.rejected),
+            "messages_rejected": len(spool.rejected),
+            "inbound_messages": len(spool.inbound),
+            "inbound_inserted": 0,
         }
+        self.set_aside: collections.Counter[str] = collections.Counter()
         self.lists: dict[str, list[Problem]] = {
             "moved_aside": [],
             "changed": [],
-            "rejected": list(source.spool.rejected),
-            "possible_duplicates": [],
+            "rejected": list(spool.rejected),
+            "inbound_undelivered": list(spool.undelivered),
             "archived_since_import": [],
-            "notes": list(source.spool.notes),
+            "dump_entries_persisted": [
+                Problem(
+                    where=f"{SPOOL_DIR}/{entry.file} messages[{entry.index}]",
+                    session_id=entry.session,
+                    problem=(
+                        f"already in state.db (message_uid {entry.message_uid}): skipped"
+                        if entry.how == "verified"
+                        else "marked _db_persisted (no message_uid to check): skipped"
+                    ),
+                )
+                for entry in spool.persisted
+            ],
+            "possible_duplicates": [],
+            "duplicate_rows": [],
+            "pending_delegations": self._delegations(),
+            "notes": list(spool.notes),
         }
-        self.first_uid_rows = source.first_uid_rows()
-        self.inbound_report: Path | None = None
         self.started = time.monotonic()
+
+    def _delegations(self) -> list[Problem]:
+        found = []
+        for row in self.source.pending_delegations():
+            status = row.get("status")
+            found.append(
+                Problem(
+                    where=f"state.db async_delegations id={row.get('id')!r}",
+                    session_id=row.get("session_id")
+                    if isinstance(row.get("session_id"), str)
+                    else None,
+                    problem="a delegated task whose result was never delivered to its session"
+                    + (f" (status {status!r})" if status is not None else "")
+                    + ": it is not part of any transcript; Hermes delivers it on its next run",
+                )
+            )
+        return found
 
     # -- driving ------------------------------------------------------------------------
 
-    def run(self, inbound_report: Path | None) -> HermesImportSummary:
+    def run(self) -> HermesImportSummary:
         try:
             done: set[Any] = set()
             for row in self.source.sessions():
@@ -503,7 +650,6 @@ class _Importer:
                 f"{exc}; run it again to continue (what is stored is not written twice)",
                 self.summary(),
             ) from exc
-        self._write_inbound(inbound_report)
         return self.summary()
 
     def summary(self) -> HermesImportSummary:
@@ -515,31 +661,31 @@ class _Importer:
             if count:
                 by_kind[kind] = count
         unparseable = [item for item in files if item.kind is None]
-        inbound = len(source.spool.inbound)
         counts = self.counts
+        lists = self.lists
         attention = bool(
             unparseable
             or counts["messages_changed"]
             or counts["messages_rejected"]
-            or self.lists["archived_since_import"]
-            or (inbound and self.inbound_report is None)
+            or lists["archived_since_import"]
+            or lists["inbound_undelivered"]
         )
         return HermesImportSummary(
             source=str(source.path),
+            profile=self.profile,
             state_db=str(source.state_db) if source.state_db else None,
             schema_version=source.schema_version,
             spool_dir=str(source.spool_dir) if source.spool_dir else None,
             spool_not_read=str(source.spool_not_read) if source.spool_not_read else None,
             messages_read=counts["rows_read"] + counts["spool_messages_read"],
+            set_aside_rows=dict(sorted(self.set_aside.items())),
             spool_files=by_kind,
             files=files,
             unparseable_files=unparseable,
-            inbound_messages=inbound,
-            inbound_report=str(self.inbound_report) if self.inbound_report else None,
             needs_attention=attention,
             seconds=round(time.monotonic() - self.started, 3),
             **counts,
-            **self.lists,
+            **lists,
         )
 
     # -- sessions -------------------------------------------------------------------------
@@ -585,11 +731,16 @@ class _Importer:
         else:
             self.counts["sessions_only_in_spool"] += 1
             fields = {"started_at": spooled[0].time}
-        if row is None and aside.moved:
-            fields["metadata"] = {"hermes": {"moved_aside": aside.moved}}
+        if row is None:
+            hermes: dict[str, Any] = {"profile": self.profile}
+            if aside.moved:
+                hermes["moved_aside"] = aside.moved
+            fields["metadata"] = {"hermes": hermes}
         self.lists["moved_aside"] += aside.problems
         existed = self._exists(sid)
-        if not existed:
+        if existed:
+            self._existed.add(sid)
+        else:
             self.counts["sessions_new"] += 1
         if origin != "no-row":
             self.repo.create_session(sid, **fields)
@@ -682,7 +833,8 @@ class _Importer:
             count = _count(row.get(name), name, aside)
             if count is not None:
                 fields[name] = count
-        cleaned = {name: _json_value(value, name, aside) for name, value in hermes.items()}
+        cleaned = {name: _column(value, name, aside) for name, value in hermes.items()}
+        cleaned["profile"] = self.profile
         if aside.moved:
             cleaned["moved_aside"] = aside.moved
         fields["metadata"] = {"hermes": cleaned}
@@ -703,50 +855,53 @@ class _Importer:
         live = _Pending(sid)
         history: _Pending | None = None
         history_inserted: dict[uuid.UUID, str] = {}
-        prints: set[bytes] = set()
+        keys = _Keys(raw)
         last_time = fields.get("started_at")
         created = not create
-        for row in self.source.messages(raw) if self.source.state_db else ():
+        for row in self.source.messages(raw):
             self.counts["rows_read"] += 1
-            built = self._row_message(row, raw, sid, last_time)
+            built = self._row_message(row, sid, last_time, keys)
             if built is None:
                 continue
-            message, active, where = built
+            message, kind, state, where = built
             last_time = message.timestamp
             if not created:
                 # Messages without a sessions row: the session starts with its first one.
                 self.repo.create_session(sid, **{**fields, "started_at": message.timestamp})
                 created = True
-            if active:
-                if spooled:
-                    prints.add(_fingerprint(message.role, message.content, message.tool_call_id))
-                self._add(live, message, where)
+            if state is None:
+                self._add(live, message, where, kind)
                 continue
-            self.counts["inactive_rows"] += 1
+            self.set_aside[state] += 1
+            if row.get("active") in (0, "0"):
+                self.counts["inactive_rows"] += 1
             if history is None:
                 history = _Pending(self._history_session(sid, fields, message))
-            inserted = self._add(history, message, where)
-            history_inserted |= inserted
+            history_inserted |= self._set_aside(history, message, where, kind)
         for item in spooled:
             self.counts["spool_messages_read"] += 1
-            spooled_message = self._spool_message(item, sid)
-            if spooled_message is None:
+            built_spool = self._spool_message(item, sid, keys)
+            if built_spool is None:
                 continue
+            message, kind = built_spool
             where = f"{SPOOL_DIR}/{item.file} {item.path}"
-            fingerprint = _fingerprint(
-                spooled_message.role, spooled_message.content, spooled_message.tool_call_id
-            )
-            if fingerprint in prints:
+            if (
+                kind == "content"
+                and _fingerprint(item.message.get("role"), item.message.get("content"))
+                in keys.row_prints
+            ):
                 self.lists["possible_duplicates"].append(
                     Problem(
                         where=where,
                         session_id=sid,
-                        problem="same role, content and tool_call_id as a state.db row of "
-                        "this session (a replay that inserted it and crashed before deleting "
-                        "the file?): stored anyway",
+                        problem="same role and content as a state.db row of this session, "
+                        "and no message_uid to tell them apart (a replay that inserted it and "
+                        "crashed before deleting the file?): stored",
                     )
                 )
-            self._add(live, spooled_message, where)
+            if item.kind in (1, 2):
+                self._inbound_keys.add(message.client_msg_uuid)
+            self._add(live, message, where, kind)
         self._flush(live)
         if not existed:
             self._settle_activity(sid, fields)
@@ -755,6 +910,39 @@ class _Importer:
             self._settle_activity(history.session_id, fields)
         if existed and history_inserted:
             self._check_archived(sid, history_inserted)
+
+    def _replayed_inbound(self, sid: str, role: Any, timestamp: Any, by_content: uuid.UUID) -> bool:
+        """Whether a row is inbound text an earlier import delivered from the spool, which
+        Hermes' restart then appended as a row with a uid of its own: the row keeps the
+        spool message's key. Only a ``user`` row dated to the second (Hermes dates a
+        replayed inbound message by the payload's integer ``ts``; a live message is dated
+        to the microsecond) of a session stored before this run can be one; the session's
+        stored inbound keys are read once."""
+        if role != "user" or not isinstance(timestamp, int | float) or sid not in self._existed:
+            return False
+        if isinstance(timestamp, float) and not timestamp.is_integer():
+            return False
+        known = self._stored_inbound.get(sid)
+        if known is None:
+            known = {
+                message.client_msg_uuid
+                for message in self.repo.load_transcript(sid)
+                if _route(message) == "spool" and _spool_kind(message) in (1, 2)
+            }
+            self._stored_inbound[sid] = known
+        return by_content in known
+
+    def _set_aside(
+        self, history: _Pending, message: Message, where: str, kind: str
+    ) -> dict[uuid.UUID, str]:
+        """Keep a non-conversation row out of the live transcript.
+
+        The one place that decides where such rows go. Until the store can retract
+        messages (issue 14), they go to the companion history session; with
+        ``retract(session_id, keys)`` they will be appended to their own session in ``id``
+        order and retracted there (their state is already in ``extra["hermes"]["state"]``).
+        """
+        return self._add(history, message, where, kind)
 
     def _settle_activity(self, sid: str, fields: Mapping[str, Any]) -> None:
         """Date a session this import created by its own history: its last activity is
@@ -786,16 +974,17 @@ class _Importer:
             metadata={
                 "hermes": {
                     "history_of": sid,
-                    "holds": "rows with active = 0 (archived by compaction or undone by "
-                    "rewind), in id order",
+                    "profile": self.profile,
+                    "holds": "rows that are not part of the conversation (archived by "
+                    "compaction, undone by rewind, hidden, session_meta), in id order",
                 }
             },
         )
         return history
 
     def _row_message(
-        self, row: dict[str, Any], raw_session: Any, sid: str, last_time: Any
-    ) -> tuple[Message, bool, str] | None:
+        self, row: dict[str, Any], sid: str, last_time: Any, keys: _Keys
+    ) -> tuple[Message, str, str | None, str] | None:
         row_id = row["id"]
         where = f"state.db messages.id={row_id}"
         aside = _Aside(where, sid, "extra.hermes.moved_aside")
@@ -806,6 +995,12 @@ class _Importer:
         for name, value in row.items():
             if name not in _ROW_FIELDS and value is not None:
                 hermes[name] = value
+        state = row_state(row)
+        role = row.get("role")
+        if role == SESSION_META:
+            hermes["role"] = role
+        if state is not None:
+            hermes["state"] = state
 
         fields: dict[str, Any] = {}
         content = row.get("content")
@@ -826,6 +1021,22 @@ class _Importer:
             else:
                 hermes["content_encoding"] = "json"
             content = parsed
+        key, kind, by_content = keys.for_row(row.get("message_uid"), role, content, state is None)
+        if kind == "uid" and self._replayed_inbound(sid, role, row.get("timestamp"), by_content):
+            key, kind = by_content, "content"
+        if kind == "duplicate":
+            self.lists["duplicate_rows"].append(
+                Problem(
+                    where=where,
+                    session_id=sid,
+                    field="message_uid",
+                    problem=f"a second live row of message_uid {row.get('message_uid')!r} "
+                    "(Hermes stored the message twice): kept once",
+                )
+            )
+            if self.progress is not None:
+                self.progress(1)
+            return None
         for name in _MESSAGE_FIELDS:
             value = content if name == "content" else row.get(name)
             if name == "tool_calls" and value is not None:  # JSON text in a column
@@ -841,15 +1052,9 @@ class _Importer:
             aside.move("timestamp", raw_time, "not epoch seconds: the previous row's time is used")
             when = last_time if last_time is not None else 0.0
 
-        uid = row.get("message_uid")
-        if isinstance(uid, str) and uid and self.first_uid_rows.get(uid, row_id) == row_id:
-            key = uid_key(uid)
-        else:
-            key = row_key(raw_session, row_id, raw_time, row.get("role"))
-        cleaned = {name: _json_value(value, name, aside) for name, value in hermes.items()}
+        cleaned = {name: _column(value, name, aside) for name, value in hermes.items()}
         if aside.moved:
             cleaned["moved_aside"] = aside.moved
-        active = row.get("active") not in (0, "0")
         message = self._message(
             where,
             sid,
@@ -859,58 +1064,63 @@ class _Importer:
             extra={"hermes": cleaned},
             **fields,
         )
-        return None if message is None else (message, active, where)
+        return None if message is None else (message, kind, state, where)
 
-    def _spool_message(self, item: SpoolMessage, sid: str) -> Message | None:
+    def _spool_message(
+        self, item: SpoolMessage, sid: str, keys: _Keys
+    ) -> tuple[Message, str] | None:
         where = f"{SPOOL_DIR}/{item.file} {item.path}"
         provenance_key = "hermes"
         while provenance_key in item.message:
             provenance_key += "_import"
         aside = _Aside(where, sid, f"extra.{provenance_key}.moved_aside")
-        key = spool_key(item.file, item.index)
+        key, kind = keys.for_spool(
+            item.message.get("message_uid"), item.message.get("role"), item.message.get("content")
+        )
         fields: dict[str, Any] = {}
         extra: dict[str, Any] = {}
-        keys: list[str] = []
+        names: list[str] = []
         for name, value in item.message.items():
             if name == KEY_FIELD:
                 try:
                     key = uuid.UUID(str(value))
                 except ValueError:
-                    aside.move(KEY_FIELD, value, "not a UUID: the spool key is used")
+                    aside.move(KEY_FIELD, value, "not a UUID: the importer's key is used")
                 continue
-            keys.append(name)
+            names.append(name)
             if name in _MESSAGE_FIELDS:
                 fields[name] = _convert(name, value, aside)
             else:
                 clean_name = _clean_text(name)
                 if clean_name != name:
                     aside.move(clean_name, name, "a key that is not valid Unicode")
-                    keys[-1] = clean_name
+                    names[-1] = clean_name
                 extra[clean_name] = _json_value(value, clean_name, aside)
         if "role" not in fields:
             fields["role"] = _role(None, aside)
-            keys.insert(0, "role")
+            names.insert(0, "role")
         provenance = dict(item.provenance)
         if aside.moved:
             provenance["moved_aside"] = aside.moved
         extra[provenance_key] = _clean_json(provenance)
-        keys.append(provenance_key)
+        names.append(provenance_key)
         own_time = item.message.get("timestamp")
         when = epoch_seconds(own_time)
         if when is None and isinstance(own_time, str):
             when = _iso_epoch(own_time)
         if when is None:
             when = item.time  # the payload's ts, else its file's modification time
-        return self._message(
+        message = self._message(
             where,
             sid,
             aside,
             client_msg_uuid=key,
             timestamp=when,
             extra=extra,
-            openai_keys=tuple(keys),
+            openai_keys=tuple(names),
             **fields,
         )
+        return None if message is None else (message, kind)
 
     def _message(self, where: str, sid: str, aside: _Aside, **values: Any) -> Message | None:
         self.lists["moved_aside"] += aside.problems
@@ -931,17 +1141,20 @@ class _Importer:
 
     # -- writing --------------------------------------------------------------------------
 
-    def _add(self, pending: _Pending, message: Message, where: str) -> dict[uuid.UUID, str]:
+    def _add(
+        self, pending: _Pending, message: Message, where: str, kind: str
+    ) -> dict[uuid.UUID, str]:
         pending.messages.append(message)
         pending.wheres.append(where)
+        pending.kinds.append(kind)
         if len(pending.messages) >= self.batch_size:
             return self._flush(pending)
         return {}
 
     def _flush(self, pending: _Pending) -> dict[uuid.UUID, str]:
         """Append what is pending; the keys inserted, with where each came from."""
-        messages, wheres = pending.messages, pending.wheres
-        pending.messages, pending.wheres = [], []
+        messages, wheres, kinds = pending.messages, pending.wheres, pending.kinds
+        pending.messages, pending.wheres, pending.kinds = [], [], []
         total = len(messages)
         inserted: dict[uuid.UUID, str] = {}
         while messages:
@@ -961,31 +1174,55 @@ class _Importer:
                         problem=f"{exc.reason}: not stored; it stays in the source",
                     )
                 )
-                del messages[index], wheres[index]
+                del messages[index], wheres[index], kinds[index]
                 continue
-            where_of = dict(zip((m.client_msg_uuid for m in messages), wheres, strict=True))
+            by_key = {
+                m.client_msg_uuid: (m, w, k)
+                for m, w, k in zip(messages, wheres, kinds, strict=True)
+            }
             for key in result.inserted:
-                inserted[key] = where_of[key]
+                inserted[key] = by_key[key][1]
+                if key in self._inbound_keys:
+                    self.counts["inbound_inserted"] += 1
             if result.inserted:
                 newest = max(message.timestamp for message in messages)
                 known = self._newest.get(pending.session_id)
                 self._newest[pending.session_id] = newest if known is None else max(known, newest)
             self.counts["messages_inserted"] += len(result.inserted)
             self.counts["messages_already_present"] += len(result.duplicates)
-            self.counts["messages_changed"] += len(result.conflicts)
-            for key in result.conflicts:
-                self.lists["changed"].append(
-                    Problem(
-                        where=where_of[key],
-                        session_id=pending.session_id,
-                        problem=f"stored earlier (key {key}) with different content: the "
-                        "source changed since; the stored message was kept",
-                    )
-                )
+            self._sort_out_conflicts(pending.session_id, result.conflicts, by_key)
             break
         if self.progress is not None and total:
             self.progress(total)
         return inserted
+
+    def _sort_out_conflicts(
+        self,
+        sid: str,
+        conflicts: list[uuid.UUID],
+        by_key: Mapping[uuid.UUID, tuple[Message, str, str]],
+    ) -> None:
+        """A key stored with other content is the same message read by another route
+        (already present), or a message Hermes changed since (listed)."""
+        if not conflicts:
+            return
+        stored = {m.client_msg_uuid: m for m in self.repo.load_transcript(sid)}
+        for key in conflicts:
+            message, where, kind = by_key[key]
+            earlier = stored.get(key)
+            if earlier is not None and _same_message(message, earlier, kind):
+                self.counts["messages_already_present"] += 1
+                self.counts["messages_seen_by_another_route"] += 1
+                continue
+            self.counts["messages_changed"] += 1
+            self.lists["changed"].append(
+                Problem(
+                    where=where,
+                    session_id=sid,
+                    problem=f"stored earlier (key {key}) with different content: the "
+                    "source changed since; the stored message was kept",
+                )
+            )
 
     def _check_archived(self, sid: str, history_inserted: dict[uuid.UUID, str]) -> None:
         live = {message.client_msg_uuid for message in self.repo.load_transcript(sid)}
@@ -996,43 +1233,14 @@ class _Importer:
                         where=where,
                         session_id=sid,
                         field="active",
-                        problem="stored as live by an earlier import, archived by Hermes "
-                        "since (active = 0): the live copy is kept (append-only) and the "
-                        "row is in the history session too",
+                        problem="stored as live by an earlier import, taken out of the "
+                        "conversation by Hermes since: the live copy is kept (append-only) "
+                        "and the row is in the history session too",
                     )
                 )
 
-    # -- inbound (kinds 1 and 2) ----------------------------------------------------------
-
-    def _write_inbound(self, path: Path | None) -> None:
-        inbound = self.source.spool.inbound
-        if not inbound or path is None:
-            return
-        lines = []
-        for _, record in inbound:
-            try:
-                lines.append(json.dumps(record, ensure_ascii=False) + "\n")
-                lines[-1].encode("utf-8")
-            except UnicodeEncodeError:
-                lines[-1] = json.dumps(record, ensure_ascii=True) + "\n"
-        path = path.expanduser().absolute()
-        path.parent.mkdir(parents=True, exist_ok=True)
-        temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        try:
-            with open(temporary, "w", encoding="utf-8") as handle:
-                handle.writelines(lines)
-                handle.flush()
-                os.fsync(handle.fileno())
-            os.replace(temporary, path)
-        except OSError as exc:
-            temporary.unlink(missing_ok=True)
-            raise RepoError(f"cannot write the inbound report {path}: {exc}") from exc
-        self.inbound_report = path
-
 
 def _iso_epoch(text: str) -> float | None:
-    from datetime import datetime
-
     try:
         parsed = datetime.fromisoformat(text)
     except ValueError:
@@ -1046,20 +1254,17 @@ def import_hermes(
     source: HermesSource | str | os.PathLike[str],
     repository: SessionRepository,
     *,
-    inbound_report: str | os.PathLike[str] | None = None,
     progress: Callable[[int], None] | None = None,
     batch_size: int = BATCH_SIZE,
 ) -> HermesImportSummary:
-    """Import a Hermes home (or ``state.db``) into ``repository``; see the module docstring.
+    """Import one Hermes home (or ``state.db``) into ``repository``; see the module
+    docstring. A home's named profiles are homes of their own (:func:`hermes_profiles`).
 
-    Safe to run again: what is already stored is not written twice.
+    Safe to run again, and after a Hermes restart: what is stored is not written twice.
 
     Args:
         source: an open :class:`HermesSource` (left open), or a path to open (and close).
         repository: the store to write to.
-        inbound_report: where to write the inbound user messages of spool kinds 1 and 2
-            (JSON lines) for re-delivery; ``None`` writes nothing (they are counted, and
-            stay in the spool). See :func:`default_inbound_report`.
         progress: called with the number of messages just processed (a progress bar's
             ``update``); the calls add up to ``source.total_messages``.
         batch_size: messages per transaction, at most 500.
@@ -1070,9 +1275,7 @@ def import_hermes(
     """
     opened = source if isinstance(source, HermesSource) else open_hermes(source)
     try:
-        importer = _Importer(opened, repository, batch_size=batch_size, progress=progress)
-        report = Path(inbound_report) if inbound_report is not None else None
-        return importer.run(report)
+        return _Importer(opened, repository, batch_size=batch_size, progress=progress).run()
     finally:
         if opened is not source:
             opened.close()

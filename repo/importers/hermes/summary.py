@@ -55,6 +55,8 @@ class SpoolFile(BaseModel):
     messages: int = 0
     #: Why it was not imported (it stays in the spool, unchanged).
     error: str | None = None
+    #: A ``.json.bad`` file: a payload the gateway's own database refused.
+    refused_by_gateway_db: bool = False
 
 
 class HermesImportSummary(BaseModel):
@@ -63,6 +65,8 @@ class HermesImportSummary(BaseModel):
     model_config = ConfigDict(frozen=True)
 
     source: str
+    #: The Hermes profile (``profiles/<name>/``); ``"default"`` for the root home.
+    profile: str | None = None
     #: The store imported into (password masked), when the caller sets it.
     target: str | None = None
     state_db: str | None = None
@@ -80,7 +84,7 @@ class HermesImportSummary(BaseModel):
     sessions_without_row: int = 0
     #: Sessions known only from spool messages.
     sessions_only_in_spool: int = 0
-    #: Companion ``<id>#history`` sessions holding ``active = 0`` rows.
+    #: Companion ``<id>#history`` sessions holding the rows that are not conversation.
     history_sessions: int = 0
 
     #: ``state.db`` message rows plus spool transcript messages.
@@ -88,9 +92,14 @@ class HermesImportSummary(BaseModel):
     rows_read: int = 0
     #: Rows with ``active = 0``, stored in the ``#history`` sessions.
     inactive_rows: int = 0
+    #: Rows kept out of the live transcript, by why: ``archived``, ``rewound``,
+    #: ``hidden``, ``session_meta``.
+    set_aside_rows: dict[str, int] = Field(default_factory=dict)
     spool_messages_read: int = 0
     messages_inserted: int = 0
     messages_already_present: int = 0
+    #: Of those, stored earlier from another route (a spool payload then, a row now).
+    messages_seen_by_another_route: int = 0
     #: Keys the store holds with different content (changed in the source since an
     #: earlier import): the stored row was kept.
     messages_changed: int = 0
@@ -103,21 +112,46 @@ class HermesImportSummary(BaseModel):
     unparseable_files: list[SpoolFile] = Field(default_factory=list)
     #: Inbound user messages (kinds 1 and 2) the agent never processed.
     inbound_messages: int = 0
-    #: The JSONL file they were written to, for re-delivery.
-    inbound_report: str | None = None
+    #: Of those, appended to their session by this run (the rest were already there).
+    inbound_inserted: int = 0
+    #: Inbound messages no session could be found for (they stay in the spool).
+    inbound_undelivered: list[Problem] = Field(default_factory=list)
+    #: Kind-4 entries ``state.db`` already holds: skipped.
+    dump_entries_persisted: list[Problem] = Field(default_factory=list)
+    #: ``async_delegations`` results never delivered to their session.
+    pending_delegations: list[Problem] = Field(default_factory=list)
 
     #: Values that could not be stored in their field (the original is kept aside).
     moved_aside: list[Problem] = Field(default_factory=list)
     changed: list[Problem] = Field(default_factory=list)
     rejected: list[Problem] = Field(default_factory=list)
-    #: Spool messages equal to a stored row of their session (stored anyway).
+    #: Spool messages without a uid equal to a row of their session (stored anyway).
     possible_duplicates: list[Problem] = Field(default_factory=list)
+    #: Rows Hermes stored twice (a second live row of one ``message_uid``): kept once.
+    duplicate_rows: list[Problem] = Field(default_factory=list)
     #: Rows stored as live by an earlier import and archived by Hermes since.
     archived_since_import: list[Problem] = Field(default_factory=list)
     #: Everything else worth knowing (a model_config kept as text, a missing prompt).
     notes: list[Problem] = Field(default_factory=list)
 
-    #: Something was not imported as it is, or differs from what is stored: unparseable
-    #: spool files, changed or rejected messages, inbound messages not written out.
+    #: Something needs a person: unparseable spool files, changed or rejected messages,
+    #: rows archived since an earlier import, inbound messages no session takes.
     needs_attention: bool = False
     seconds: float = 0.0
+
+
+class HermesImportReport(BaseModel):
+    """What one ``import-hermes`` run did: one summary per home (the root, then each
+    profile), and the profiles it did not import."""
+
+    model_config = ConfigDict(frozen=True)
+
+    homes: list[HermesImportSummary] = Field(default_factory=list)
+    #: ``(profile, command)`` of each profile not imported (``--no-profiles``).
+    profiles_not_imported: list[tuple[str, str]] = Field(default_factory=list)
+    #: Session ids found in more than one home (their messages share one session).
+    shared_session_ids: list[str] = Field(default_factory=list)
+
+    @property
+    def needs_attention(self) -> bool:
+        return bool(self.shared_session_ids) or any(h.needs_attention for h in self.homes)
