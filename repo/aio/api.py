@@ -230,6 +230,11 @@ class AsyncTranscriptWriter(AsyncFacade[TranscriptWriter]):
         return self._sync.deadline
 
     @property
+    def primary_down(self) -> str | None:
+        """See :attr:`TranscriptWriter.primary_down`."""
+        return self._sync.primary_down
+
+    @property
     def fault_hook(self) -> Callable[[str], None] | None:
         """Fault injection for crash tests (see :attr:`TranscriptWriter.fault_hook`)."""
         return self._sync.fault_hook

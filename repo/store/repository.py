@@ -538,7 +538,9 @@ class SessionRepository(SessionStore):
         unique: dict[Any, dict[str, Any]] = {}
         for row in batch.rows:
             if id(row) not in known:
-                unique.setdefault(row["client_msg_uuid"], row)
+                first = unique.setdefault(row["client_msg_uuid"], row)
+                if first["content_hash"] != row["content_hash"] and on_conflict == "raise":
+                    return None  # a conflict within the batch: the locked path refuses it
         dialect = database.dialect
         tip = acks.tip if known and acks is not None else None
         if tip is not None and not unique:
