@@ -11,8 +11,8 @@ the CSRF check of the write forms.
   own static files only: nothing inline, no ``eval``; images from itself or ``data:``;
   no frames, no plugins, forms post only to itself), ``nosniff``, no referrer.
 - **CSRF**: a write form carries a token derived from a secret made at start-up, and the
-  request's ``Origin`` (or ``Referer``), when the browser sends one, must be the
-  console itself.
+  request's ``Sec-Fetch-Site`` and ``Origin`` (or ``Referer``), when the browser sends
+  them, must say it came from the console itself.
 """
 
 from __future__ import annotations
@@ -51,7 +51,9 @@ CONTENT_SECURITY_POLICY: Final = "; ".join(
 SECURITY_HEADERS: Final = {
     "Content-Security-Policy": CONTENT_SECURITY_POLICY,
     "X-Content-Type-Options": "nosniff",
-    "Referrer-Policy": "no-referrer",
+    # Nothing links elsewhere; same-origin keeps the Origin header on the console's own
+    # form posts, which the CSRF check reads.
+    "Referrer-Policy": "same-origin",
     "X-Frame-Options": "DENY",
     "Cross-Origin-Opener-Policy": "same-origin",
     "Cache-Control": "no-store",
@@ -127,6 +129,9 @@ class Guard:
         if submitted is None or not hmac.compare_digest(
             submitted.encode(), self.csrf_token.encode()
         ):
+            return False
+        site = request.headers.get("sec-fetch-site")
+        if site is not None and site != "same-origin":
             return False
         origin = request.headers.get("origin") or request.headers.get("referer")
         if origin is None:
