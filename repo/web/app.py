@@ -123,7 +123,8 @@ _ERRORS: Final[dict[int | str, dict[str, Any]]] = {
 
 
 def _json(model: BaseModel) -> Response:
-    return Response(model.model_dump_json(), media_type="application/json")
+    # By alias: a session's ``model_settings`` is ``model_config`` on the wire, as described.
+    return Response(model.model_dump_json(by_alias=True), media_type="application/json")
 
 
 # -- arguments ----------------------------------------------------------------------------
