@@ -126,10 +126,11 @@ METRICS: Final = (
         "1 when the search index is stale (search refuses until a reindex), else 0.",
     ),
     (
-        "sessionrepo_watch_errors_total",
-        "counter",
-        "source",
-        "Scrapes that could not read a watched outbox or store (the database is down).",
+        "sessionrepo_watch_up",
+        "gauge",
+        "source, at",
+        "1 when this scrape read the watched outbox or store, 0 when it could not (its "
+        "database is down: the other gauges of it are missing).",
     ),
 )
 
@@ -170,7 +171,6 @@ class _Metrics:
         self.load_seconds = made["sessionrepo_load_seconds"]
         self.search_seconds = made["sessionrepo_search_seconds"]
         self.indexed = made["sessionrepo_search_indexed_total"]
-        self.watch_errors = made["sessionrepo_watch_errors_total"]
         self.instruments = list(made.values())
 
 
@@ -290,13 +290,17 @@ class Watch:
     def collect(self) -> Iterator[Metric]:
         from prometheus_client.core import GaugeMetricFamily
 
+        up = GaugeMetricFamily(
+            "sessionrepo_watch_up", _MEANING["sessionrepo_watch_up"], labels=["source", "at"]
+        )
         if self.outbox is not None:
             where = self.outbox.display_url
             try:
                 status = self.outbox.status(limit=1)
             except Exception:  # a scrape must answer even while the database is down
-                _count_watch_error("outbox")
+                up.add_metric(["outbox", where], 0.0)
             else:
+                up.add_metric(["outbox", where], 1.0)
                 for name, value in (
                     ("sessionrepo_outbox_pending", status.pending),
                     ("sessionrepo_outbox_dead", status.dead),
@@ -311,8 +315,9 @@ class Watch:
                 backlog = self.store.search_index_backlog()
                 state, _ = self.store.search_index_state()
             except Exception:
-                _count_watch_error("store")
+                up.add_metric(["store", where], 0.0)
             else:
+                up.add_metric(["store", where], 1.0)
                 for name, value in (
                     ("sessionrepo_search_backlog", backlog),
                     ("sessionrepo_search_index_stale", int(state != "ok")),
@@ -320,17 +325,13 @@ class Watch:
                     family = GaugeMetricFamily(name, _MEANING[name], labels=["store"])
                     family.add_metric([where], float(value))
                     yield family
+        yield up
 
     def close(self) -> None:
         self.registry.unregister(self)
 
 
 _MEANING: Final = {name: meaning for name, _, _, meaning in METRICS}
-
-
-def _count_watch_error(source: str) -> None:
-    if _state.metrics is not None:
-        _state.metrics.watch_errors.labels(source).inc()
 
 
 def watch(
@@ -385,7 +386,7 @@ def _instrument(
                 return method(self, *args, **kwargs)
             span_manager = _span(operation, self, session_of(args, kwargs))
             started = time.perf_counter()
-            span = None if span_manager is None else span_manager.__enter__()
+            span: Any = None if span_manager is None else span_manager.__enter__()
             try:
                 result = method(self, *args, **kwargs)
             except BaseException as exc:

@@ -23,6 +23,7 @@ from typing import Any, Protocol, TypeVar
 
 from sqlalchemy.engine import URL
 
+import sessionrepo.observability as _observe
 from sessionrepo.contract import ResilientWriter
 from sessionrepo.dialects import normalize_url
 from sessionrepo.errors import (
@@ -201,6 +202,7 @@ class TranscriptWriter(ResilientWriter):
     # -- write ----------------------------------------------------------------------
 
     # ``self`` positional-only: sessionrepo.aio derives the awaited signature from this one.
+    @_observe.instrument_write
     def write(
         self,
         /,
@@ -292,6 +294,7 @@ class TranscriptWriter(ResilientWriter):
         self.notify_drainer()
         return count
 
+    @_observe.instrument_drain
     def drain(self, *, session_id: str | None = None, ignore_backoff: bool = False) -> DrainReport:
         check_optional_session_id(session_id)
         check_bool(ignore_backoff, "ignore_backoff")

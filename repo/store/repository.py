@@ -31,6 +31,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.engine import URL
 
+import sessionrepo.observability as _observe
 from sessionrepo.contract import SessionStore
 from sessionrepo.errors import (
     ArgumentTypeError,
@@ -436,6 +437,7 @@ class SessionRepository(SessionStore):
         session = _codec.build_session(sid, session_defaults, "session_defaults")
         return PreparedBatch(sid, validated, rows, session)
 
+    @_observe.instrument_append
     def append_prepared(
         self,
         batch: PreparedBatch,
@@ -550,6 +552,7 @@ class SessionRepository(SessionStore):
 
     # -- search ---------------------------------------------------------------------
 
+    @_observe.instrument_search
     def search(
         self,
         query: str,
@@ -598,6 +601,7 @@ class SessionRepository(SessionStore):
         check_callable(progress, "progress")
         return self._search.reindex(progress=progress)
 
+    @_observe.instrument_catch_up
     def catch_up_search_index(self, *, limit: int | None = None) -> int:
         if limit is not None:
             limit = check_limit(limit)
@@ -609,6 +613,7 @@ class SessionRepository(SessionStore):
     def search_index_state(self) -> tuple[str, str | None]:
         return self._search.state()
 
+    @_observe.instrument_load
     def load_transcript(
         self,
         session_id: str,

@@ -148,7 +148,9 @@ def _moment(value: str | None, name: str) -> datetime | None:
     try:
         moment = datetime.fromisoformat(value)
     except ValueError:
-        raise InvalidArgument(name, "not an ISO date or time (2026-12-01, 2026-12-01T10:00Z)")
+        raise InvalidArgument(
+            name, "not an ISO date or time (2026-12-01, 2026-12-01T10:00Z)"
+        ) from None
     return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
 
 
@@ -269,9 +271,7 @@ def create_app(
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         if metrics:
             registry = observability.metrics_registry() or observability.enable_metrics()
-            watching.append(
-                observability.watch(repository, console.outbox, registry=registry)
-            )
+            watching.append(observability.watch(repository, console.outbox, registry=registry))
         try:
             yield
         finally:
@@ -350,6 +350,7 @@ def _pages(app: FastAPI, console: Console) -> None:
 
     @app.get("/", include_in_schema=False)
     def sessions_page(
+        *,
         source: Text = None,
         user: Text = None,
         status: Text = None,
@@ -406,6 +407,7 @@ def _pages(app: FastAPI, console: Console) -> None:
 
     @app.get("/search", include_in_schema=False)
     def search_page(
+        *,
         q: Annotated[str | None, Query(max_length=1024)] = None,
         source: Text = None,
         role: Text = None,
@@ -450,9 +452,9 @@ def _pages(app: FastAPI, console: Console) -> None:
             asked=bool(q),
             results=results,
             next_link=next_link,
-            session_link=lambda sid, seq: "/session?"
-            + urlencode({"id": sid, "after": max(seq - 1, 0)})
-            + f"#m{seq}",
+            session_link=lambda sid, seq: (
+                "/session?" + urlencode({"id": sid, "after": max(seq - 1, 0)}) + f"#m{seq}"
+            ),
         )
 
     @app.get("/health", include_in_schema=False)
@@ -506,8 +508,11 @@ def _export(console: Console, session_id: str) -> Response:
 def _api(app: FastAPI, console: Console) -> None:
     repository = console.repository
 
-    @app.get("/api/sessions", response_model=None, responses={200: {"model": SessionList}, **_ERRORS})
+    @app.get(
+        "/api/sessions", response_model=None, responses={200: {"model": SessionList}, **_ERRORS}
+    )
     def api_sessions(
+        *,
         source: Text = None,
         user_id: Text = None,
         status: Annotated[Literal["open", "ended"] | None, Query()] = None,
@@ -527,7 +532,9 @@ def _api(app: FastAPI, console: Console) -> None:
         )
         return _json(SessionList(sessions=page.sessions, next_cursor=page.next_cursor))
 
-    @app.get("/api/session", response_model=None, responses={200: {"model": SessionDetail}, **_ERRORS})
+    @app.get(
+        "/api/session", response_model=None, responses={200: {"model": SessionDetail}, **_ERRORS}
+    )
     def api_session(id: SessionId) -> Response:
         """A session, its continuation chain (ancestors) and the chain's tip."""
         session = repository.get_session(id)
@@ -536,9 +543,12 @@ def _api(app: FastAPI, console: Console) -> None:
         return _json(SessionDetail(session=session, chain=chain, tip=tip))
 
     @app.get(
-        "/api/session/messages", response_model=None, responses={200: {"model": MessagePage}, **_ERRORS}
+        "/api/session/messages",
+        response_model=None,
+        responses={200: {"model": MessagePage}, **_ERRORS},
     )
     def api_messages(
+        *,
         id: SessionId,
         after: Seq = None,
         before: Seq = None,
@@ -557,7 +567,9 @@ def _api(app: FastAPI, console: Console) -> None:
             messages = loaded[:limit]
             next_after = messages[-1].seq if len(loaded) > limit else None
             previous = None if after is None or not messages else messages[0].seq
-        return _json(MessagePage(messages=messages, next_after=next_after, previous_before=previous))
+        return _json(
+            MessagePage(messages=messages, next_after=next_after, previous_before=previous)
+        )
 
     @app.get(
         "/api/session/export",
@@ -571,8 +583,11 @@ def _api(app: FastAPI, console: Console) -> None:
         """The session in the ``sessionrepo export`` format (JSON Lines), as a download."""
         return _export(console, id)
 
-    @app.get("/api/search", response_model=None, responses={200: {"model": SearchResults}, **_ERRORS})
+    @app.get(
+        "/api/search", response_model=None, responses={200: {"model": SearchResults}, **_ERRORS}
+    )
     def api_search(
+        *,
         q: Annotated[str, Query(min_length=1, max_length=1024)],
         source: Text = None,
         role: Text = None,

@@ -124,7 +124,7 @@ def content_parts(content: Any) -> list[Part]:
     return [_part(item) for item in items]
 
 
-def _part(item: Any) -> Part:
+def _part(item: Any) -> Part:  # noqa: PLR0911 (one return per kind of part)
     if isinstance(item, str):
         return Part("text", clipped(item))
     if not isinstance(item, dict):
@@ -210,9 +210,9 @@ def pair_tool_outputs(views: Sequence[MessageView]) -> list[MessageView]:
         for call in view.tool_calls:
             open_calls[call.call_id] = call
         if view.role == "tool" and view.tool_call_id is not None:
-            call = open_calls.pop(view.tool_call_id, None)
-            if call is not None and call.output is None:
-                call.output = view
+            answered = open_calls.pop(view.tool_call_id, None)
+            if answered is not None and answered.output is None:
+                answered.output = view
                 view.paired = True
     return list(views)
 
@@ -243,6 +243,7 @@ def transcript_page(
     session = repository.get_session(session_id)
     chain = repository.session_chain(session_id)
     tip = repository.resolve_tip(session_id)
+    next_after: int | None
     if before is not None:
         loaded = repository.load_transcript(session_id, before_seq=before, limit=limit + 1)
         page = loaded[-limit:]
@@ -319,7 +320,7 @@ def highlighted(snippet: str, query: str) -> list[Fragment]:
     brackets; a bracketed run counts as a match only when its words are the query's (a
     bracket the message itself contains stays plain text)."""
     parsed = parse_query(query)
-    wanted = [term for term in parsed.positive]
+    wanted = list(parsed.positive)
 
     def is_match(text: str) -> bool:
         found = words(text)
@@ -392,4 +393,3 @@ def search_health(
     except RepoError as exc:
         return None, None, None, one_line(exc)
     return backlog, state, reason, None
-

@@ -34,7 +34,7 @@ XSS: Final = (
     "<style>body { display: none !important }</style>",
     '<div style="background:url(javascript:window.__pwned=1)">styled</div>',
     "{{ 7*7 }} {% raw %} ${7*7} #{7*7}",
-    '</pre></details></article><script>window.__pwned=1</script>',
+    "</pre></details></article><script>window.__pwned=1</script>",
     "<math><mtext><table><mglyph><style><img src=x onerror=window.__pwned=1>",
     "admin\u202egnp.exe",  # right-to-left override: must show as <U+202E>
     "zero\u200bwidth\u2066isolate\u2069",
@@ -64,9 +64,12 @@ def png(width: int = 24, height: int = 16) -> str:
     return "data:image/png;base64," + base64.b64encode(image).decode()
 
 
-SVG_URL: Final = "data:image/svg+xml;base64," + base64.b64encode(
-    b'<svg xmlns="http://www.w3.org/2000/svg" onload="window.__pwned=1"/>'
-).decode()
+SVG_URL: Final = (
+    "data:image/svg+xml;base64,"
+    + base64.b64encode(
+        b'<svg xmlns="http://www.w3.org/2000/svg" onload="window.__pwned=1"/>'
+    ).decode()
+)
 
 START: Final = datetime(2026, 11, 1, 9, 0, tzinfo=UTC)
 
@@ -83,7 +86,9 @@ def seed(repository: SessionRepository) -> None:
         repository.append(
             sid,
             [
-                Message(role="user", content=f"question {number} from {source}", timestamp=_at(number)),
+                Message(
+                    role="user", content=f"question {number} from {source}", timestamp=_at(number)
+                ),
                 Message(role="assistant", content=f"answer {number}", timestamp=_at(number + 0.5)),
             ],
             source=source,
@@ -97,7 +102,11 @@ def seed(repository: SessionRepository) -> None:
     repository.append(
         LONG,
         [
-            Message(role="user" if i % 2 == 0 else "assistant", content=f"long message {i}", timestamp=_at(200 + i / 60))
+            Message(
+                role="user" if i % 2 == 0 else "assistant",
+                content=f"long message {i}",
+                timestamp=_at(200 + i / 60),
+            )
             for i in range(LONG_MESSAGES)
         ],
         source="cli",
@@ -114,7 +123,9 @@ def _rich(repository: SessionRepository) -> None:
         RICH_PARENT,
         [
             Message(role="user", content="Our nightly deploy keeps failing.", timestamp=_at(290)),
-            Message(role="assistant", content="Let us look at the pipeline logs.", timestamp=_at(291)),
+            Message(
+                role="assistant", content="Let us look at the pipeline logs.", timestamp=_at(291)
+            ),
         ],
         source="telegram",
         user_id="dana",
@@ -142,7 +153,10 @@ def _rich(repository: SessionRepository) -> None:
                     {
                         "id": "call_log",
                         "type": "function",
-                        "function": {"name": "read_log", "arguments": '{"job": "deploy", "lines": 50}'},
+                        "function": {
+                            "name": "read_log",
+                            "arguments": '{"job": "deploy", "lines": 50}',
+                        },
                     },
                     {
                         "id": "call_db",
@@ -178,7 +192,12 @@ def _rich(repository: SessionRepository) -> None:
             ),
             Message(
                 role="user",
-                content=[{"type": "file", "file": {"filename": "deploy.log", "file_data": "U0dWc2JHOD0="}}],
+                content=[
+                    {
+                        "type": "file",
+                        "file": {"filename": "deploy.log", "file_data": "U0dWc2JHOD0="},
+                    }
+                ],
                 timestamp=_at(304),
             ),
         ],
@@ -195,7 +214,9 @@ def _rich(repository: SessionRepository) -> None:
 def _xss(repository: SessionRepository) -> None:
     messages: list[Message | dict[str, Any]] = []
     for number, payload in enumerate(XSS):
-        messages.append(Message(role="user", content=f"xss needle {payload}", timestamp=_at(400 + number)))
+        messages.append(
+            Message(role="user", content=f"xss needle {payload}", timestamp=_at(400 + number))
+        )
         messages.append(
             Message(
                 role="assistant",

@@ -22,7 +22,7 @@ import pytest
 from sessionrepo import open_repository
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _console_data import seed  # noqa: E402
+from _console_data import seed
 
 CHROMIUM = Path("/usr/bin/chromium")
 SESSIONREPO = Path(sys.executable).with_name("sessionrepo")
@@ -66,7 +66,17 @@ def start_server(
     environment.update(env or {})
     with log.open("w") as out:
         process = subprocess.Popen(
-            [str(SESSIONREPO), "--url", url, "serve", "--host", host, "--port", str(port), *options],
+            [
+                str(SESSIONREPO),
+                "--url",
+                url,
+                "serve",
+                "--host",
+                host,
+                "--port",
+                str(port),
+                *options,
+            ],
             stdout=out,
             stderr=subprocess.STDOUT,
             env=environment,
@@ -135,9 +145,7 @@ def seeded(
 
 
 @pytest.fixture(scope="module")
-def console(
-    seeded: tuple[str, str], tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[Server]:
+def console(seeded: tuple[str, str], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     """A read-only console over the seeded store."""
     server = start_server(seeded[1], tmp_path_factory.mktemp("console"))
     yield server

@@ -27,9 +27,7 @@ def test_listing_pages_through_every_session_newest_first(page: Watched, console
     tab.goto(console.url("/"))
     seen: list[str] = []
     while True:
-        ids = tab.locator("tr.session-row").evaluate_all(
-            "rows => rows.map(r => r.dataset.session)"
-        )
+        ids = tab.locator("tr.session-row").evaluate_all("rows => rows.map(r => r.dataset.session)")
         seen += ids
         nxt = tab.locator("#next-page")
         if nxt.count() == 0:
@@ -73,7 +71,9 @@ def test_a_transcript_pairs_tool_calls_shows_the_image_and_links_the_chain(
     tab.goto(console.url("/"))
     tab.click(f"tr[data-session='{RICH}'] a.session-link")
     tab.wait_for_load_state()
-    assert tab.locator("#session-title").inner_text() == "Nightly deploy fails at the migration step"
+    assert (
+        tab.locator("#session-title").inner_text() == "Nightly deploy fails at the migration step"
+    )
     # Roles styled, the two tool answers inside their calls, not again on their own.
     roles = tab.locator("#transcript > article.message").evaluate_all(
         "els => els.map(e => e.dataset.role)"
@@ -93,7 +93,8 @@ def test_a_transcript_pairs_tool_calls_shows_the_image_and_links_the_chain(
     assert image.evaluate("img => img.complete && img.naturalWidth") == 24
     # Reasoning folded; the file named.
     reasoning = tab.locator("details.reasoning")
-    assert reasoning.count() == 1 and reasoning.get_attribute("open") is None
+    assert reasoning.count() == 1
+    assert reasoning.get_attribute("open") is None
     assert "deploy.log" in tab.locator("p.file").inner_text()
     # The chain: the parent links back.
     tab.click("a.chain-link")
@@ -116,7 +117,8 @@ def test_a_long_transcript_pages_by_seq_both_ways(page: Watched, console: Server
         return tab.locator("#transcript pre.text").all_inner_texts()
 
     first = texts()
-    assert first[0] == "long message 0" and len(first) == 100
+    assert first[0] == "long message 0"
+    assert len(first) == 100
     tab.click("#next-page")
     tab.wait_for_load_state()
     second = texts()
@@ -151,7 +153,8 @@ def test_search_highlights_matches_and_orders_by_rank_or_time(
     hits = tab.locator("li.hit")
     assert hits.count() == 2
     marks = tab.locator("li.hit mark").all_inner_texts()
-    assert marks and all(m.lower() == NEEDLE for m in marks)
+    assert marks
+    assert all(m.lower() == NEEDLE for m in marks)
     tab.select_option("#order", "newest")
     tab.click("form.search button[type=submit]")
     tab.wait_for_load_state()

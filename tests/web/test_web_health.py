@@ -79,7 +79,8 @@ def test_parked_rows_appear_during_an_outage_and_go_after_the_drain(
 
         with write_lock(primary):
             parked = writer.write(
-                "sess-outage", [Message(role="user", content=f"during the outage {i}") for i in range(3)]
+                "sess-outage",
+                [Message(role="user", content=f"during the outage {i}") for i in range(3)],
             )
             assert parked.status == "parked"
             tab.reload()

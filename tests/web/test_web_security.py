@@ -38,8 +38,10 @@ def store(backend: str, request: pytest.FixtureRequest, tmp_path: Path) -> Itera
     else:
         server = request.getfixturevalue("postgres_server")
         name = server.new_database()
-        url = make_url(server.url_for(name)).set(password=PASSWORD).render_as_string(
-            hide_password=False
+        url = (
+            make_url(server.url_for(name))
+            .set(password=PASSWORD)
+            .render_as_string(hide_password=False)
         )
         cleanup = (server, name)
     repository = open_repository(url)
@@ -89,9 +91,7 @@ def test_without_a_token_only_loopback_names_are_answered(store: str, serve: Any
     assert httpx.get(console.url("/api/session?id=sess-a")).json()["session"]["ended_at"] is None
 
 
-def test_with_a_token_every_client_must_give_it(
-    store: str, serve: Any, page: Watched
-) -> None:
+def test_with_a_token_every_client_must_give_it(store: str, serve: Any, page: Watched) -> None:
     console: Server = serve(store, env={"SESSIONREPO_CONSOLE_TOKEN": TOKEN})
     assert httpx.get(console.url("/api/sessions")).status_code == 401
     assert httpx.get(console.url("/metrics")).status_code == 401
