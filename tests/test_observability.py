@@ -14,8 +14,14 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from prometheus_client import CollectorRegistry, generate_latest
 
-import sessionrepo.observability as observability
-from sessionrepo import InvalidMessage, Message, SessionStore, TranscriptWriter, open_repository
+from sessionrepo import (
+    InvalidMessage,
+    Message,
+    SessionStore,
+    TranscriptWriter,
+    observability,
+    open_repository,
+)
 
 pytestmark = pytest.mark.contract
 
