@@ -141,7 +141,7 @@ def _rich(repository: SessionRepository) -> None:
                 role="user",
                 content=[
                     {"type": "text", "text": f"Here is the dashboard: the {NEEDLE} again?"},
-                    {"type": "image_url", "image_url": {"url": png()}},
+                    {"type": "image_url", "image_url": {"url": png(160, 90)}},
                 ],
                 timestamp=_at(301),
             ),

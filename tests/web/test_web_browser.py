@@ -90,7 +90,7 @@ def test_a_transcript_pairs_tool_calls_shows_the_image_and_links_the_chain(
     assert '"job": "deploy"' in log_call.locator("pre.arguments").inner_text()
     # The image is drawn (a real PNG, from a data URL).
     image = tab.locator("figure.image img")
-    assert image.evaluate("img => img.complete && img.naturalWidth") == 24
+    assert image.evaluate("img => img.complete && img.naturalWidth") == 160
     # Reasoning folded; the file named.
     reasoning = tab.locator("details.reasoning")
     assert reasoning.count() == 1
