@@ -55,7 +55,7 @@ def test_no_request_makes_the_api_fail(
     api_schema: Any, console: Server, path: str, mode: GenerationMode
 ) -> None:
     operation = api_schema["/" + path.lstrip("/")]["GET"]
-    examples = 5 if path == "/api/health" else 15
+    examples = 5 if path == "/api/health" else 10
 
     @given(case=operation.as_strategy(generation_mode=mode))
     @settings(
