@@ -139,9 +139,9 @@ def bulk_sessions(url: str, count: int) -> None:
                 ended_at, end_reason, message_count, tool_call_count, input_tokens,
                 output_tokens, next_seq)
             SELECT 'bulk-' || lpad(i::text, 7, '0'),
-                   (ARRAY['discord', 'telegram', 'cli'])[i % 3 + 1],
-                   'user-' || (i % 5000), 'Conversation ' || i, t, t,
-                   CASE WHEN i % 5 = 0 THEN t END, CASE WHEN i % 5 = 0 THEN 'user_left' END,
+                   (ARRAY['discord', 'telegram', 'cli'])[i %% 3 + 1],
+                   'user-' || (i %% 5000), 'Conversation ' || i, t, t,
+                   CASE WHEN i %% 5 = 0 THEN t END, CASE WHEN i %% 5 = 0 THEN 'user_left' END,
                    0, 0, 0, 0, 1
             FROM (SELECT i, timestamptz '2025-12-01 00:00Z' + i * interval '31 seconds' AS t
                   FROM generate_series(0, %s - 1) AS i) AS g
@@ -208,7 +208,7 @@ def main(argv: list[str] | None = None) -> int:
             for name in ("demo", "large"):
                 with store(backend, args.postgres, tmp, name) as url:
                     started = time.monotonic()
-                    open_repository(url).close()  # the schema
+                    open_repository(url, auto_migrate=True).close()  # the schema
                     if name == "demo":
                         demo_store(url, tmp)
                     else:

@@ -123,7 +123,7 @@ def _new_store(backend: str, request: pytest.FixtureRequest, tmp: Path) -> tuple
 
 
 @pytest.fixture(
-    scope="module",
+    scope="session",
     params=[
         pytest.param("sqlite", marks=pytest.mark.sqlite),
         pytest.param("postgres", marks=pytest.mark.postgres),
@@ -132,7 +132,8 @@ def _new_store(backend: str, request: pytest.FixtureRequest, tmp: Path) -> tuple
 def seeded(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[tuple[str, str]]:
-    """``(backend, url)`` of a store holding the test data, one per backend and module."""
+    """``(backend, url)`` of a store holding the test data, one per backend for the run
+    (the pages over it only read)."""
     tmp = tmp_path_factory.mktemp("seeded")
     url, cleanup = _new_store(request.param, request, tmp)
     repository = open_repository(url)
@@ -144,7 +145,7 @@ def seeded(
     cleanup()
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def console(seeded: tuple[str, str], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     """A read-only console over the seeded store."""
     server = start_server(seeded[1], tmp_path_factory.mktemp("console"))

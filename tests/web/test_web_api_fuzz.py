@@ -32,7 +32,7 @@ OPERATIONS = [
 ]
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def api_schema(console: Server) -> Any:
     return schemathesis.openapi.from_url(console.url("/openapi.json"))
 
