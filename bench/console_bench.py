@@ -27,10 +27,8 @@ import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
 
 import psycopg
-from sqlalchemy import text
 from sqlalchemy.engine import make_url
 
 from sessionrepo import Message, SessionRepository, open_repository
@@ -122,8 +120,9 @@ def bulk_sessions(url: str, count: int) -> None:
                    'user-' || (i % 5000), 'Conversation ' || i, t, t,
                    CASE WHEN i % 5 = 0 THEN t END, CASE WHEN i % 5 = 0 THEN 'user_left' END,
                    0, 0, 0, 0, 1
-            FROM (SELECT i, strftime('%Y-%m-%d %H:%M:%S', '2025-12-01', '+' || (i * 31) || ' seconds')
-                     || '.000000' AS t FROM n)
+            FROM (SELECT i, strftime('%Y-%m-%d %H:%M:%S', '2025-12-01',
+                                     '+' || (i * 31) || ' seconds') || '.000000' AS t
+                  FROM n)
             """,
             (count,),
         )
@@ -197,7 +196,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument(
         "--postgres",
-        default=os.environ.get("BENCH_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/postgres"),
+        default=os.environ.get(
+            "BENCH_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/postgres"
+        ),
     )
     args = parser.parse_args(argv)
     logging.getLogger("sessionrepo").setLevel(logging.ERROR)  # the demo's outage is planned
