@@ -41,6 +41,12 @@ lint: $(STAMP)
 
 check: lint test
 
+# make screenshots   the README's pictures of the console (docs/console-*.png), taken in
+#                    Chromium from the demo's data by the browser tests
+.PHONY: screenshots
+screenshots: $(STAMP)
+	SESSIONREPO_SCREENSHOTS=$(CURDIR)/docs $(BIN)/python -m pytest -q tests/web/test_web_screenshots.py
+
 # make bench   sessionrepo against the raw drivers and the peer stores (issues 7, 13), about
 #              15 minutes; results in bench/results/. BENCH_ARGS=--quick for a smoke run.
 #              PostgreSQL from BENCH_POSTGRES_URL (default postgresql://postgres@127.0.0.1:5432/postgres)

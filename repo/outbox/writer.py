@@ -25,12 +25,14 @@ from typing import Any, Final, Protocol, TypeVar
 from sqlalchemy import event
 from sqlalchemy.engine import URL
 
+import sessionrepo.observability as _observe
 from sessionrepo.contract import ResilientWriter
 from sessionrepo.dialects import normalize_url
 from sessionrepo.errors import (
     ArgumentTypeError,
     BackendUnavailable,
     InvalidMessage,
+    QueuedBehindOutbox,
     RepoError,
     WriteRejected,
 )
@@ -49,7 +51,7 @@ from sessionrepo.store.arguments import (
     check_seconds,
 )
 from sessionrepo.store.database import Database
-from sessionrepo.store.repository import PreparedBatch, QueuedBehindOutbox, SessionRepository
+from sessionrepo.store.repository import PreparedBatch, SessionRepository
 
 # The result models live in sessionrepo.models.outbox (the contract names them); they
 # stay importable from here.
@@ -225,6 +227,7 @@ class TranscriptWriter(ResilientWriter):
     # -- write ----------------------------------------------------------------------
 
     # ``self`` positional-only: sessionrepo.aio derives the awaited signature from this one.
+    @_observe.instrument_write
     def write(
         self,
         /,
@@ -388,6 +391,7 @@ class TranscriptWriter(ResilientWriter):
         self.notify_drainer()
         return count
 
+    @_observe.instrument_drain
     def drain(self, *, session_id: str | None = None, ignore_backoff: bool = False) -> DrainReport:
         check_optional_session_id(session_id)
         check_bool(ignore_backoff, "ignore_backoff")

@@ -31,6 +31,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.engine import URL
 
+import sessionrepo.observability as _observe
 from sessionrepo.contract import SessionStore
 from sessionrepo.dialects.base import DirectAppend, DirectLoad, DirectResult
 from sessionrepo.errors import (
@@ -39,6 +40,7 @@ from sessionrepo.errors import (
     InvalidArgument,
     InvalidMessage,
     NotFound,
+    QueuedBehindOutbox,
     RepoError,
 )
 from sessionrepo.models import (
@@ -444,6 +446,7 @@ class SessionRepository(SessionStore):
         session = _codec.build_session(sid, session_defaults, "session_defaults")
         return PreparedBatch(sid, validated, rows, session)
 
+    @_observe.instrument_append
     def append_prepared(
         self,
         batch: PreparedBatch,
@@ -513,7 +516,7 @@ class SessionRepository(SessionStore):
 
         return database.write(work)
 
-    def _append_direct(
+    def _append_direct(  # noqa: PLR0911 - each way out is one outcome of the statement
         self,
         database: Database,
         batch: PreparedBatch,
@@ -635,6 +638,7 @@ class SessionRepository(SessionStore):
 
     # -- search ---------------------------------------------------------------------
 
+    @_observe.instrument_search
     def search(
         self,
         query: str,
@@ -683,6 +687,7 @@ class SessionRepository(SessionStore):
         check_callable(progress, "progress")
         return self._search.reindex(progress=progress)
 
+    @_observe.instrument_catch_up
     def catch_up_search_index(self, *, limit: int | None = None) -> int:
         if limit is not None:
             limit = check_limit(limit)
@@ -694,6 +699,7 @@ class SessionRepository(SessionStore):
     def search_index_state(self) -> tuple[str, str | None]:
         return self._search.state()
 
+    @_observe.instrument_load
     def load_transcript(
         self,
         session_id: str,
@@ -1029,15 +1035,6 @@ class SessionRepository(SessionStore):
             return bool(changed)
 
         return self._db.write(work)
-
-
-class QueuedBehindOutbox(Exception):
-    """Raised by ``append_prepared(..., behind_outbox=True)``: nothing was written, the
-    session has parked messages and the batch must queue behind them."""
-
-    def __init__(self, session_id: str) -> None:
-        super().__init__(f"session {session_id!r} has parked messages")
-        self.session_id = session_id
 
 
 #: A writer's batch that waits behind its session's parked messages (nothing written).
