@@ -740,12 +740,9 @@ class SessionRepository(SessionStore):
         def work(conn: Connection) -> PruneResult:
             if not ids:
                 return PruneResult(deleted=[], kept=[], messages=0, parked={})
-            current = conn.execute(
-                select(sessions_table)
-                .where(S.id.in_(ids), prunable)
-                .order_by(S.id)
-                .with_for_update()
-            ).all()
+            current = self._db.dialect.select_locked(
+                conn, select(sessions_table).where(prunable).order_by(S.id), S.id, ids
+            )
             chosen = [
                 snapshot
                 for snapshot in map(_snapshot, current)
