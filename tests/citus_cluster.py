@@ -13,6 +13,10 @@ As a script (``python tests/citus_cluster.py`` or ``python -m tests.citus_cluste
     start [--workers N] [--dir DIR]   start a cluster, print the coordinator's URL; its
                                       state (pids, directories) is kept in DIR
     stop --dir DIR                    stop the cluster started with that DIR, remove it
+    run [--workers N] -- COMMAND...   run COMMAND with SESSIONREPO_TEST_CITUS_URL naming
+                                      a cluster started for it (and
+                                      SESSIONREPO_REQUIRE_CITUS=1), stop the cluster after
+                                      it; with the variable set already, only run COMMAND
     available                         exit 0 when the extension is installed, else say
                                       why and exit 1
 
@@ -29,6 +33,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -197,6 +202,23 @@ def _stop(directory: Path) -> int:
     return 0
 
 
+def _run(workers: int, command: list[str]) -> int:
+    if not command:
+        raise CitusUnavailable("run: no command given (run -- COMMAND...)")
+    env = dict(os.environ, SESSIONREPO_REQUIRE_CITUS="1")
+    if env.get("SESSIONREPO_TEST_CITUS_URL"):
+        return subprocess.run(command, env=env, check=False).returncode
+    started = time.monotonic()
+    with citus_cluster(workers) as cluster:
+        print(
+            f"citus cluster: coordinator {cluster.url}, {workers} workers "
+            f"(started in {time.monotonic() - started:.1f} s)",
+            file=sys.stderr,
+        )
+        env["SESSIONREPO_TEST_CITUS_URL"] = cluster.url
+        return subprocess.run(command, env=env, check=False).returncode
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
@@ -205,6 +227,9 @@ def main(argv: list[str] | None = None) -> int:
     start.add_argument("--dir", type=Path, default=None)
     stop = commands.add_parser("stop", help="stop the cluster started with --dir DIR")
     stop.add_argument("--dir", type=Path, required=True)
+    run = commands.add_parser("run", help="run a command against a cluster started for it")
+    run.add_argument("--workers", type=int, default=2)
+    run.add_argument("command_", metavar="COMMAND", nargs=argparse.REMAINDER)
     commands.add_parser("available", help="exit 0 when the citus extension is installed")
     args = parser.parse_args(argv)
     try:
@@ -213,6 +238,9 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         if args.command == "start":
             return _start(args.workers, args.dir)
+        if args.command == "run":
+            command = args.command_[1:] if args.command_[:1] == ["--"] else args.command_
+            return _run(args.workers, command)
         return _stop(args.dir)
     except CitusUnavailable as exc:
         print(f"citus unavailable: {exc}", file=sys.stderr)

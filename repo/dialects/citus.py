@@ -225,9 +225,9 @@ class CitusDialect(PostgresDialect):
         # The coordinator's table is an empty shell: the rows are in the shards.
         return float(
             connection.exec_driver_sql(
-                "SELECT coalesce(sum(nullif(result, '')::float), 0) FROM "
+                "SELECT coalesce(sum(CASE WHEN success THEN result::float END), 0) FROM "
                 "run_command_on_shards('message_search', "
-                "$$SELECT greatest(reltuples, 0) FROM pg_class WHERE oid = '%s'::regclass$$)"
+                "$$SELECT greatest(reltuples, 0) FROM pg_class WHERE oid = '%%s'::regclass$$)"
             ).scalar_one()
         )
 
