@@ -134,18 +134,12 @@ def test_later_ddl_reaches_the_distributed_tables(citus_url: str) -> None:
             conn.execute(text("CREATE INDEX ix_messages_edited ON messages (edited_at)"))
             conn.execute(
                 text(
-                    "CREATE TABLE message_edits (session_id VARCHAR(255) NOT NULL, "
+                    "CREATE TABLE message_edits (session_id VARCHAR(255) NOT NULL "
+                    "REFERENCES sessions (id) ON DELETE CASCADE, "
                     "seq BIGINT NOT NULL, note TEXT, PRIMARY KEY (session_id, seq))"
                 )
             )
-            done = distribute_schema(conn)
-            conn.execute(
-                text(
-                    "ALTER TABLE message_edits ADD CONSTRAINT fk_message_edits_session "
-                    "FOREIGN KEY (session_id) REFERENCES sessions (id) ON DELETE CASCADE"
-                )
-            )
-            return done
+            return distribute_schema(conn)
 
         assert database.write(later_revision) == ["message_edits"]
         found = distribution(citus_url)
@@ -154,6 +148,9 @@ def test_later_ddl_reaches_the_distributed_tables(citus_url: str) -> None:
         with open_repository(citus_url) as repository:
             repository.append("s", [Message(role="user", content="after the new column")])
             assert repository.load_transcript("s")[0].content == "after the new column"
+        database.write(
+            lambda conn: conn.execute(text("INSERT INTO message_edits VALUES ('s', 1, 'n')"))
+        )
     finally:
         database.write(lambda conn: conn.execute(text("DROP TABLE message_edits")))
         database.write(lambda conn: conn.execute(text("DROP INDEX ix_messages_edited")))

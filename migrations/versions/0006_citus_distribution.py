@@ -9,8 +9,9 @@ migration's advisory lock. It is idempotent: a table Citus knows already is left
 Later revisions: Citus propagates DDL on distributed tables (``ADD COLUMN``, indexes) by
 itself. A revision that *creates* a table calls ``distribute_schema(op.get_bind())`` at
 its end, so the new table is distributed (it has a ``session_id`` column) or made a
-reference table like the rest; a foreign key from it to ``sessions`` is added after that
-call (Citus refuses one from a plain table to a distributed one).
+reference table like the rest; until then it is a plain table on the coordinator (Citus
+13.2 accepts its foreign key to ``sessions`` there, and keeps it when distributing). A
+revision that runs before this one needs nothing: this one distributes what it made.
 
 The downgrade turns the tables back into plain tables on the coordinator (their rows
 come back), so every older revision downgrades as on plain PostgreSQL.
