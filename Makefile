@@ -55,7 +55,7 @@ bench: $(STAMP)
 # make test-citus  the Citus tests (tests/test_citus.py) and the whole contract suite on a
 #                  throwaway Citus cluster (a coordinator and 2 workers, started and stopped
 #                  by tests/citus_cluster.py from the installed citus extension; or the
-#                  coordinator SESSIONREPO_TEST_CITUS_URL names), about 35 minutes on 2
+#                  coordinator SESSIONREPO_TEST_CITUS_URL names), about 12 minutes on 2
 #                  cores. CITUS_TESTS picks a subset (.ci/run runs CITUS_CI_TESTS).
 CITUS_CONTRACT := tests/test_append.py tests/test_boundary.py tests/test_concurrency.py \
 	tests/test_faithful_storage.py tests/test_operator_methods.py tests/test_search.py \
