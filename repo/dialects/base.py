@@ -22,6 +22,7 @@ from sqlalchemy import (
     Float,
     Insert,
     Row,
+    Select,
     String,
     Table,
     Text,
@@ -37,6 +38,7 @@ from sqlalchemy import (
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import URL
 from sqlalchemy.ext.asyncio import create_async_engine
+from sqlalchemy.sql.elements import ColumnElement
 from sqlalchemy.types import TypeEngine
 
 from sessionrepo.errors import RepoError
@@ -323,6 +325,19 @@ class BackendDialect:
             query = query.where(tuple_(_B.session_id, _B.first_seq).in_(among))
         query = query.order_by(_B.session_id, _B.first_seq).limit(limit)
         return list(connection.execute(query.with_for_update(skip_locked=not wait)))
+
+    def select_locked(
+        self,
+        connection: Connection,
+        query: Select[Any],
+        session_column: ColumnElement[Any],
+        session_ids: Sequence[str],
+    ) -> list[Row[Any]]:
+        """The rows of ``query`` whose ``session_column`` is one of ``session_ids``
+        (sorted), locked for the rest of the transaction (``FOR UPDATE``)."""
+        return list(
+            connection.execute(query.where(session_column.in_(session_ids)).with_for_update())
+        )
 
     def _forget_backlog(self, connection: Connection, session_ids: Sequence[str]) -> None:
         # First: on PostgreSQL this waits for a catch-up holding these rows, whose index

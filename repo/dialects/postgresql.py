@@ -13,7 +13,7 @@ import math
 import os
 import socket
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Any, Final
 
@@ -521,12 +521,22 @@ class PostgresDialect(BackendDialect):
         return _pg_search(
             connection,
             self.search_config,
+            self.search_rows_estimate,
             query,
             filters,
             order=order,
             limit=limit,
             offset=offset,
             window=window,
+        )
+
+    def search_rows_estimate(self, connection: Connection) -> float:
+        """The planner's estimate of the rows in ``message_search`` (a search's probe
+        weighs the two ways to the newest matches by it)."""
+        return float(
+            connection.exec_driver_sql(
+                "SELECT reltuples FROM pg_class WHERE oid = CAST('message_search' AS regclass)"
+            ).scalar_one()
         )
 
     def is_broken_object(self, exc: sa_exc.DBAPIError) -> bool:
@@ -635,6 +645,7 @@ _PG_PROBE_ROWS: Final = 500
 def _pg_search(
     connection: Connection,
     config: str,
+    rows_estimate: Callable[[Connection], float],
     query: Query,
     filters: SearchFilters,
     *,
@@ -688,13 +699,12 @@ def _pg_search(
     probe = (
         f"SELECT count(*) FILTER (WHERE ms.document @@ {tsquery}"
         + "".join(f" AND {clause}" for clause in clauses)
-        + f"), count(*) FILTER (WHERE ms.document @@ {tsquery}), count(*), "
-        "(SELECT reltuples FROM pg_class WHERE oid = CAST('message_search' AS regclass)) "
+        + f"), count(*) FILTER (WHERE ms.document @@ {tsquery}), count(*) "
         "FROM (SELECT ms.session_id, ms.role, ms.document FROM message_search ms "
         f"WHERE true{scope} ORDER BY ms.ts DESC LIMIT :probe) ms{joins}"
     )
     probe_params = params | {"probe": _PG_PROBE_ROWS}
-    hits, term_hits, scanned, total = connection.execute(
+    hits, term_hits, scanned = connection.execute(
         bind_times(text(probe), probe_params), probe_params
     ).one()
     density = hits / scanned if scanned else 0.0
@@ -725,7 +735,8 @@ def _pg_search(
         # document is read again).
         recheck = any(len(term.words) > 1 or term.excluded for term in query.terms)
         walk_rows = need / density * (1 if recheck else 3)
-        walk = walk_rows <= term_hits / scanned * max(float(total), float(scanned))
+        total = rows_estimate(connection)
+        walk = walk_rows <= term_hits / scanned * max(total, float(scanned))
     connection.exec_driver_sql(
         "SET LOCAL enable_bitmapscan = off" if walk else "SET LOCAL enable_indexscan = off"
     )

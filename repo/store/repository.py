@@ -544,10 +544,9 @@ class SessionRepository(SessionStore):
                 first = unique.setdefault(row["client_msg_uuid"], row)
                 if first["content_hash"] != row["content_hash"] and on_conflict == "raise":
                     return None  # a conflict within the batch: the locked path refuses it
-        dialect = database.dialect
         tip = acks.tip if known and acks is not None else None
         if tip is not None and not unique:
-            if database.read_direct(lambda driver: dialect.message_at(driver, sid, *tip)):
+            if database.read_direct(lambda driver: database.dialect.message_at(driver, sid, *tip)):
                 return _outcome(sid, batch.rows, {}, None, known=known)
             self._acks.forget(sid)
             return self._append_direct(database, batch, new_session, on_conflict, behind_outbox)
@@ -561,7 +560,8 @@ class SessionRepository(SessionStore):
             behind_outbox=behind_outbox,
             verify=tip,
         )
-        done = database.write_direct(lambda driver: dialect.append_direct(driver, append))
+        # The dialect read on the connection: the first one finds which server it is.
+        done = database.write_direct(lambda driver: database.dialect.append_direct(driver, append))
         if done is None:
             return None
         if done.queued:
@@ -732,8 +732,7 @@ class SessionRepository(SessionStore):
 
         if not include_ancestors:
             load = DirectLoad(sid, _codec.LOAD_COLUMNS, after_seq, before_seq, limit, backwards)
-            dialect = self._db.dialect
-            rows = self._db.read_direct(lambda driver: dialect.load_direct(driver, load))
+            rows = self._db.read_direct(lambda driver: self._db.dialect.load_direct(driver, load))
             if rows:
                 messages = _codec.stored_messages(rows)
                 if backwards:
@@ -842,12 +841,9 @@ class SessionRepository(SessionStore):
         def work(conn: Connection) -> PruneResult:
             if not ids:
                 return PruneResult(deleted=[], kept=[], messages=0, parked={})
-            current = conn.execute(
-                select(sessions_table)
-                .where(S.id.in_(ids), prunable)
-                .order_by(S.id)
-                .with_for_update()
-            ).all()
+            current = self._db.dialect.select_locked(
+                conn, select(sessions_table).where(prunable).order_by(S.id), S.id, ids
+            )
             chosen = [
                 snapshot
                 for snapshot in map(_snapshot, current)

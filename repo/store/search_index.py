@@ -43,7 +43,7 @@ from typing import Any, Final
 from sqlalchemy import Connection, Row, bindparam, delete, exists, func, select, tuple_
 from sqlalchemy import exc as sa_exc
 
-from sessionrepo.dialects.base import IndexEntry, SearchOrder
+from sessionrepo.dialects.base import BackendDialect, IndexEntry, SearchOrder
 from sessionrepo.errors import RepoError, SearchIndexUnavailable
 from sessionrepo.models.message import utcnow
 from sessionrepo.models.search import SearchHit
@@ -84,7 +84,11 @@ class SearchIndex:
 
     def __init__(self, database: Database) -> None:
         self.database = database
-        self.dialect = database.dialect
+
+    @property
+    def dialect(self) -> BackendDialect:
+        # Asked each time: the first connection may refine it (a Citus coordinator).
+        return self.database.dialect
 
     def index_in_transaction(
         self, conn: Connection, session_id: str, first_seq: int, contents: Sequence[Any]
