@@ -242,7 +242,10 @@ def assert_single_shard(url: str, statements: list[tuple[str, Any]]) -> int:
 def test_every_hot_path_statement_touches_one_shard(citus_url: str) -> None:
     with open_repository(citus_url) as repository, TranscriptWriter(repository) as writer:
         outbox: Outbox = writer.outbox
-        log = StatementLog(repository.database, outbox.database)
+        # White-box: the writer writes through a pool of its own (its deadline set on
+        # the connections: Database.bounded), which the log must hear too.
+        bounded = list(repository.database._bounded.values())
+        log = StatementLog(repository.database, outbox.database, *bounded)
         for other in range(8):  # other sessions on other shards
             repository.append(f"other-{other}", [Message(role="user", content="elsewhere")])
         sid = "hot-" + uuid.uuid4().hex[:8]

@@ -36,7 +36,7 @@ from sqlalchemy import Connection, Row, Select, select, text
 from sqlalchemy.engine.interfaces import DBAPIConnection
 from sqlalchemy.sql.elements import ColumnElement
 
-from sessionrepo.dialects.base import DirectAppend, DirectResult
+from sessionrepo.dialects.base import DirectAppend, DirectLoad, DirectResult
 from sessionrepo.dialects.postgresql import PostgresDialect
 from sessionrepo.models.doctor import Check
 from sessionrepo.models.tables import search_backlog_table
@@ -178,6 +178,11 @@ class CitusDialect(PostgresDialect):
         # through the coordinator: the one-statement append would not be one round
         # trip here, and its FOR UPDATE inside a CTE is not routable. The locked path
         # (a routed lock, a routed insert) is what the router test checks.
+        return None
+
+    def load_direct(self, driver: Any, load: DirectLoad) -> list[Sequence[Any]] | None:
+        # Through SQLAlchemy, as every other statement here: the router test sees them
+        # all (its statement log listens to SQLAlchemy's cursor events).
         return None
 
     def take_search_backlog(
