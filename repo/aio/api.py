@@ -146,6 +146,12 @@ class AsyncSessionRepository(AsyncFacade[SessionRepository]):
     delete_ended_sessions = awaited(SessionRepository.delete_ended_sessions)
     restore_session = awaited(SessionRepository.restore_session)
     backdate_activity = awaited(SessionRepository.backdate_activity)
+    rewind = awaited(SessionRepository.rewind)
+    retract = awaited(SessionRepository.retract)
+    pop_last = awaited(SessionRepository.pop_last)
+    clear_session = awaited(SessionRepository.clear_session)
+    compact = awaited(SessionRepository.compact)
+    fork_session = awaited(SessionRepository.fork_session)
 
     @_documented_as(SessionRepository.append)
     async def append(

@@ -48,7 +48,7 @@ from sessionrepo.search.query import Query, SearchFilters
 READ_ONLY: Final = "sessionrepo_read_only"
 
 #: ``(session_id, seq, timestamp, role, document)``: one message's entry in the index.
-IndexEntry = tuple[str, int, datetime, str, str]
+IndexEntry = tuple[str, int, datetime, str | None, str]
 
 SearchOrder = Literal["rank", "newest"]
 
@@ -201,6 +201,13 @@ class BackendDialect:
         with foreign keys off)."""
         raise NotImplementedError
 
+    def forget_search_entries(
+        self, connection: Connection, session_id: str, seqs: Sequence[int]
+    ) -> None:
+        """Drop the index entries of these messages of one session (an edit took them
+        out of the live transcript, or is about to move them)."""
+        raise NotImplementedError
+
     def take_search_backlog(
         self,
         connection: Connection,
@@ -276,6 +283,7 @@ _SEARCH_COLUMNS: dict[str, TypeEngine[Any]] = {
     "source": String(),
     "user_id": String(),
     "content": Text(),
+    "extra": Text(),
     "rank": Float(),
 }
 
@@ -286,7 +294,7 @@ def page_of_hits(matches: str, outer_order: str) -> str:
     the choice)."""
     return (
         f"SELECT m.session_id, m.seq, m.client_msg_uuid, m.role, m.timestamp, s.source, "
-        f"s.user_id, {_CONTENT_HEAD} AS content, top.rank AS rank "
+        f"s.user_id, {_CONTENT_HEAD} AS content, m.extra AS extra, top.rank AS rank "
         f"FROM ({matches}) top "
         "JOIN messages m ON m.session_id = top.session_id AND m.seq = top.seq "
         "JOIN sessions s ON s.id = m.session_id "
