@@ -66,6 +66,8 @@ def answered_call(message: Message) -> str | None:
     """The call id this message answers (a ``tool`` message, a ``*_call_output`` item)."""
     if message.item_type in OUTPUT_TYPES:
         call_id = message.extra.get("call_id")
+        if call_id is None and message.item_type == "local_shell_call_output":
+            call_id = message.extra.get("id")  # this one names its call by "id"
         return call_id if isinstance(call_id, str) else None
     if message.role == "tool":
         return message.tool_call_id
