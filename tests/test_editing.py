@@ -70,7 +70,8 @@ def test_a_reflush_of_a_rewound_message_is_a_no_op_and_does_not_bring_it_back(
     messages = _seed(repo, 4)
     repo.rewind("s", 2)
     again = repo.append("s", messages)
-    assert again.inserted == [] and len(again.duplicates) == 4
+    assert again.inserted == []
+    assert len(again.duplicates) == 4
     assert len(repo.load_transcript("s")) == 2
     # New messages continue the stored seq: gap-free over what is stored.
     fresh = repo.append("s", [Message(role="user", content="after the rewind")])
@@ -167,7 +168,8 @@ def test_clear_session_empties_the_live_transcript_and_keeps_history(
     assert repo.load_transcript("s") == []
     assert len(repo.load_transcript("s", include_retracted=True)) == 3
     [summary] = repo.list_sessions().sessions
-    assert summary.preview is None and summary.message_count == 0
+    assert summary.preview is None
+    assert summary.message_count == 0
     assert repo.search("word1") == []
     with pytest.raises(NotFound):
         repo.clear_session("nobody")

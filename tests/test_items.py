@@ -9,9 +9,10 @@ import io
 from typing import Any
 
 import pytest
-from pydantic import ValidationError
-
 from _responses_items import CHAT_MESSAGES, RESPONSES_ITEMS
+from pydantic import ValidationError
+from strategies import assert_identical
+
 from sessionrepo import (
     InvalidMessage,
     Message,
@@ -21,7 +22,6 @@ from sessionrepo import (
     transcript_problems,
 )
 from sessionrepo.ops import export_sessions, import_sessions
-from strategies import assert_identical
 
 pytestmark = pytest.mark.contract
 
@@ -37,7 +37,8 @@ def test_every_item_and_role_round_trips_through_the_model(item: dict[str, Any])
 def test_an_item_keeps_its_own_keys_even_where_they_are_our_field_names() -> None:
     update = next(item for name, item in RESPONSES_ITEMS if name.startswith("ResponseConfig"))
     message = Message.from_item(update)
-    assert message.role is None and message.reasoning is None
+    assert message.role is None
+    assert message.reasoning is None
     assert message.item_type == "configuration_update"
     assert message.extra["reasoning"] == {"effort": "low", "summary": "auto"}
     assert_identical(message.to_item(), update)
@@ -63,13 +64,15 @@ def test_an_item_built_directly_comes_out_type_first() -> None:
 def test_every_item_and_role_round_trips_through_the_store(repo: SessionRepository) -> None:
     sent = [copy.deepcopy(item) for item in ITEMS + CHAT_MESSAGES]
     result = repo.append("s", sent)
-    assert len(result.inserted) == len(sent) and not result.conflicts
+    assert len(result.inserted) == len(sent)
+    assert not result.conflicts
 
     loaded = repo.load_transcript("s")
     for message, original in zip(loaded, ITEMS + CHAT_MESSAGES, strict=True):
         assert_identical(message.to_openai(), original)
     assert [m.role for m in loaded[:3]] == ["developer", "user", "system"]
-    assert loaded[4].role is None and loaded[4].item_type == "file_search_call"
+    assert loaded[4].role is None
+    assert loaded[4].item_type == "file_search_call"
 
     again = repo.append("s", [m.to_openai(include_key=True) for m in loaded])
     assert (again.inserted, len(again.duplicates), again.conflicts) == ([], len(sent), [])
