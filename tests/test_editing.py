@@ -250,9 +250,7 @@ def test_export_and_import_keep_what_edits_did(database_url: str, tmp_path: Any)
         source.retract("s", [messages[0].client_msg_uuid])
         source.compact("s", 3, Message(role="system", content="summary"))
         source.fork_session("s", 2, "f")
-        expected = {
-            sid: source.load_transcript(sid, include_retracted=True) for sid in ("s", "f")
-        }
+        expected = {sid: source.load_transcript(sid, include_retracted=True) for sid in ("s", "f")}
         sessions = {sid: source.get_session(sid) for sid in ("s", "f")}
         buffer = io.BytesIO()
         export_sessions(source, buffer)
