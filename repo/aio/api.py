@@ -253,6 +253,10 @@ class AsyncTranscriptWriter(AsyncFacade[TranscriptWriter]):
     pending = awaited(TranscriptWriter.pending)
     status = awaited(TranscriptWriter.status)
     retry_dead = awaited(TranscriptWriter.retry_dead)
+    rewind = awaited(TranscriptWriter.rewind)
+    retract = awaited(TranscriptWriter.retract)
+    clear_session = awaited(TranscriptWriter.clear_session)
+    compact = awaited(TranscriptWriter.compact)
 
     def start(self, *, interval: float = 1.0) -> None:
         """Run the drainer as a task of the running loop until :meth:`stop` or

@@ -70,10 +70,10 @@ class SessionEditing(TranscriptEditor):
 
     def retract(self, /, session_id: str, keys: Iterable[UUID | str]) -> EditResult:
         sid = check_session_id(session_id)
-        wanted = _check_keys(keys)
+        wanted = check_keys(keys)
 
         def work(conn: Connection) -> EditResult:
-            self._lock(conn, sid)
+            self._lock_session(conn, sid)
             found = set(
                 conn.execute(
                     select(M.client_msg_uuid).where(
@@ -95,7 +95,7 @@ class SessionEditing(TranscriptEditor):
         sid = check_session_id(session_id)
 
         def work(conn: Connection) -> EditResult:
-            self._lock(conn, sid)
+            self._lock_session(conn, sid)
             tail = _codec.stored_messages(
                 conn.execute(
                     select(*_codec.load_columns)
@@ -125,7 +125,7 @@ class SessionEditing(TranscriptEditor):
         summary, row = validated[0], rows[0]
 
         def work(conn: Connection) -> EditResult:
-            next_seq = self._lock(conn, sid)
+            next_seq = self._lock_session(conn, sid)
             if through_seq >= next_seq:
                 raise InvalidArgument(
                     "through_seq",
@@ -208,7 +208,7 @@ class SessionEditing(TranscriptEditor):
                     session_id=target,
                     conflicts=[],
                 )
-            next_seq = self._lock(conn, source)
+            next_seq = self._lock_session(conn, source)
             if at_seq >= next_seq:
                 raise InvalidArgument(
                     "at_seq", f"session {source!r} has no message {at_seq} (next is {next_seq})"
@@ -268,7 +268,7 @@ class SessionEditing(TranscriptEditor):
 
     # -- the parts ----------------------------------------------------------------------
 
-    def _lock(self, conn: Connection, sid: str) -> int:
+    def _lock_session(self, conn: Connection, sid: str) -> int:
         """Lock the session as an append does; its ``next_seq``."""
         next_seq = self._db.dialect.lock_session(conn, sid)
         if next_seq is None:
@@ -278,7 +278,7 @@ class SessionEditing(TranscriptEditor):
     def _edit(self, conn: Connection, sid: str, which: Any, *, locked: bool = False) -> EditResult:
         """Retract the live messages of ``sid`` that ``which`` selects."""
         if not locked:
-            self._lock(conn, sid)
+            self._lock_session(conn, sid)
         superseded = self._supersede(conn, sid, which, "retracted")
         return EditResult(
             session_id=sid, superseded=superseded, message_count=self._count(conn, sid)
@@ -336,7 +336,8 @@ def _session(row: Row[Any]) -> Session:
     return Session.model_construct(**_codec.session_from_row(row))
 
 
-def _check_keys(keys: object) -> list[UUID]:
+def check_keys(keys: object) -> list[UUID]:
+    """Message keys (``UUID`` or its text), distinct, in order; at least one."""
     if isinstance(keys, str | bytes | UUID) or not isinstance(keys, Iterable):
         raise InvalidArgument("keys", "expected a list of message keys")
     wanted: list[UUID] = []
