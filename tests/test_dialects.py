@@ -99,7 +99,7 @@ def test_every_message_field_has_its_column_in_field_order() -> None:
     stored = tuple(name for name in MESSAGE_COLUMNS if name != "content_hash")
     assert stored == tuple(Message.model_fields)
     assert tuple(StoredMessage.model_fields) == LOAD_COLUMNS
-    assert LOAD_COLUMNS == (*stored, *MESSAGE_PLACE, *MESSAGE_STATE)
+    assert (*stored, *MESSAGE_PLACE, *MESSAGE_STATE) == LOAD_COLUMNS
     assert set(WIRE_FIELDS) <= set(HASHED_COLUMNS) <= set(stored)
     assert WIRE_FIELDS[:2] == ("role", "content")  # to_openai writes these first
 
