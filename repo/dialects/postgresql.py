@@ -449,7 +449,7 @@ class PostgresDialect(BackendDialect):
         return int(
             connection.exec_driver_sql(
                 "INSERT INTO message_search (session_id, seq, ts, role, document) "
-                "SELECT m.session_id, m.seq, m.timestamp, m.role, "
+                "SELECT m.session_id, m.seq, m.timestamp, coalesce(m.role, ''), "
                 "to_tsvector(%(cfg)s::regconfig, d.body) "
                 "FROM unnest(%(seqs)b::bigint[], %(bodies)b::text[]) AS d(seq, body) "
                 "JOIN messages m ON m.session_id = %(sid)s AND m.seq = d.seq",
@@ -468,7 +468,8 @@ class PostgresDialect(BackendDialect):
         sids, seqs, stamps, roles, bodies = (list(column) for column in zip(*entries, strict=True))
         connection.exec_driver_sql(
             "INSERT INTO message_search (session_id, seq, ts, role, document) "
-            "SELECT d.sid, d.seq, d.ts, d.role, to_tsvector(%(cfg)s::regconfig, d.body) "
+            "SELECT d.sid, d.seq, d.ts, coalesce(d.role, ''), "
+            "to_tsvector(%(cfg)s::regconfig, d.body) "
             "FROM unnest(%(sids)b::text[], %(seqs)b::bigint[], %(stamps)b::timestamptz[], "
             "%(roles)b::text[], %(bodies)b::text[]) AS d(sid, seq, ts, role, body)",
             {
@@ -499,6 +500,15 @@ class PostgresDialect(BackendDialect):
         for statement in _SEARCH_INDEX_DDL:
             connection.exec_driver_sql(statement)
         connection.exec_driver_sql("ANALYZE message_search")
+
+    def forget_search_entries(
+        self, connection: Connection, session_id: str, seqs: Sequence[int]
+    ) -> None:
+        if seqs:
+            connection.exec_driver_sql(
+                "DELETE FROM message_search WHERE session_id = %(sid)s AND seq = ANY(%(seqs)s)",
+                {"sid": session_id, "seqs": list(seqs)},
+            )
 
     def forget_search_documents(self, connection: Connection, session_ids: Sequence[str]) -> None:
         self._forget_backlog(connection, session_ids)

@@ -62,7 +62,7 @@ from sessionrepo.models.tables import (
     outbox_table,
     sessions_table,
 )
-from sessionrepo.search.text import content_text
+from sessionrepo.search.text import content_text, searchable
 from sessionrepo.store import codec as _codec
 from sessionrepo.store import schema
 from sessionrepo.store.arguments import (
@@ -80,6 +80,7 @@ from sessionrepo.store.arguments import (
     check_session_id,
 )
 from sessionrepo.store.database import Database
+from sessionrepo.store.editing import SessionEditing
 from sessionrepo.store.search_index import SearchIndex
 
 S = sessions_table.c
@@ -205,7 +206,7 @@ class PruneResult:
     parked: dict[str, int]
 
 
-class SessionRepository(SessionStore):
+class SessionRepository(SessionStore, SessionEditing):
     """Sessions and their transcripts on SQLite or PostgreSQL (made by
     :func:`open_repository`).
 
@@ -314,7 +315,7 @@ class SessionRepository(SessionStore):
                     else_=func.substr(M.content, 1, PREVIEW_LENGTH + 1, type_=Text),
                 )
             )
-            .where(M.session_id == S.id, M.role == "user")
+            .where(M.session_id == S.id, M.role == "user", M.superseded.is_(None))
             .order_by(M.seq)
             .limit(1)
             .scalar_subquery()
@@ -597,7 +598,7 @@ class SessionRepository(SessionStore):
             return
         # "immediate": in a savepoint, so a broken index can never make the transcript
         # write fail (its failure marks the index stale instead; see store/search_index.py).
-        content = {message.client_msg_uuid: message.content for message in messages}
+        content = {m.client_msg_uuid: searchable(m.content, m.extra) for m in messages}
         self._search.index_in_transaction(
             conn,
             result.session_id,
@@ -708,6 +709,7 @@ class SessionRepository(SessionStore):
         before_seq: int | None = None,
         limit: int | None = None,
         include_ancestors: bool = False,
+        include_retracted: bool = False,
     ) -> list[StoredMessage]:
         sid = check_session_id(session_id)
         after_seq = check_seq(after_seq, "after_seq")
@@ -718,7 +720,10 @@ class SessionRepository(SessionStore):
         if include_ancestors and (after_seq, before_seq, limit) != (None, None, None):
             raise InvalidArgument("include_ancestors", "cannot be combined with a cursor")
 
+        include_retracted = check_bool(include_retracted, "include_retracted")
         transcript = select(*_codec.load_columns).order_by(M.seq)
+        if not include_retracted:
+            transcript = transcript.where(M.superseded.is_(None))
         query = transcript.where(M.session_id == sid)
         if after_seq is not None:
             query = query.where(M.seq > after_seq)
@@ -731,7 +736,15 @@ class SessionRepository(SessionStore):
             query = query.limit(limit)
 
         if not include_ancestors:
-            load = DirectLoad(sid, _codec.LOAD_COLUMNS, after_seq, before_seq, limit, backwards)
+            load = DirectLoad(
+                sid,
+                _codec.LOAD_COLUMNS,
+                after_seq,
+                before_seq,
+                limit,
+                backwards,
+                live_only=not include_retracted,
+            )
             rows = self._db.read_direct(lambda driver: self._db.dialect.load_direct(driver, load))
             if rows:
                 messages = _codec.stored_messages(rows)
@@ -970,6 +983,16 @@ class SessionRepository(SessionStore):
                 self._index_inserted(conn, added, [validated[i] for i in run])
                 inserted += added.inserted
                 next_seq = start + len(run)
+            # What an edit had superseded when it was exported is superseded again.
+            states: dict[Literal["retracted", "compacted"], tuple[list[int], int]] = {}
+            fresh = set(inserted)
+            for message in messages:
+                if message.superseded is not None and message.client_msg_uuid in fresh:
+                    marked, calls = states.get(message.superseded, ([], 0))
+                    marked.append(message.seq)
+                    states[message.superseded] = (marked, calls + len(message.tool_calls or ()))
+            for state, (marked, calls) in states.items():
+                self.mark_superseded(conn, sid, marked, calls, state)
             if inserted:  # the appends stamped the session with the time of now
                 conn.execute(
                     update(sessions_table)

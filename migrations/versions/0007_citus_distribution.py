@@ -16,8 +16,8 @@ revision that runs before this one needs nothing: this one distributes what it m
 The downgrade turns the tables back into plain tables on the coordinator (their rows
 come back), so every older revision downgrades as on plain PostgreSQL.
 
-Revision ID: 0006
-Revises: 0005
+Revision ID: 0007
+Revises: 0006
 Create Date: 2026-12-01
 """
 
@@ -29,8 +29,8 @@ from alembic import op
 
 from sessionrepo.dialects.citus import distribute_schema, undistribute_schema
 
-revision: str = "0006"
-down_revision: str | None = "0005"
+revision: str = "0007"
+down_revision: str | None = "0006"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
