@@ -188,7 +188,8 @@ def message_view(message: StoredMessage) -> MessageView:
         )
     return MessageView(
         seq=message.seq,
-        role=message.role,
+        # A Responses-API item has no role: it is shown (and styled) as its type.
+        role=message.role or visible(f"item: {message.item_type or 'unknown'}"),
         timestamp=message.timestamp,
         key=str(message.client_msg_uuid),
         parts=content_parts(message.content),
@@ -199,6 +200,7 @@ def message_view(message: StoredMessage) -> MessageView:
         finish_reason=message.finish_reason,
         token_count=message.token_count,
         extra=as_json(message.extra) if message.extra else None,
+        marks=[message.superseded] if message.superseded else [],
     )
 
 
