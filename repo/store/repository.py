@@ -381,15 +381,20 @@ class SessionRepository(SessionStore, SessionEditing):
 
     def resolve_tip(self, session_id: str) -> Session:
         sid = check_session_id(session_id)
-        newest_child = (
-            select(sessions_table).order_by(S.last_active_at.desc(), S.id.desc()).limit(1)
-        )
 
         def work(conn: Connection) -> Session:
             tip = self._get(conn, sid)
             seen = {tip.id}
             while True:
-                row = conn.execute(newest_child.where(S.parent_session_id == tip.id)).first()
+                # Every child (a session has few), the newest picked here: with ORDER BY
+                # and LIMIT, SQLite's planner walks the whole last_active_at index
+                # instead of the parent index (seconds at a million sessions).
+                children = conn.execute(
+                    select(sessions_table).where(S.parent_session_id == tip.id)
+                ).all()
+                row = max(
+                    children, key=lambda child: (child.last_active_at, child.id), default=None
+                )
                 if row is None or row.id in seen or len(seen) > _MAX_CHAIN:
                     return tip
                 seen.add(row.id)
@@ -1068,6 +1073,10 @@ def _has_parked(conn: Connection, session_id: str) -> bool:
         .limit(1)
     )
     return conn.execute(query).first() is not None
+
+
+def _activity(row: Any) -> tuple[datetime, str]:
+    return (row.last_active_at, row.id)
 
 
 def _outcome(
