@@ -9,7 +9,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: demo test lint check clean
+.PHONY: demo test lint check clean test-citus
 
 # The package is installed editable in setuptools' strict mode: a tree of links named as the
 # package is (sessionrepo/, sessionrepo/models/, ...) that mypy and import-linter can read.
@@ -41,13 +41,36 @@ lint: $(STAMP)
 
 check: lint test
 
+# make screenshots   the README's pictures of the console (docs/console-*.png), taken in
+#                    Chromium from the demo's data by the browser tests
+.PHONY: screenshots
+screenshots: $(STAMP)
+	SESSIONREPO_SCREENSHOTS=$(CURDIR)/docs $(BIN)/python -m pytest -q tests/web/test_web_screenshots.py
+
 # make bench   sessionrepo against the raw drivers and the peer stores (issues 7, 13), about
 #              15 minutes; results in bench/results/. BENCH_ARGS=--quick for a smoke run.
 #              PostgreSQL from BENCH_POSTGRES_URL (default postgresql://postgres@127.0.0.1:5432/postgres)
+#              With BENCH_CITUS_URL (a Citus coordinator), then bench/citus.py: sessionrepo on
+#              Citus against that PostgreSQL (BENCH_CITUS_ARGS=--quick for a smoke run).
 .PHONY: bench
 bench: $(STAMP)
 	$(BIN)/python -m pip install --quiet -e '.[bench]' --config-settings editable_mode=strict
 	$(BIN)/python -m bench $(BENCH_ARGS)
+	$(if $(BENCH_CITUS_URL),$(BIN)/python -m bench.citus --citus-url '$(BENCH_CITUS_URL)' $(BENCH_CITUS_ARGS))
+
+# make test-citus  the Citus tests (tests/test_citus.py) and the whole contract suite on a
+#                  throwaway Citus cluster (a coordinator and 2 workers, started and stopped
+#                  by tests/citus_cluster.py from the installed citus extension; or the
+#                  coordinator SESSIONREPO_TEST_CITUS_URL names), about 12 minutes on 2
+#                  cores. CITUS_TESTS picks a subset (.ci/run runs CITUS_CI_TESTS).
+CITUS_CONTRACT := tests/test_append.py tests/test_boundary.py tests/test_concurrency.py \
+	tests/test_faithful_storage.py tests/test_operator_methods.py tests/test_search.py \
+	tests/test_sessions.py
+CITUS_TESTS ?= tests/test_citus.py $(CITUS_CONTRACT) -k citus
+CITUS_CI_TESTS := tests/test_citus.py tests/test_append.py tests/test_search.py \
+	tests/test_operator_methods.py -k "citus and not async"
+test-citus: $(STAMP)
+	$(BIN)/python tests/citus_cluster.py run -- $(BIN)/python -m pytest $(CITUS_TESTS)
 
 clean:
 	rm -rf $(VENV) build .mypy_cache .ruff_cache .pytest_cache .hypothesis

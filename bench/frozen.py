@@ -22,9 +22,9 @@ from pathlib import Path
 import psycopg
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-from _pgcluster import ThrowawayCluster  # noqa: E402
+from _pgcluster import ThrowawayCluster
 
-from sessionrepo import TranscriptWriter, open_repository  # noqa: E402
+from sessionrepo import TranscriptWriter, open_repository
 
 
 def _message(index: int) -> dict[str, object]:

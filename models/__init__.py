@@ -7,7 +7,13 @@ from sessionrepo.models._limits import MAX_ID_LENGTH, MAX_JSON_DEPTH, MAX_MESSAG
 from sessionrepo.models.message import Message, StoredMessage, ensure_key, new_key
 from sessionrepo.models.outbox import DrainReport, OutboxStatus, SessionBacklog, WriteResult
 from sessionrepo.models.search import SearchHit
-from sessionrepo.models.session import AppendResult, Session, SessionPage, SessionSummary
+from sessionrepo.models.session import (
+    AppendResult,
+    EditResult,
+    Session,
+    SessionPage,
+    SessionSummary,
+)
 
 __all__ = [
     "MAX_ID_LENGTH",
@@ -15,6 +21,7 @@ __all__ = [
     "MAX_MESSAGE_BYTES",
     "AppendResult",
     "DrainReport",
+    "EditResult",
     "Message",
     "OutboxStatus",
     "SearchHit",

@@ -19,7 +19,14 @@ try:  # Python 3.14 has it in the standard library.
 except ImportError:  # pragma: no cover - depends on the interpreter
     from uuid_utils.compat import uuid7 as _uuid7
 
-Role = Literal["system", "user", "assistant", "tool"]
+#: The roles of the OpenAI chat formats: Chat Completions (``developer`` is what current
+#: reasoning models take instead of ``system``; ``function`` is the legacy tool result)
+#: and the Responses API's ``message`` items.
+Role = Literal["system", "developer", "user", "assistant", "tool", "function"]
+ROLES: Final = ("system", "developer", "user", "assistant", "tool", "function")
+
+#: The key that names an OpenAI Responses-API item (``{"type": "function_call", ...}``).
+ITEM_TYPE_FIELD: Final = "type"
 
 #: The key a gateway stamps on its message dicts (see :func:`ensure_key`).
 KEY_FIELD: Final = "client_msg_uuid"
@@ -32,6 +39,11 @@ KEY_FIELD: Final = "client_msg_uuid"
 WIRE_FIELDS: Final = _WIRE_COLUMNS
 _WIRE_FIELD_SET: Final = frozenset(WIRE_FIELDS)
 _RESERVED_EXTRA_KEYS: Final = _WIRE_FIELD_SET | {KEY_FIELD}
+#: What an OpenAI Responses item without a role may not keep in ``extra``: every other
+#: key of an item is its own, stored as given (:meth:`Message.from_openai`).
+_RESERVED_ITEM_KEYS: Final = frozenset(("role", "content", KEY_FIELD))
+
+_ITEM_FIELDS: Final = frozenset(("content",))
 
 Content = str | list[Any] | dict[str, Any] | None
 
@@ -126,7 +138,10 @@ class Message(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", validate_default=False)
 
     client_msg_uuid: uuid.UUID = Field(default_factory=new_key)
-    role: Role
+    #: ``None`` only for an OpenAI Responses-API item without a role (a
+    #: ``function_call``, a ``reasoning`` item...), which its ``type`` (in ``extra``)
+    #: names instead.
+    role: Role | None
     content: Content = None
     tool_calls: list[Any] | None = None
     # Strict: a lax model would turn b"x" into "x", True or "5" into an int, and so
@@ -223,9 +238,24 @@ class Message(BaseModel):
     def _check_layout(self) -> Message:
         fields = self.__dict__
         extra = fields["extra"]
-        if extra and not _RESERVED_EXTRA_KEYS.isdisjoint(extra):
-            reserved = _RESERVED_EXTRA_KEYS.intersection(extra)
+        role = fields["role"]
+        if role is None:
+            kind = extra.get(ITEM_TYPE_FIELD)
+            if type(kind) is not str or not kind:
+                raise ValueError(
+                    "role: None is only for an OpenAI Responses item, which names its "
+                    f"{ITEM_TYPE_FIELD!r} (a non-empty string)"
+                )
+        # An item's keys are its own (a configuration_update item's "reasoning" is a
+        # dict, not our reasoning text): only its content is a named field.
+        reserved_keys = _RESERVED_EXTRA_KEYS if role is not None else _RESERVED_ITEM_KEYS
+        if extra and not reserved_keys.isdisjoint(extra):
+            reserved = reserved_keys.intersection(extra)
             raise ValueError(f"extra: {sorted(reserved)} are named fields, not extra keys")
+        if role is None and not _WIRE_FIELD_SET.isdisjoint(extra):
+            for name in _WIRE_FIELD_SET.intersection(extra):
+                if fields[name] is not None:
+                    raise ValueError(f"extra: {name!r} is set both as a field and in extra")
         keys = fields["openai_keys"]
         if keys is not None:
             listed = set(keys)
@@ -233,7 +263,7 @@ class Message(BaseModel):
             # (and refused) by _explain_layout.
             plain = (
                 len(listed) == len(keys)
-                and "role" in listed
+                and ("role" in listed or role is None)
                 and listed.issuperset(extra)
                 and not listed.difference(_WIRE_FIELD_SET, extra)
             )
@@ -259,7 +289,7 @@ class Message(BaseModel):
                 raise ValueError(f"openai_keys: {key!r} is neither a wire field nor in extra")
         missing = [k for k in self.extra if k not in listed]
         missing += [f for f in WIRE_FIELDS if f not in listed and getattr(self, f) is not None]
-        if "role" not in listed:
+        if "role" not in listed and self.role is not None:
             missing.append("role")
         if missing:
             raise ValueError(f"openai_keys: {missing} would be dropped by to_openai()")
@@ -291,18 +321,50 @@ class Message(BaseModel):
         fields: dict[str, Any] = {}
         extra: dict[str, Any] = {}
         keys: list[str] = []
+        # A Responses item (a type, no role): only its content is a named field.
+        named = (
+            _ITEM_FIELDS
+            if "role" not in message and ITEM_TYPE_FIELD in message
+            else _WIRE_FIELD_SET
+        )
         for key, value in message.items():
             if key == KEY_FIELD:
                 fields[KEY_FIELD] = value
                 continue
             keys.append(key)
-            if key in _WIRE_FIELD_SET:
+            if key in named:
                 fields[key] = value
             else:
                 extra[key] = value
+        if named is _ITEM_FIELDS:
+            fields["role"] = None  # its type names it
         if timestamp is not None:
             fields["timestamp"] = timestamp
         return cls(**fields, extra=extra, openai_keys=tuple(keys))
+
+    @property
+    def item_type(self) -> str | None:
+        """The Responses-API item type (``"message"``, ``"function_call"``,
+        ``"reasoning"``...), or ``None`` for a Chat Completions message."""
+        kind = self.extra.get(ITEM_TYPE_FIELD)
+        return kind if isinstance(kind, str) else None
+
+    @classmethod
+    def from_item(cls, item: Mapping[str, Any], *, timestamp: Any = None) -> Message:
+        """:meth:`from_openai` for an OpenAI Responses-API item (or Agents SDK item):
+        every key kept, in order; ``to_item()`` gives it back.
+
+        Raises:
+            ValueError: ``item`` has no ``type`` (it is not an item).
+            pydantic.ValidationError: as for :meth:`from_openai`.
+        """
+        if not isinstance(item.get(ITEM_TYPE_FIELD), str):
+            raise ValueError(f"an item names its {ITEM_TYPE_FIELD!r}; this dict has none")
+        return cls.from_openai(item, timestamp=timestamp)
+
+    def to_item(self, *, include_key: bool = False) -> dict[str, Any]:
+        """The message as the Responses-API item it was made from (:meth:`to_openai`)."""
+        return self.to_openai(include_key=include_key)
 
     def to_openai(self, *, include_key: bool = False) -> dict[str, Any]:
         """The message as an OpenAI chat-format dict (a deep copy: yours to change).
@@ -313,8 +375,16 @@ class Message(BaseModel):
         """
         out: dict[str, Any] = {}
         if self.openai_keys is not None:
+            extra = self.extra
             for key in self.openai_keys:
-                out[key] = getattr(self, key) if key in _WIRE_FIELD_SET else self.extra[key]
+                # An item keeps wire names of its own in extra (see _RESERVED_ITEM_KEYS).
+                out[key] = extra[key] if key in extra else getattr(self, key)
+        elif self.role is None:  # an item built directly: its type first, as the API has it
+            out.update(self.extra)
+            for name in WIRE_FIELDS[1:]:
+                value = getattr(self, name)
+                if value is not None:
+                    out[name] = value
         else:
             out["role"] = self.role
             out["content"] = self.content
@@ -335,6 +405,10 @@ class StoredMessage(Message):
     session_id: str
     #: Position in the session's transcript, assigned by the database at insert.
     seq: int
+    #: ``None`` for a message of the live transcript; ``"retracted"`` (rewound,
+    #: retracted, popped or cleared) or ``"compacted"`` (replaced by a summary) for one
+    #: that left it and is kept as history (``load_transcript(include_retracted=True)``).
+    superseded: Literal["retracted", "compacted"] | None = None
 
 
 def is_validated(message: Message) -> bool:

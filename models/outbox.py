@@ -14,6 +14,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from sessionrepo.models.session import EditResult
+
 
 class WriteResult(BaseModel):
     """What ``write`` did with a batch. Either way, the batch is durably committed."""
@@ -33,6 +35,8 @@ class WriteResult(BaseModel):
     parked: int = 0
     #: Why the batch was parked.
     reason: str | None = None
+    #: What an edit sent through the writer did (``stored`` edits only).
+    edit: EditResult | None = None
 
 
 class DrainReport(BaseModel):

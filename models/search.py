@@ -16,7 +16,8 @@ class SearchHit(BaseModel):
     session_id: str
     seq: int
     client_msg_uuid: uuid.UUID
-    role: str
+    #: ``None`` for a Responses-API item without a role.
+    role: str | None
     timestamp: datetime
     source: str
     user_id: str | None = None

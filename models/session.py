@@ -14,7 +14,14 @@ from sessionrepo.models.message import to_utc, utcnow
 #: Session columns the store keeps from the transcript itself: a caller can read them,
 #: never set them (``create_session`` and ``append``'s session defaults refuse them). The
 #: sequence state, ``next_seq``, is not even a field of :class:`Session`.
-DERIVED_FIELDS: Final = ("message_count", "tool_call_count", "next_seq", "last_active_at")
+DERIVED_FIELDS: Final = (
+    "message_count",
+    "tool_call_count",
+    "next_seq",
+    "last_active_at",
+    "forked_from_session_id",
+    "forked_from_seq",
+)
 
 
 class Session(BaseModel):
@@ -48,8 +55,14 @@ class Session(BaseModel):
     metadata: dict[str, Any] = Field(default_factory=dict)
     #: When a message was last inserted (the session's start until then).
     last_active_at: datetime | None = None
+    #: Set by ``fork_session`` (never by a caller): the session whose transcript this one
+    #: started as a copy of, up to and including ``forked_from_seq``.
+    forked_from_session_id: str | None = None
+    forked_from_seq: int | None = None
 
-    @field_validator("id", "source", "parent_session_id", "user_id", "model")
+    @field_validator(
+        "id", "source", "parent_session_id", "user_id", "model", "forked_from_session_id"
+    )
     @classmethod
     def _check_identifiers(cls, value: str | None, info: Any) -> str | None:
         return None if value is None else check_identifier(value, info.field_name)
@@ -109,3 +122,19 @@ class AppendResult(BaseModel):
     conflicts: list[uuid.UUID] = Field(default_factory=list)
     #: ``seq`` of the first inserted message, ``None`` when nothing was inserted.
     first_seq: int | None = None
+
+
+class EditResult(BaseModel):
+    """What one edit (rewind, retract, pop, clear, compact) did to a session's live
+    transcript. Messages taken out of it stay stored (``superseded`` says why)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    session_id: str
+    #: Keys this call took out of the live transcript, in ``seq`` order (those already
+    #: out of it are not listed: an edit sent again changes nothing).
+    superseded: list[uuid.UUID] = Field(default_factory=list)
+    #: ``compact``: the summary's key when this call stored it.
+    inserted: list[uuid.UUID] = Field(default_factory=list)
+    #: Messages in the live transcript after the edit.
+    message_count: int = 0

@@ -188,6 +188,10 @@ class SessionRow(Base):
     #: The ``seq`` the next inserted message gets; moved under the session's row lock.
     next_seq: Mapped[int] = mapped_column(server_default=text("1"))
     last_active_at: Mapped[datetime]
+    #: Set by ``fork_session``: the session and ``seq`` this one's transcript was copied
+    #: from (no foreign key, like ``parent_session_id``).
+    forked_from_session_id: Mapped[str | None]
+    forked_from_seq: Mapped[int | None]
 
 
 #: ``info`` of a message column whose value is part of the message's content: hashed
@@ -212,7 +216,12 @@ class MessageRow(Base):
     __table_args__ = (
         PrimaryKeyConstraint("session_id", "seq"),
         UniqueConstraint("session_id", "client_msg_uuid"),
-        CheckConstraint("role IN ('system', 'user', 'assistant', 'tool')", name="role"),
+        # NULL: an OpenAI Responses item without a role (its type is in ``extra``).
+        CheckConstraint(
+            "role IN ('system', 'developer', 'user', 'assistant', 'tool', 'function')",
+            name="role",
+        ),
+        CheckConstraint("superseded IN ('retracted', 'compacted')", name="superseded"),
     )
 
     session_id: Mapped[str] = mapped_column(
@@ -220,7 +229,7 @@ class MessageRow(Base):
     )
     seq: Mapped[int]
     client_msg_uuid: Mapped[uuid.UUID]
-    role: Mapped[str] = mapped_column(String(16), info=WIRE)
+    role: Mapped[str | None] = mapped_column(String(16), info=WIRE)
     content: Mapped[Any | None] = mapped_column(LosslessText(), info=WIRE)
     tool_calls: Mapped[list[Any] | None] = mapped_column(info=WIRE)
     tool_call_id: Mapped[str | None] = mapped_column(info=WIRE)
@@ -235,6 +244,10 @@ class MessageRow(Base):
     #: 16 bytes of SHA-256 over the message's content columns (not its key or
     #: timestamp): how a re-sent key with different content is told from a plain re-send.
     content_hash: Mapped[bytes] = mapped_column(LargeBinary(16))
+    #: NULL while the message is in the live transcript; ``retracted`` or ``compacted``
+    #: once an edit took it out (it stays stored: see ``sessionrepo.store.editing``).
+    #: Not a field of ``Message``: the store's, like the message's place.
+    superseded: Mapped[str | None] = mapped_column(String(16))
 
 
 class OutboxRow(Base):
@@ -310,11 +323,16 @@ search_backlog_table: Table = SearchBacklogRow.__table__  # type: ignore[assignm
 
 #: Where a message sits: the columns of ``messages`` that are not the message's own.
 MESSAGE_PLACE: Final = ("session_id", "seq")
+#: Columns of ``messages`` that say what became of a stored message (an edit's), not
+#: what it is: read back (``StoredMessage.superseded``), never written by an append.
+MESSAGE_STATE: Final = ("superseded",)
 #: The columns of one stored message, without its place, in table order: what the codec
 #: encodes (``codec.message_row``) and decodes, and what both backends' append statements
 #: insert. Declared once, by :class:`MessageRow`.
 MESSAGE_COLUMNS: Final = tuple(
-    column.name for column in messages_table.columns if column.name not in MESSAGE_PLACE
+    column.name
+    for column in messages_table.columns
+    if column.name not in MESSAGE_PLACE and column.name not in MESSAGE_STATE
 )
 #: The content columns (:data:`CONTENT`), hashed into ``content_hash`` in this order.
 HASHED_COLUMNS: Final = tuple(

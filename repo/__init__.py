@@ -8,7 +8,7 @@ in :mod:`sessionrepo.errors`. The message and session models are re-exported her
 """
 
 from sessionrepo.aio.api import AsyncSessionRepository, AsyncTranscriptWriter, open_async_repository
-from sessionrepo.contract import ResilientWriter, SessionStore
+from sessionrepo.contract import ResilientWriter, SessionStore, TranscriptEditor
 from sessionrepo.errors import (
     ArgumentTypeError,
     BackendUnavailable,
@@ -33,6 +33,8 @@ from sessionrepo.models import (
     new_key,
 )
 from sessionrepo.models.outbox import DrainReport, OutboxStatus, SessionBacklog, WriteResult
+from sessionrepo.models.session import EditResult
+from sessionrepo.models.transcript import TranscriptProblem, is_sendable, transcript_problems
 from sessionrepo.outbox.writer import TranscriptWriter
 from sessionrepo.store.repository import SessionRepository, open_repository
 
@@ -44,6 +46,7 @@ __all__ = [
     "BackendUnavailable",
     "ConflictError",
     "DrainReport",
+    "EditResult",
     "InvalidArgument",
     "InvalidMessage",
     "Message",
@@ -61,11 +64,15 @@ __all__ = [
     "SessionStore",
     "SessionSummary",
     "StoredMessage",
+    "TranscriptEditor",
+    "TranscriptProblem",
     "TranscriptWriter",
     "WriteRejected",
     "WriteResult",
     "ensure_key",
+    "is_sendable",
     "new_key",
     "open_async_repository",
     "open_repository",
+    "transcript_problems",
 ]

@@ -29,6 +29,7 @@ from typing import Any, Literal, Protocol
 
 from sessionrepo.models import (
     AppendResult,
+    EditResult,
     Message,
     SearchHit,
     Session,
@@ -195,12 +196,15 @@ class SessionStore(Protocol):
         before_seq: int | None = None,
         limit: int | None = None,
         include_ancestors: bool = False,
+        include_retracted: bool = False,
     ) -> list[StoredMessage]:
         """Messages in ``seq`` order (the order they were appended, never by clock).
 
         ``after_seq``/``limit`` page forward; ``before_seq``/``limit`` page backward (the
         ``limit`` messages just before ``before_seq``, still in ascending order).
         ``include_ancestors`` prepends the transcripts of the session's ancestors.
+        The live transcript only, unless ``include_retracted``: then the messages an
+        edit superseded too (``StoredMessage.superseded`` says which and why).
 
         Args:
             after_seq: only messages after this ``seq`` (an ``int``, ``0..2**63-1``).
@@ -296,6 +300,89 @@ class SessionStore(Protocol):
 
     def close(self) -> None:
         """Release the connection pool. The store is unusable afterwards."""
+        ...
+
+
+class TranscriptEditor(Protocol):
+    """Taking things back without losing history (see :mod:`sessionrepo.store.editing`).
+
+    An edit marks messages *superseded*: they leave the live transcript (the default
+    ``load_transcript``), the session's counters, ``list_sessions``' preview and
+    ``search``, and stay stored (``load_transcript(include_retracted=True)``, export,
+    import). A superseded key stays taken: re-sending that message is a duplicate and
+    does not bring it back. ``seq`` stays gap-free over what is stored. Every edit is one
+    transaction under the session's lock, serialised with appends to the session.
+    """
+
+    def rewind(self, /, session_id: str, to_seq: int) -> EditResult:
+        """Take every live message after ``to_seq`` out of the live transcript
+        (``to_seq=0``: all of them). Sending it again changes nothing.
+
+        Raises:
+            NotFound: no such session.
+        """
+        ...
+
+    def retract(self, /, session_id: str, keys: Iterable[Any]) -> EditResult:
+        """Take the messages with these keys (``UUID`` or its text) out of the live
+        transcript; keys already out of it are left as they are.
+
+        Raises:
+            NotFound: no such session, or a key the session does not hold (nothing was
+                retracted).
+        """
+        ...
+
+    def pop_last(self, /, session_id: str) -> EditResult:
+        """Rewind by one *logical* step: the last live message, with what cannot stay
+        without it (tool outputs take their call and its other outputs; a reasoning
+        item left last goes too), so the transcript left is valid to send
+        (:func:`sessionrepo.is_sendable`) if it was before. An empty transcript: nothing.
+
+        Raises:
+            NotFound: no such session.
+        """
+        ...
+
+    def clear_session(self, /, session_id: str) -> EditResult:
+        """Empty the live transcript (history kept; deleting for real is ``prune``).
+
+        Raises:
+            NotFound: no such session.
+        """
+        ...
+
+    def compact(
+        self, /, session_id: str, through_seq: int, summary_message: Message | Mapping[str, Any]
+    ) -> EditResult:
+        """Replace the live messages up to ``through_seq`` by ``summary_message``,
+        atomically: they are marked ``compacted`` (kept as history), the summary is
+        stored at ``through_seq + 1`` and every message after it moves up one ``seq``
+        (its key, content and order unchanged). Sending the same compaction again (the
+        same summary key and content) is a no-op.
+
+        Raises:
+            NotFound: no such session.
+            InvalidArgument: ``through_seq`` is past the last message.
+            InvalidMessage: the summary cannot be stored.
+            ConflictError: the summary's key is stored already as something else.
+        """
+        ...
+
+    def fork_session(self, /, source_id: str, at_seq: int, new_id: str, **fields: Any) -> Session:
+        """A new session whose transcript starts as ``source_id``'s messages 1..``at_seq``
+        (copied with their keys, ``seq`` and superseded state; live counters to
+        match), recording ``forked_from_session_id`` and ``forked_from_seq``. Its other
+        fields are the source's unless given in ``fields``. Appends to either session
+        are independent. Forking again to ``new_id`` at the same point returns the fork
+        and writes nothing.
+
+        Raises:
+            NotFound: no session ``source_id``.
+            InvalidArgument: ``at_seq`` is past the source's last message, or ``new_id``
+                is the source's.
+            ConflictError: ``new_id`` exists and is not this fork.
+        """
         ...
 
 

@@ -119,3 +119,12 @@ class SearchIndexUnavailable(RepoError):
     """The full-text index is stale or broken, so search refuses to answer rather than
     give wrong results. Transcript writes are not affected. ``sessionrepo reindex``
     rebuilds it."""
+
+
+class QueuedBehindOutbox(Exception):
+    """Raised by ``append_prepared(..., behind_outbox=True)``: nothing was written, the
+    session has parked messages and the batch must queue behind them."""
+
+    def __init__(self, session_id: str) -> None:
+        super().__init__(f"session {session_id!r} has parked messages")
+        self.session_id = session_id

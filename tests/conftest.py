@@ -11,6 +11,15 @@ PostgreSQL comes from ``SESSIONREPO_TEST_POSTGRES_URL`` (a server where the test
 create and drop databases); where that is unset and a Docker engine answers, from
 testcontainers; otherwise the PostgreSQL tests are skipped, with the reason shown, unless
 ``SESSIONREPO_REQUIRE_POSTGRES=1`` (CI sets it), which turns the skip into a failure.
+
+Citus: in the modules marked ``contract``, ``backend`` is also ``citus`` when
+``SESSIONREPO_TEST_CITUS_URL`` names a Citus coordinator (or with
+``SESSIONREPO_REQUIRE_CITUS=1``) (``tests/citus_cluster.py``
+starts one). A database per test does not work there (the workers must know each
+database), so each test gets a schema of its own instead, and a role of the same name
+whose ``search_path`` is that schema: the test's URL names the role. Without the URL the
+Citus tests (``tests/test_citus.py``) are skipped, with the reason shown;
+``SESSIONREPO_REQUIRE_CITUS=1`` fails them.
 """
 
 from __future__ import annotations
@@ -37,13 +46,26 @@ BACKENDS = [
     pytest.param("sqlite", marks=pytest.mark.sqlite),
     pytest.param("postgres", marks=pytest.mark.postgres),
 ]
+CITUS = pytest.param("citus", marks=pytest.mark.citus)
 T = TypeVar("T")
 APIS = ["sync", pytest.param("async", marks=pytest.mark.asyncapi)]
 
 
+@pytest.hookimpl(tryfirst=True)
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
-    if "repo" in metafunc.fixturenames and metafunc.definition.get_closest_marker("contract"):
+    if not metafunc.definition.get_closest_marker("contract"):
+        return
+    if "repo" in metafunc.fixturenames:
         metafunc.parametrize("api", APIS)
+    chosen = any(
+        "backend" in str(marker.args[0])
+        for marker in metafunc.definition.iter_markers("parametrize")
+    )
+    wanted = os.environ.get("SESSIONREPO_TEST_CITUS_URL") or _require_citus()
+    if "backend" in metafunc.fixturenames and wanted and not chosen:
+        # The contract runs on Citus too (a test that chose its backends keeps them).
+        # Without a coordinator, tests/test_citus.py shows the reason it is skipped.
+        metafunc.parametrize("backend", [*BACKENDS, CITUS])
 
 
 def _require_postgres() -> bool:
@@ -133,6 +155,146 @@ def postgres_server() -> Iterator[PostgresServer]:
         container.stop()
 
 
+class CitusServer:
+    """A Citus coordinator on which each test gets a schema (and a role) of its own.
+
+    Making one costs about two seconds (the migrations, the distribution, and dropping it
+    again), several times what most tests take. So a migrated schema a test gave back
+    unchanged (its tables, columns, indexes, constraints and distribution as they were
+    made: :meth:`_shape`) is emptied and given to the next test; one that a test changed
+    (a dropped index, a damaged search table) is dropped.
+    """
+
+    def __init__(self, admin_url: str) -> None:
+        self.admin_url = make_url(admin_url).set(drivername="postgresql")
+        self._conninfo = self.admin_url.render_as_string(hide_password=False)
+        with psycopg.connect(self._conninfo, autocommit=True) as conn:
+            row = conn.execute("SELECT extversion FROM pg_extension WHERE extname = 'citus'")
+            found = row.fetchone()
+            if found is None:
+                raise LookupError("it has no citus extension")
+            self.version = str(found[0])
+        self._shapes: dict[str, str] = {}  # migrated schemas handed out, by URL
+        self._free: list[str] = []
+
+    def _admin(self, *statements: str) -> None:
+        with psycopg.connect(self._conninfo, autocommit=True) as conn:
+            for sql in statements:
+                conn.execute(sql)  # type: ignore[arg-type]
+
+    def _shape(self, name: str) -> str:
+        """Everything a test could change about a schema's objects, as one string."""
+        query = f"""
+            SELECT string_agg(item, ' | ' ORDER BY item) FROM (
+              SELECT c.relname || ':' || c.relkind::text AS item FROM pg_class c
+               WHERE c.relnamespace = '{name}'::regnamespace
+              UNION ALL
+              SELECT c.relname || '.' || a.attname || ':' || format_type(a.atttypid, a.atttypmod)
+                FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid
+               WHERE c.relnamespace = '{name}'::regnamespace AND a.attnum > 0
+                 AND NOT a.attisdropped
+              UNION ALL
+              SELECT conname || ':' || pg_get_constraintdef(oid) FROM pg_constraint
+               WHERE connamespace = '{name}'::regnamespace
+              UNION ALL
+              SELECT indexdef FROM pg_indexes WHERE schemaname = '{name}'
+              UNION ALL
+              SELECT p.logicalrelid::text || ':' || p.partmethod::text || ':' || p.colocationid
+                FROM pg_dist_partition p JOIN pg_class c ON c.oid = p.logicalrelid
+               WHERE c.relnamespace = '{name}'::regnamespace
+            ) objects
+        """
+        with psycopg.connect(self._conninfo, autocommit=True) as conn:
+            row = conn.execute(query).fetchone()  # type: ignore[call-overload]
+        return str(row[0] if row else "")
+
+    def new_schema(self, *, migrated: bool = True) -> str:
+        """A schema at the head revision (or empty), and a superuser of the same name
+        whose ``search_path`` is that schema; returns the URL that connects as it."""
+        if migrated and self._free:
+            return self._free.pop()
+        name = f"sessionrepo_t_{uuid.uuid4().hex[:12]}"
+        self._admin(
+            f'CREATE ROLE "{name}" LOGIN SUPERUSER',
+            f'CREATE SCHEMA "{name}" AUTHORIZATION "{name}"',
+            f'ALTER ROLE "{name}" SET search_path = "{name}"',
+        )
+        url = self.admin_url.set(username=name).render_as_string(hide_password=False)
+        if migrated:
+            database = Database(url)
+            try:
+                upgrade(database)
+            finally:
+                database.dispose()
+            self._shapes[url] = self._shape(name)
+        return url
+
+    def release(self, url: str) -> None:
+        """Take back a test's schema: emptied for the next test if it is as it was
+        made, else dropped."""
+        name = make_url(url).username
+        self._admin(
+            "SELECT pg_terminate_backend(pid, 10000) FROM pg_stat_activity "
+            f"WHERE usename = '{name}' AND pid <> pg_backend_pid()"
+        )
+        shape = self._shapes.get(url)
+        if shape is not None and shape == self._shape(str(name)):
+            # DELETE, not TRUNCATE: on a few rows it costs a tenth (no lock taken on
+            # every shard of every table, no file swapped).
+            tables = ("pending_outbox", "message_search", "search_backlog", "messages", "sessions")
+            self._admin(
+                f'SET search_path = "{name}"; '
+                + "".join(f"DELETE FROM {table}; " for table in tables)
+                + "DELETE FROM search_index_state; "
+                "INSERT INTO search_index_state (name, state, reason, updated_at) "
+                "VALUES ('messages', 'ok', NULL, now())"
+            )
+            self._free.append(url)
+            return
+        self.drop(url)
+
+    def drop(self, url: str) -> None:
+        name = make_url(url).username
+        self._shapes.pop(url, None)
+        self._admin(
+            "SELECT pg_terminate_backend(pid, 10000) FROM pg_stat_activity "
+            f"WHERE usename = '{name}' AND pid <> pg_backend_pid()",
+            f'DROP SCHEMA IF EXISTS "{name}" CASCADE',
+            f'DROP ROLE IF EXISTS "{name}"',
+        )
+
+    def close(self) -> None:
+        for url in list(self._shapes):
+            self.drop(url)
+        self._free.clear()
+
+
+def _require_citus() -> bool:
+    return os.environ.get("SESSIONREPO_REQUIRE_CITUS") == "1"
+
+
+@pytest.fixture(scope="session")
+def citus_server() -> Iterator[CitusServer]:
+    url = os.environ.get("SESSIONREPO_TEST_CITUS_URL")
+    if not url:
+        reason = (
+            "Citus tests need SESSIONREPO_TEST_CITUS_URL naming a Citus coordinator "
+            "(python tests/citus_cluster.py start prints one)"
+        )
+        if _require_citus():
+            pytest.fail(f"SESSIONREPO_REQUIRE_CITUS=1 but: {reason}")
+        pytest.skip(reason)
+    try:
+        server = CitusServer(url)
+    except (psycopg.Error, LookupError) as exc:
+        message = f"Citus at {make_url(url).render_as_string()} is unusable: {exc}"
+        if _require_citus():
+            pytest.fail(message)
+        pytest.skip(message)
+    yield server
+    server.close()
+
+
 @pytest.fixture(scope="session")
 def sqlite_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("template") / "template.db"
@@ -157,6 +319,12 @@ def database_url(backend: str, request: pytest.FixtureRequest, tmp_path: Path) -
         shutil.copyfile(request.getfixturevalue("sqlite_template"), path)
         yield f"sqlite:///{path}"
         return
+    if backend == "citus":
+        citus: CitusServer = request.getfixturevalue("citus_server")
+        url = citus.new_schema()
+        yield url
+        citus.release(url)
+        return
     server: PostgresServer = request.getfixturevalue("postgres_server")
     name = server.new_database()
     yield server.url_for(name)
@@ -170,6 +338,12 @@ def empty_database_url(
     """A fresh database with no schema at all, on the test's backend."""
     if backend == "sqlite":
         yield f"sqlite:///{tmp_path / 'empty.db'}"
+        return
+    if backend == "citus":
+        citus: CitusServer = request.getfixturevalue("citus_server")
+        url = citus.new_schema(migrated=False)
+        yield url
+        citus.drop(url)
         return
     server: PostgresServer = request.getfixturevalue("postgres_server")
     name = server.new_database(migrated=False)

@@ -259,7 +259,7 @@ def _field_strategies() -> dict[str, st.SearchStrategy[Any]]:
     return {name: _optional(strategy) for name, strategy in fields.items()}
 
 
-ROLES: Final = ("system", "user", "assistant", "tool")
+ROLES: Final = ("system", "developer", "user", "assistant", "tool", "function")
 
 
 # Built once: building strategies is what costs, not drawing from them.
@@ -268,8 +268,52 @@ _FIELDS = _field_strategies()
 _EXTRA = st.dictionaries(extra_keys(), json_values(max_leaves=6), max_size=3)
 
 
+#: Keys a Responses item may have that are our field names elsewhere: an item's own.
+_ITEM_KEYS = st.sampled_from(
+    (
+        "reasoning",
+        "tool_calls",
+        "tool_call_id",
+        "tool_name",
+        "finish_reason",
+        "token_count",
+        "platform_message_id",
+        "call_id",
+        "arguments",
+        "output",
+        "summary",
+        "id",
+        "status",
+    )
+)
+
+
 @st.composite
-def openai_messages(draw: st.DrawFn) -> dict[str, Any]:
+def openai_items(draw: st.DrawFn) -> dict[str, Any]:
+    """An OpenAI Responses-API item without a role: a ``type``, maybe content, and keys
+    of its own with arbitrary JSON (our field names included), in random order."""
+    items: list[tuple[str, Any]] = [("type", draw(st.from_regex(r"[a-z_.]{1,24}", fullmatch=True)))]
+    if draw(st.booleans()):
+        items.append(
+            ("content", draw(st.one_of(st.none(), texts(), st.lists(content_parts(), max_size=2))))
+        )
+    own = draw(
+        st.dictionaries(st.one_of(_ITEM_KEYS, extra_keys()), json_values(max_leaves=4), max_size=3)
+    )
+    items += [(key, value) for key, value in own.items() if key not in ("type", "content", "role")]
+    order = draw(st.permutations(range(len(items))))
+    return {items[i][0]: items[i][1] for i in order}
+
+
+def openai_messages() -> st.SearchStrategy[dict[str, Any]]:
+    """An OpenAI-format dict without a ``client_msg_uuid``: mostly a chat-format message
+    (:func:`chat_messages`), sometimes a Responses item without a role
+    (:func:`openai_items`)."""
+    return st.one_of(chat_messages(), chat_messages(), chat_messages(), openai_items())
+
+
+@st.composite
+def chat_messages(draw: st.DrawFn) -> dict[str, Any]:
     """An OpenAI chat-format message dict, without a ``client_msg_uuid``.
 
     ``role`` is always there; every other named field is absent, ``None`` or a value;

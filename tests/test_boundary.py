@@ -529,7 +529,7 @@ def test_a_fractional_connect_timeout_is_rounded_up_never_to_wait_forever() -> N
 
 #: A statement each backend refuses for its data (SQLITE_TOOBIG, SQLSTATE 22012): a
 #: write that runs it is rejected; a read must not say "write rejected".
-REFUSED = {"sqlite": "SELECT zeroblob(2000000000)", "postgres": "SELECT 1/0"}
+REFUSED = {"sqlite": "SELECT zeroblob(2000000000)", "postgres": "SELECT 1/0", "citus": "SELECT 1/0"}
 
 
 def test_a_read_the_database_refuses_is_not_a_write_rejection(

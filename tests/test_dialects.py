@@ -21,7 +21,7 @@ from sessionrepo import (
 )
 from sessionrepo.dialects import dialect_for
 from sessionrepo.models.message import WIRE_FIELDS
-from sessionrepo.models.tables import HASHED_COLUMNS, MESSAGE_COLUMNS, MESSAGE_PLACE
+from sessionrepo.models.tables import HASHED_COLUMNS, MESSAGE_COLUMNS, MESSAGE_PLACE, MESSAGE_STATE
 from sessionrepo.store.codec import LOAD_COLUMNS
 from sessionrepo.store.database import Database
 from sessionrepo.store.schema import upgrade
@@ -98,7 +98,8 @@ def test_a_reindex_leaves_the_search_index_as_the_migrations_made_it(migrated: D
 def test_every_message_field_has_its_column_in_field_order() -> None:
     stored = tuple(name for name in MESSAGE_COLUMNS if name != "content_hash")
     assert stored == tuple(Message.model_fields)
-    assert tuple(StoredMessage.model_fields) == LOAD_COLUMNS == (*stored, *MESSAGE_PLACE)
+    assert tuple(StoredMessage.model_fields) == LOAD_COLUMNS
+    assert (*stored, *MESSAGE_PLACE, *MESSAGE_STATE) == LOAD_COLUMNS
     assert set(WIRE_FIELDS) <= set(HASHED_COLUMNS) <= set(stored)
     assert WIRE_FIELDS[:2] == ("role", "content")  # to_openai writes these first
 

@@ -488,7 +488,7 @@ INVALID_CASES = [
     pytest.param("", _one(), "session_id", id="empty-session-id"),
     pytest.param("s\ud800", _one(), "session_id", id="surrogate-in-session-id"),
     pytest.param(
-        None, lambda: [{"role": "developer", "content": "x"}], "messages[0].role", id="bad-role"
+        None, lambda: [{"role": "robot", "content": "x"}], "messages[0].role", id="bad-role"
     ),
     pytest.param(None, lambda: [{"content": "x"}], "messages[0].role", id="missing-role"),
     pytest.param(None, lambda: ["just a string"], "messages[0]", id="not-a-message"),

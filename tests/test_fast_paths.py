@@ -36,6 +36,7 @@ from sessionrepo.models.tables import (
     HASHED_COLUMNS,
     MESSAGE_COLUMNS,
     MESSAGE_PLACE,
+    MESSAGE_STATE,
     UTCDateTime,
     dump_json,
     dump_layout,
@@ -90,7 +91,7 @@ def _typed_message(row: Row[Any]) -> StoredMessage:
 
 def _typed_load(repository: SessionRepository) -> list[StoredMessage]:
     """The generic path: SQLAlchemy's column types decode, ``model_construct`` builds."""
-    columns = [M[name] for name in (*MESSAGE_PLACE, *MESSAGE_COLUMNS)]
+    columns = [M[name] for name in (*MESSAGE_PLACE, *MESSAGE_COLUMNS, *MESSAGE_STATE)]
     query = select(*columns).where(M.session_id == "s").order_by(M.seq)
     return repository.database.read(
         lambda conn: [_typed_message(row) for row in conn.execute(query)]
@@ -167,6 +168,7 @@ def test_trusted_construction_matches_model_construct() -> None:
         "openai_keys": ("role", "content"),
         "session_id": "s",
         "seq": 1,
+        "superseded": None,
     }
     assert list(fields) == list(StoredMessage.model_fields)
     slow = mark_validated(StoredMessage.model_construct(**fields))

@@ -492,7 +492,7 @@ def test_unusable_ids_roles_and_numbers_are_replaced_and_kept_aside(
     db = HermesDB(tmp_path / "hermes" / "state.db", version=30)
     bad_session = db.session("bad\x01id", source="cli\nx", estimated_cost_usd=float("inf"))
     child = db.session("child", parent_session_id=bad_session)
-    weird = db.message(bad_session, "developer", "a role sessionrepo has not", token_count=1.5)
+    weird = db.message(bad_session, "narrator", "a role sessionrepo has not", token_count=1.5)
     db.message(child, "user", "hello")
     db.close()
 
@@ -511,7 +511,7 @@ def test_unusable_ids_roles_and_numbers_are_replaced_and_kept_aside(
     (message,) = store.load_transcript(stored_id)
     assert message.extra["hermes"]["id"] == weird
     assert (message.role, message.token_count) == ("system", None)
-    assert message.extra["hermes"]["moved_aside"] == {"role": "'developer'", "token_count": "1.5"}
+    assert message.extra["hermes"]["moved_aside"] == {"role": "'narrator'", "token_count": "1.5"}
     fields = {(p.session_id, p.field) for p in summary.moved_aside}
     assert fields == {
         (stored_id, "id"),

@@ -286,7 +286,7 @@ def test_the_file_is_the_documented_format(repo: SessionRepository) -> None:
             assert record["type"] == "message"
             assert record["session_id"] == current["session"]["id"]
             assert record["seq"] < current["next_seq"]
-            assert set(record["message"]) == set(Message.model_fields)
+            assert set(record["message"]) == {*Message.model_fields, "superseded"}
             seqs.append(record["seq"])
     ids = [r["session"]["id"] for r in records if r["type"] == "session"]
     assert ids == sorted(ids)

@@ -195,7 +195,7 @@ def test_edge_dicts_round_trip(message: dict[str, Any]) -> None:
     ("message", "field"),
     [
         pytest.param({"content": "x"}, "role", id="no-role"),
-        pytest.param({"role": "developer"}, "role", id="unknown-role"),
+        pytest.param({"role": "robot"}, "role", id="unknown-role"),
         pytest.param({"role": "user", "content": b"x"}, "content", id="bytes-content"),
         pytest.param({"role": "user", "content": ("x",)}, "content", id="tuple-content"),
         pytest.param({"role": "user", "content": 5}, "content", id="int-content"),

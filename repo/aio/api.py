@@ -146,6 +146,12 @@ class AsyncSessionRepository(AsyncFacade[SessionRepository]):
     delete_ended_sessions = awaited(SessionRepository.delete_ended_sessions)
     restore_session = awaited(SessionRepository.restore_session)
     backdate_activity = awaited(SessionRepository.backdate_activity)
+    rewind = awaited(SessionRepository.rewind)
+    retract = awaited(SessionRepository.retract)
+    pop_last = awaited(SessionRepository.pop_last)
+    clear_session = awaited(SessionRepository.clear_session)
+    compact = awaited(SessionRepository.compact)
+    fork_session = awaited(SessionRepository.fork_session)
 
     @_documented_as(SessionRepository.append)
     async def append(
@@ -254,6 +260,10 @@ class AsyncTranscriptWriter(AsyncFacade[TranscriptWriter]):
     pending = awaited(TranscriptWriter.pending)
     status = awaited(TranscriptWriter.status)
     retry_dead = awaited(TranscriptWriter.retry_dead)
+    rewind = awaited(TranscriptWriter.rewind)
+    retract = awaited(TranscriptWriter.retract)
+    clear_session = awaited(TranscriptWriter.clear_session)
+    compact = awaited(TranscriptWriter.compact)
 
     def start(self, *, interval: float = 1.0) -> None:
         """Run the drainer as a task of the running loop until :meth:`stop` or

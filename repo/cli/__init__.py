@@ -18,7 +18,7 @@ import click
 
 # The modules, not their commands: ``sessionrepo.cli.sessions`` stays the module (a
 # command of the same name imported here would shadow it).
-from sessionrepo.cli import demo, hermes, ops, outbox, search, sessions
+from sessionrepo.cli import demo, hermes, ops, outbox, search, serve, sessions
 from sessionrepo.cli._common import Group, url_option
 
 
@@ -56,3 +56,4 @@ main.add_command(ops.import_)
 main.add_command(ops.prune)
 main.add_command(hermes.import_hermes)
 main.add_command(demo.demo)
+main.add_command(serve.serve)

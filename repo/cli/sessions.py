@@ -1,8 +1,9 @@
-"""``sessionrepo sessions``: list sessions, read a transcript, end a session.
+"""``sessionrepo sessions``: list sessions, read a transcript, end, rewind, clear or fork
+a session.
 
 Over the repository's public reads (``list_sessions``, ``get_session``,
-``load_transcript``) and ``end_session``; what is here is how a transcript is shown on a
-terminal.
+``load_transcript``), ``end_session`` and the edits (``rewind``, ``clear_session``,
+``fork_session``); what is here is how a transcript is shown on a terminal.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import Any, Literal
 import click
 
 from sessionrepo.cli._common import Group, count, open_store, printable, when
-from sessionrepo.models import Session, StoredMessage
+from sessionrepo.models import EditResult, Session, StoredMessage
 from sessionrepo.store.repository import SessionRepository
 
 #: Messages read per transcript page by ``sessions show``.
@@ -26,13 +27,15 @@ MAX_SEQ = 2**63 - 1
 
 @click.group(cls=Group)
 def sessions() -> None:
-    """List sessions, read a transcript, end a session.
+    """List sessions, read a transcript, end, rewind, clear or fork a session.
 
     \b
     Example:
         sessionrepo sessions list --source discord --status open
         sessionrepo sessions show discord:1234
         sessionrepo sessions end discord:1234 --reason user_left
+        sessionrepo sessions rewind discord:1234 --to-seq 40
+        sessionrepo sessions fork discord:1234 --at-seq 40 --new-id discord:1234-b
     """
 
 
@@ -121,6 +124,11 @@ def list_(
 @click.option(
     "--width", type=click.IntRange(min=40), help="Wrap at this width (default: the terminal's)."
 )
+@click.option(
+    "--include-retracted",
+    is_flag=True,
+    help="Also the messages an edit took out of the live transcript (marked).",
+)
 @click.pass_obj
 def show(
     url: str | None,
@@ -133,6 +141,7 @@ def show(
     lines: int,
     full: bool,
     width: int | None,
+    include_retracted: bool,
 ) -> None:
     """Print a session's transcript, oldest first.
 
@@ -144,7 +153,9 @@ def show(
     With --json, each line is one message as a JSON object: {"seq": …, "timestamp": …,
     "message": {…}}, where "message" is the OpenAI-format dict exactly as stored
     (to_openai(include_key=True): its client_msg_uuid included, so it can be flushed
-    again without duplicating anything).
+    again without duplicating anything). --include-retracted shows the history an edit
+    (rewind, clear, compact) took out of the live transcript too, each such message marked
+    (JSON: "superseded": "retracted" or "compacted").
 
     \b
     Example:
@@ -157,13 +168,18 @@ def show(
         if not as_json:
             _print_session_header(repository.get_session(session_id))
         wrap = width or shutil.get_terminal_size((100, 24)).columns
-        for message in _transcript_pages(repository, session_id, after_seq, limit, tail):
+        pages = _transcript_pages(
+            repository, session_id, after_seq, limit, tail, include_retracted=include_retracted
+        )
+        for message in pages:
             if as_json:
-                record = {
+                record: dict[str, Any] = {
                     "seq": message.seq,
                     "timestamp": message.timestamp.isoformat().replace("+00:00", "Z"),
                     "message": message.to_openai(include_key=True),
                 }
+                if include_retracted:
+                    record["superseded"] = message.superseded
                 click.echo(json.dumps(record, ensure_ascii=False))
             else:
                 _print_message(message, wrap, None if full else lines)
@@ -175,15 +191,21 @@ def _transcript_pages(
     after_seq: int | None,
     limit: int | None,
     tail: int | None,
+    *,
+    include_retracted: bool = False,
 ) -> Iterator[StoredMessage]:
     if tail is not None:
-        yield from repository.load_transcript(session_id, before_seq=MAX_SEQ, limit=tail)
+        yield from repository.load_transcript(
+            session_id, before_seq=MAX_SEQ, limit=tail, include_retracted=include_retracted
+        )
         return
     after = after_seq or 0
     left = limit
     while left is None or left > 0:
         size = TRANSCRIPT_PAGE if left is None else min(left, TRANSCRIPT_PAGE)
-        page = repository.load_transcript(session_id, after_seq=after, limit=size)
+        page = repository.load_transcript(
+            session_id, after_seq=after, limit=size, include_retracted=include_retracted
+        )
         yield from page
         if len(page) < size:
             return
@@ -219,7 +241,9 @@ def _print_message(message: StoredMessage, width: int, max_lines: int | None) ->
     about = ""
     if message.role == "tool":
         about = f"  ({', '.join(v for v in (message.tool_name, message.tool_call_id) if v)})"
-    click.echo(f"#{message.seq}  {when(message.timestamp)}  {message.role}{about}")
+    kind = message.role or f"item {printable(message.item_type or '?', one_line=True)}"
+    state = f"  [{message.superseded}]" if message.superseded else ""
+    click.echo(f"#{message.seq}  {when(message.timestamp)}  {kind}{about}{state}")
     indent = "    "
     lines: list[str] = []
     for paragraph in printable(_content_text(message.content)).split("\n"):
@@ -309,6 +333,99 @@ def end(url: str | None, session_id: str, reason: str, as_json: bool) -> None:
         click.echo(
             f"session {session.id!r} had already ended at {when(session.ended_at)} "
             f"(reason: {printable(session.end_reason or '-')}); nothing changed"
+        )
+
+
+def _print_edit(result: EditResult, what: str, as_json: bool) -> None:
+    if as_json:
+        click.echo(result.model_dump_json())
+    elif result.superseded:
+        click.echo(
+            f"session {result.session_id!r}: {count(len(result.superseded), 'message')} {what} "
+            f"(kept as history: sessions show --include-retracted); "
+            f"{count(result.message_count, 'message')} live"
+        )
+    else:
+        click.echo(f"session {result.session_id!r}: nothing to take back; nothing changed")
+
+
+@sessions.command()
+@click.argument("session_id", metavar="ID")
+@click.option(
+    "--to-seq",
+    type=click.IntRange(min=0, max=MAX_SEQ),
+    required=True,
+    help="Keep the messages up to this seq; later ones leave the live transcript.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the EditResult as JSON.")
+@click.pass_obj
+def rewind(url: str | None, session_id: str, to_seq: int, as_json: bool) -> None:
+    """Rewind a session: the messages after --to-seq leave its live transcript (they stay
+    stored, shown by `show --include-retracted`, exported). Running it again changes
+    nothing.
+
+    \b
+    Example:
+        sessionrepo sessions rewind discord:1234 --to-seq 40
+    """
+    with open_store(url) as repository:
+        result = repository.rewind(session_id, to_seq)
+    _print_edit(result, "rewound", as_json)
+
+
+@sessions.command()
+@click.argument("session_id", metavar="ID")
+@click.option("--json", "as_json", is_flag=True, help="Print the EditResult as JSON.")
+@click.pass_obj
+def clear(url: str | None, session_id: str, as_json: bool) -> None:
+    """Empty a session's live transcript (history kept; `prune` deletes for real).
+
+    \b
+    Example:
+        sessionrepo sessions clear discord:1234
+    """
+    with open_store(url) as repository:
+        result = repository.clear_session(session_id)
+    _print_edit(result, "cleared", as_json)
+
+
+@sessions.command()
+@click.argument("session_id", metavar="ID")
+@click.option(
+    "--at-seq",
+    type=click.IntRange(min=0, max=MAX_SEQ),
+    required=True,
+    help="The fork's transcript starts as the source's messages 1..this seq.",
+)
+@click.option("--new-id", required=True, metavar="ID", help="The new session's id.")
+@click.option("--title", help="The fork's title (default: the source's).")
+@click.option("--json", "as_json", is_flag=True, help="Print the new Session as JSON.")
+@click.pass_obj
+def fork(
+    url: str | None,
+    session_id: str,
+    *,
+    at_seq: int,
+    new_id: str,
+    title: str | None,
+    as_json: bool,
+) -> None:
+    """Fork a session at a seq: a new session whose transcript starts as the source's
+    prefix, recording where it came from. Running it again changes nothing.
+
+    \b
+    Example:
+        sessionrepo sessions fork discord:1234 --at-seq 40 --new-id discord:1234-b
+    """
+    fields = {} if title is None else {"title": title}
+    with open_store(url) as repository:
+        session = repository.fork_session(session_id, at_seq, new_id, **fields)
+    if as_json:
+        click.echo(session.model_dump_json(by_alias=True))
+    else:
+        click.echo(
+            f"session {session.id!r}: forked from {session_id!r} at seq {at_seq} "
+            f"({count(session.message_count, 'message')} live)"
         )
 
 

@@ -22,6 +22,7 @@ from sqlalchemy import (
     Float,
     Insert,
     Row,
+    Select,
     String,
     Table,
     Text,
@@ -37,6 +38,7 @@ from sqlalchemy import (
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import URL
 from sqlalchemy.ext.asyncio import create_async_engine
+from sqlalchemy.sql.elements import ColumnElement
 from sqlalchemy.types import TypeEngine
 
 from sessionrepo.errors import RepoError
@@ -49,7 +51,7 @@ from sessionrepo.search.query import Query, SearchFilters
 READ_ONLY: Final = "sessionrepo_read_only"
 
 #: ``(session_id, seq, timestamp, role, document)``: one message's entry in the index.
-IndexEntry = tuple[str, int, datetime, str, str]
+IndexEntry = tuple[str, int, datetime, str | None, str]
 
 SearchOrder = Literal["rank", "newest"]
 
@@ -85,7 +87,8 @@ class DirectAppend:
 @dataclass(frozen=True, slots=True)
 class DirectLoad:
     """What :meth:`BackendDialect.load_direct` reads: ``columns`` of one session's
-    messages with ``after_seq < seq < before_seq``, at most ``limit``."""
+    messages with ``after_seq < seq < before_seq``, at most ``limit`` (the live ones
+    only, unless ``live_only`` is false)."""
 
     session_id: str
     columns: Sequence[str]
@@ -93,12 +96,16 @@ class DirectLoad:
     before_seq: int | None
     limit: int | None
     backwards: bool
+    #: Only the live transcript: no message an edit superseded.
+    live_only: bool = True
 
     def statement(self, placeholder: Callable[[str], str]) -> tuple[str, dict[str, Any]]:
         """The SELECT, with each parameter written by ``placeholder(name)``."""
         names = ", ".join(f'"{name}"' for name in self.columns)
         sql = f"SELECT {names} FROM messages WHERE session_id = {placeholder('sid')}"
         params: dict[str, Any] = {"sid": self.session_id}
+        if self.live_only:
+            sql += " AND superseded IS NULL"
         if self.after_seq is not None:
             sql += f" AND seq > {placeholder('after')}"
             params["after"] = self.after_seq
@@ -302,6 +309,13 @@ class BackendDialect:
         with foreign keys off)."""
         raise NotImplementedError
 
+    def forget_search_entries(
+        self, connection: Connection, session_id: str, seqs: Sequence[int]
+    ) -> None:
+        """Drop the index entries of these messages of one session (an edit took them
+        out of the live transcript, or is about to move them)."""
+        raise NotImplementedError
+
     def take_search_backlog(
         self,
         connection: Connection,
@@ -323,6 +337,19 @@ class BackendDialect:
             query = query.where(tuple_(_B.session_id, _B.first_seq).in_(among))
         query = query.order_by(_B.session_id, _B.first_seq).limit(limit)
         return list(connection.execute(query.with_for_update(skip_locked=not wait)))
+
+    def select_locked(
+        self,
+        connection: Connection,
+        query: Select[Any],
+        session_column: ColumnElement[Any],
+        session_ids: Sequence[str],
+    ) -> list[Row[Any]]:
+        """The rows of ``query`` whose ``session_column`` is one of ``session_ids``
+        (sorted), locked for the rest of the transaction (``FOR UPDATE``)."""
+        return list(
+            connection.execute(query.where(session_column.in_(session_ids)).with_for_update())
+        )
 
     def _forget_backlog(self, connection: Connection, session_ids: Sequence[str]) -> None:
         # First: on PostgreSQL this waits for a catch-up holding these rows, whose index
@@ -377,6 +404,7 @@ _SEARCH_COLUMNS: dict[str, TypeEngine[Any]] = {
     "source": String(),
     "user_id": String(),
     "content": Text(),
+    "extra": Text(),
     "rank": Float(),
 }
 
@@ -387,7 +415,7 @@ def page_of_hits(matches: str, outer_order: str) -> str:
     the choice)."""
     return (
         f"SELECT m.session_id, m.seq, m.client_msg_uuid, m.role, m.timestamp, s.source, "
-        f"s.user_id, {_CONTENT_HEAD} AS content, top.rank AS rank "
+        f"s.user_id, {_CONTENT_HEAD} AS content, m.extra AS extra, top.rank AS rank "
         f"FROM ({matches}) top "
         "JOIN messages m ON m.session_id = top.session_id AND m.seq = top.seq "
         "JOIN sessions s ON s.id = m.session_id "

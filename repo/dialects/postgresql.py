@@ -13,7 +13,7 @@ import math
 import os
 import socket
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Any, Final
 
@@ -449,7 +449,7 @@ class PostgresDialect(BackendDialect):
         return int(
             connection.exec_driver_sql(
                 "INSERT INTO message_search (session_id, seq, ts, role, document) "
-                "SELECT m.session_id, m.seq, m.timestamp, m.role, "
+                "SELECT m.session_id, m.seq, m.timestamp, coalesce(m.role, ''), "
                 "to_tsvector(%(cfg)s::regconfig, d.body) "
                 "FROM unnest(%(seqs)b::bigint[], %(bodies)b::text[]) AS d(seq, body) "
                 "JOIN messages m ON m.session_id = %(sid)s AND m.seq = d.seq",
@@ -468,7 +468,8 @@ class PostgresDialect(BackendDialect):
         sids, seqs, stamps, roles, bodies = (list(column) for column in zip(*entries, strict=True))
         connection.exec_driver_sql(
             "INSERT INTO message_search (session_id, seq, ts, role, document) "
-            "SELECT d.sid, d.seq, d.ts, d.role, to_tsvector(%(cfg)s::regconfig, d.body) "
+            "SELECT d.sid, d.seq, d.ts, coalesce(d.role, ''), "
+            "to_tsvector(%(cfg)s::regconfig, d.body) "
             "FROM unnest(%(sids)b::text[], %(seqs)b::bigint[], %(stamps)b::timestamptz[], "
             "%(roles)b::text[], %(bodies)b::text[]) AS d(sid, seq, ts, role, body)",
             {
@@ -500,6 +501,15 @@ class PostgresDialect(BackendDialect):
             connection.exec_driver_sql(statement)
         connection.exec_driver_sql("ANALYZE message_search")
 
+    def forget_search_entries(
+        self, connection: Connection, session_id: str, seqs: Sequence[int]
+    ) -> None:
+        if seqs:
+            connection.exec_driver_sql(
+                "DELETE FROM message_search WHERE session_id = %(sid)s AND seq = ANY(%(seqs)s)",
+                {"sid": session_id, "seqs": list(seqs)},
+            )
+
     def forget_search_documents(self, connection: Connection, session_ids: Sequence[str]) -> None:
         self._forget_backlog(connection, session_ids)
         connection.exec_driver_sql(
@@ -521,12 +531,22 @@ class PostgresDialect(BackendDialect):
         return _pg_search(
             connection,
             self.search_config,
+            self.search_rows_estimate,
             query,
             filters,
             order=order,
             limit=limit,
             offset=offset,
             window=window,
+        )
+
+    def search_rows_estimate(self, connection: Connection) -> float:
+        """The planner's estimate of the rows in ``message_search`` (a search's probe
+        weighs the two ways to the newest matches by it)."""
+        return float(
+            connection.exec_driver_sql(
+                "SELECT reltuples FROM pg_class WHERE oid = CAST('message_search' AS regclass)"
+            ).scalar_one()
         )
 
     def is_broken_object(self, exc: sa_exc.DBAPIError) -> bool:
@@ -635,6 +655,7 @@ _PG_PROBE_ROWS: Final = 500
 def _pg_search(
     connection: Connection,
     config: str,
+    rows_estimate: Callable[[Connection], float],
     query: Query,
     filters: SearchFilters,
     *,
@@ -688,13 +709,12 @@ def _pg_search(
     probe = (
         f"SELECT count(*) FILTER (WHERE ms.document @@ {tsquery}"
         + "".join(f" AND {clause}" for clause in clauses)
-        + f"), count(*) FILTER (WHERE ms.document @@ {tsquery}), count(*), "
-        "(SELECT reltuples FROM pg_class WHERE oid = CAST('message_search' AS regclass)) "
+        + f"), count(*) FILTER (WHERE ms.document @@ {tsquery}), count(*) "
         "FROM (SELECT ms.session_id, ms.role, ms.document FROM message_search ms "
         f"WHERE true{scope} ORDER BY ms.ts DESC LIMIT :probe) ms{joins}"
     )
     probe_params = params | {"probe": _PG_PROBE_ROWS}
-    hits, term_hits, scanned, total = connection.execute(
+    hits, term_hits, scanned = connection.execute(
         bind_times(text(probe), probe_params), probe_params
     ).one()
     density = hits / scanned if scanned else 0.0
@@ -725,7 +745,8 @@ def _pg_search(
         # document is read again).
         recheck = any(len(term.words) > 1 or term.excluded for term in query.terms)
         walk_rows = need / density * (1 if recheck else 3)
-        walk = walk_rows <= term_hits / scanned * max(float(total), float(scanned))
+        total = rows_estimate(connection)
+        walk = walk_rows <= term_hits / scanned * max(total, float(scanned))
     connection.exec_driver_sql(
         "SET LOCAL enable_bitmapscan = off" if walk else "SET LOCAL enable_indexscan = off"
     )

@@ -245,6 +245,18 @@ class SQLiteDialect(BackendDialect):
             return False
         return bool(connection.connection.driver_connection.in_transaction)  # type: ignore[union-attr]
 
+    def forget_search_entries(
+        self, connection: Connection, session_id: str, seqs: Sequence[int]
+    ) -> None:
+        for start in range(0, len(seqs), LOOKUP_CHUNK):
+            chunk = list(seqs[start : start + LOOKUP_CHUNK])
+            connection.exec_driver_sql(
+                "DELETE FROM messages_fts WHERE rowid IN (SELECT rowid FROM messages_fts "
+                "WHERE messages_fts MATCH ? AND session_id = ? "
+                f"AND seq IN ({', '.join('?' * len(chunk))}))",
+                (f'meta : "{_session_token(session_id)}"', session_id, *chunk),
+            )
+
     def forget_search_documents(self, connection: Connection, session_ids: Sequence[str]) -> None:
         self._forget_backlog(connection, session_ids)
         _sqlite_forget(connection, session_ids)
@@ -407,7 +419,7 @@ _MILLISECOND: Final = timedelta(milliseconds=1)
 #: matches" stop after N rows instead of sorting every match.
 _KEY_SLOT_BITS: Final = 8
 _KEY_SLOTS: Final = 1 << _KEY_SLOT_BITS
-_ROLES: Final = frozenset(("system", "user", "assistant", "tool"))
+_ROLES: Final = frozenset(("system", "developer", "user", "assistant", "tool", "function"))
 
 
 def search_key(timestamp: datetime) -> int:
@@ -443,13 +455,13 @@ def _sqlite_index_documents(
 
 
 def _sqlite_index_entries(
-    connection: Connection, entries: Sequence[tuple[str, int, datetime, str, str]]
+    connection: Connection, entries: Sequence[tuple[str, int, datetime, str | None, str]]
 ) -> None:
     if not entries:
         return
     keys = _sqlite_allocate_keys(connection, [search_key(entry[2]) for entry in entries])
     rows = sorted(  # ascending rowids: FTS5 appends them to its pending segment
-        (key, session_id, seq, f"{_session_token(session_id)} r{role}", body)
+        (key, session_id, seq, f"{_session_token(session_id)} r{role or ''}", body)
         for key, (session_id, seq, _, role, body) in zip(keys, entries, strict=True)
     )
     connection.exec_driver_sql(

@@ -10,6 +10,7 @@ only reads.
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
@@ -141,9 +142,11 @@ def _check_schema(probe: _Probe) -> Iterator[Check]:
         )
 
 
-def _known_revisions() -> set[str]:
+@functools.cache
+def _known_revisions() -> frozenset[str]:
+    """Every revision this sessionrepo ships (read once: the scripts do not change)."""
     scripts = ScriptDirectory.from_config(schema.alembic_config())
-    return {script.revision for script in scripts.walk_revisions()}
+    return frozenset(script.revision for script in scripts.walk_revisions())
 
 
 def _check_outbox(probe: _Probe) -> Iterator[Check]:

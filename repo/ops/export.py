@@ -27,7 +27,9 @@ readers must split on ``"\\n"`` only, not on U+2028 and friends). Every record h
   consistent snapshot even while gateways keep writing.
 - ``message`` is :class:`models.Message` dumped with ``model_dump(mode="json")``: the key,
   every wire field, ``timestamp`` (UTC, microseconds), ``extra`` (key order kept) and
-  ``openai_keys`` (the key order ``to_openai()`` gives back), beside its ``seq``.
+  ``openai_keys`` (the key order ``to_openai()`` gives back), beside its ``seq``, and
+  ``superseded`` (``null``, or why an edit took it out of the live transcript: every
+  stored message is exported, history included, and imported as it was).
 - ``end`` closes the file with its totals. A file without it was cut short (a full disk,
   a killed process); :func:`sessionrepo.ops.import_sessions` imports what it holds and
   says so.
@@ -140,7 +142,11 @@ class ExportWriter:
         while True:
             try:
                 page = self._repository.load_transcript(
-                    session.id, after_seq=after, before_seq=snapshot.next_seq, limit=PAGE
+                    session.id,
+                    after_seq=after,
+                    before_seq=snapshot.next_seq,
+                    limit=PAGE,
+                    include_retracted=True,  # history too: an import reproduces it
                 )
             except NotFound:
                 if not written:

@@ -25,12 +25,17 @@ from typing import Any, Final, Protocol, TypeVar
 from sqlalchemy import event
 from sqlalchemy.engine import URL
 
+import sessionrepo.observability as _observe
 from sessionrepo.contract import ResilientWriter
 from sessionrepo.dialects import normalize_url
 from sessionrepo.errors import (
     ArgumentTypeError,
     BackendUnavailable,
+    ConflictError,
+    InvalidArgument,
     InvalidMessage,
+    NotFound,
+    QueuedBehindOutbox,
     RepoError,
     WriteRejected,
 )
@@ -38,6 +43,7 @@ from sessionrepo.models import AppendResult, Message
 from sessionrepo.models.message import utcnow
 from sessionrepo.models.outbox import DrainReport, OutboxStatus, WriteResult
 from sessionrepo.models.session import DERIVED_FIELDS
+from sessionrepo.outbox.edits import apply_edit, edit_message, is_edit
 from sessionrepo.outbox.table import ClaimedBatch, Outbox, drainer_id
 from sessionrepo.store import bridge as _aio
 from sessionrepo.store import schema
@@ -49,7 +55,8 @@ from sessionrepo.store.arguments import (
     check_seconds,
 )
 from sessionrepo.store.database import Database
-from sessionrepo.store.repository import PreparedBatch, QueuedBehindOutbox, SessionRepository
+from sessionrepo.store.editing import check_keys
+from sessionrepo.store.repository import PreparedBatch, SessionRepository
 
 # The result models live in sessionrepo.models.outbox (the contract names them); they
 # stay importable from here.
@@ -225,6 +232,7 @@ class TranscriptWriter(ResilientWriter):
     # -- write ----------------------------------------------------------------------
 
     # ``self`` positional-only: sessionrepo.aio derives the awaited signature from this one.
+    @_observe.instrument_write
     def write(
         self,
         /,
@@ -337,6 +345,67 @@ class TranscriptWriter(ResilientWriter):
         if self._breaker.close():
             log.warning("primary answers again: writes go to it")
 
+    # -- edits through the outbox (see sessionrepo.outbox.edits) ----------------------
+
+    def rewind(self, /, session_id: str, to_seq: int) -> WriteResult:
+        """:meth:`SessionRepository.rewind` on the write path: applied now when the
+        session has nothing parked and the primary answers, else parked in the session's
+        FIFO (replayed after what was parked before it, before what is parked after)."""
+        return self._edit(session_id, "rewind", {"to_seq": check_int(to_seq, "to_seq")})
+
+    def retract(self, /, session_id: str, keys: Iterable[Any]) -> WriteResult:
+        """:meth:`SessionRepository.retract` on the write path (as :meth:`rewind`)."""
+        return self._edit(session_id, "retract", {"keys": [str(key) for key in check_keys(keys)]})
+
+    def clear_session(self, /, session_id: str) -> WriteResult:
+        """:meth:`SessionRepository.clear_session` on the write path (as :meth:`rewind`)."""
+        return self._edit(session_id, "clear_session", {})
+
+    def compact(
+        self, /, session_id: str, through_seq: int, summary_message: Message | Mapping[str, Any]
+    ) -> WriteResult:
+        """:meth:`SessionRepository.compact` on the write path (as :meth:`rewind`)."""
+        summary = self._repository.prepare(session_id, [summary_message]).messages[0]
+        return self._edit(
+            session_id,
+            "compact",
+            {
+                "through_seq": check_int(through_seq, "through_seq", minimum=1),
+                "summary": summary.model_dump(mode="json"),
+            },
+        )
+
+    def _edit(self, session_id: str, operation: str, arguments: dict[str, Any]) -> WriteResult:
+        if self._closed:
+            raise RepoError("this TranscriptWriter is closed")
+        started = time.monotonic()
+        edit = edit_message(operation, arguments)
+        batch = self._repository.prepare(session_id, [edit])
+        primary_budget = self.deadline - self._park_reserve
+
+        def attempt() -> WriteResult | None:
+            if self._outbox.has_pending(batch.session_id):
+                return None
+            self._checkpoint("before_primary")
+            done = apply_edit(self._repository, batch.session_id, edit)
+            return WriteResult(session_id=batch.session_id, status="stored", edit=done)
+
+        try:
+            result = self._primary_pool.run(attempt, timeout=primary_budget)
+        except TimeoutError:
+            reason = f"the primary did not answer within {primary_budget:g}s"
+            code: str | None = "deadline"
+        except BackendUnavailable as exc:
+            reason, code = str(exc), exc.code
+        else:
+            if result is not None:
+                self._checkpoint("after_primary_commit")
+                return result
+            reason, code = "queued behind this session's parked messages", None
+        self._checkpoint("after_primary_failure")
+        remaining = max(self._park_reserve, self.deadline - (time.monotonic() - started))
+        return self._park(batch, reason, code, timeout=remaining)
+
     def _park(
         self, batch: PreparedBatch, reason: str, code: str | None, *, timeout: float
     ) -> WriteResult:
@@ -388,6 +457,7 @@ class TranscriptWriter(ResilientWriter):
         self.notify_drainer()
         return count
 
+    @_observe.instrument_drain
     def drain(self, *, session_id: str | None = None, ignore_backoff: bool = False) -> DrainReport:
         check_optional_session_id(session_id)
         check_bool(ignore_backoff, "ignore_backoff")
@@ -441,11 +511,25 @@ class TranscriptWriter(ResilientWriter):
             return True
         one_by_one = False
         while rows:
-            batch = rows if not one_by_one else rows[:1]
+            # A parked edit is applied alone, in its place: the messages before it are
+            # stored first, those after it wait for it.
+            edits = [i for i, (_, message, *_) in enumerate(rows) if is_edit(message)]
+            run = rows[:1] if edits and edits[0] == 0 else rows[: edits[0]] if edits else rows
+            batch = run if not one_by_one else rows[:1]
             try:
-                _count(totals, self._store(claimed.session_id, claimed, [m for _, m, *_ in batch]))
+                if is_edit(batch[0][1]):
+                    self._store_edit(claimed.session_id, batch[0][1])
+                    totals["replayed"] += 1
+                else:
+                    messages = [m for _, m, *_ in batch]
+                    _count(totals, self._store(claimed.session_id, claimed, messages))
             except (TimeoutError, RepoError) as exc:
-                rejected = isinstance(exc, WriteRejected | InvalidMessage)
+                # An edit the primary refuses (a key it lacks, a point past the end) fails
+                # the same way every time: rejected, like a message the database refuses.
+                rejected = isinstance(exc, WriteRejected | InvalidMessage) or (
+                    is_edit(batch[0][1])
+                    and isinstance(exc, InvalidArgument | NotFound | ConflictError)
+                )
                 if rejected and len(batch) > 1:
                     one_by_one = True
                     continue
@@ -488,6 +572,13 @@ class TranscriptWriter(ResilientWriter):
                 [str(key) for key in result.conflicts],
             )
         return result
+
+    def _store_edit(self, session_id: str, edit: Message) -> None:
+        self._primary_pool.run(
+            lambda: apply_edit(self._repository, session_id, edit), timeout=self.deadline
+        )
+        self._checkpoint("drain_after_primary_commit")
+        self._outbox.complete(session_id, [edit.client_msg_uuid])
 
     def _failed(
         self,

@@ -75,6 +75,32 @@ def content_text(content: Any) -> str:
     return "\n".join(texts)
 
 
+#: The keys of an OpenAI Responses item whose text is searchable beside its content:
+#: function and custom tool call arguments and input, tool outputs, reasoning summaries,
+#: code, search queries and results.
+ITEM_TEXT_KEYS: Final = ("arguments", "input", "output", "summary", "code", "queries", "result")
+
+
+def searchable(content: Any, extra: Any) -> Any:
+    """What is searched of a message: its content, and for a Responses item (``extra``
+    has a ``type``) the text of its :data:`ITEM_TEXT_KEYS` too, as content parts."""
+    if type(extra) is not dict or not isinstance(extra.get("type"), str):
+        return content
+    texts: list[str] = []
+    if content is not None:
+        texts.append(content_text(content))
+    for key in ITEM_TEXT_KEYS:
+        value = extra.get(key)
+        if isinstance(value, str):
+            texts.append(value)
+        elif isinstance(value, list) and all(isinstance(item, str) for item in value):
+            texts += value
+        elif isinstance(value, dict | list):
+            texts.append(content_text(value))
+    texts = [text for text in texts if text]
+    return [{"text": text} for text in texts] if texts else content
+
+
 def _collect_text(value: Any, texts: list[str]) -> None:
     if isinstance(value, dict):
         text = value.get("text")

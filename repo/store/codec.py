@@ -36,6 +36,7 @@ from sessionrepo.models.tables import (
     HASHED_COLUMNS,
     MESSAGE_COLUMNS,
     MESSAGE_PLACE,
+    MESSAGE_STATE,
     JSONText,
     LosslessText,
     UTCDateTime,
@@ -267,10 +268,12 @@ def _plain(message: Message) -> Message:
 
 
 #: The columns :func:`stored_messages` decodes, in this order: the stored message's
-#: (without the content hash), then its place: the field order of ``StoredMessage``.
+#: (without the content hash), its place, then its state: the field order of
+#: ``StoredMessage``.
 LOAD_COLUMNS: Final = (
     *(name for name in MESSAGE_COLUMNS if name != "content_hash"),
     *MESSAGE_PLACE,
+    *MESSAGE_STATE,
 )
 
 
@@ -398,6 +401,8 @@ SESSION_FIELDS = (
     "input_tokens",
     "output_tokens",
     "last_active_at",
+    "forked_from_session_id",
+    "forked_from_seq",
 )
 
 

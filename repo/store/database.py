@@ -11,11 +11,18 @@ from contextlib import AbstractContextManager
 from functools import partial
 from typing import Any, TypeVar
 
-from sqlalchemy import Connection, Engine
+from sqlalchemy import Connection, Engine, event
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import URL
 
-from sessionrepo.dialects import READ_ONLY, BackendDialect, dialect_for, normalize_url, safe_url
+from sessionrepo.dialects import (
+    READ_ONLY,
+    BackendDialect,
+    dialect_for,
+    for_server,
+    normalize_url,
+    safe_url,
+)
 from sessionrepo.errors import (
     ArgumentTypeError,
     BackendUnavailable,
@@ -123,6 +130,9 @@ class Database:
         #: Whether a transaction whose connection was lost may run again at once (a
         #: writer says no for a call its watchdog cut: the server did not answer).
         self.may_rerun: Callable[[], bool] = _always
+        # The server decides between dialects of one backend (PostgreSQL or a Citus
+        # coordinator): the first connection asks, before any work runs on it.
+        event.listen(self.engine, "first_connect", self._found_server)
         self._read_engine = self.engine.execution_options(**{READ_ONLY: True})
         self._attempts = attempts
         self._first_use: Callable[[Database], None] | None = None
@@ -156,6 +166,9 @@ class Database:
     def checked(self) -> bool:
         """Whether the check of :meth:`check_on_first_use` has passed (or none was set)."""
         return self._first_use is None
+
+    def _found_server(self, dbapi_connection: Any, record: Any) -> None:
+        self.dialect = for_server(self.dialect, dbapi_connection)
 
     def check_on_first_use(self, check: Callable[[Database], None]) -> None:
         """Run ``check(database)`` before the first unit of work, until it passes (a

@@ -31,6 +31,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.engine import URL
 
+import sessionrepo.observability as _observe
 from sessionrepo.contract import SessionStore
 from sessionrepo.dialects.base import DirectAppend, DirectLoad, DirectResult
 from sessionrepo.errors import (
@@ -39,6 +40,7 @@ from sessionrepo.errors import (
     InvalidArgument,
     InvalidMessage,
     NotFound,
+    QueuedBehindOutbox,
     RepoError,
 )
 from sessionrepo.models import (
@@ -60,7 +62,7 @@ from sessionrepo.models.tables import (
     outbox_table,
     sessions_table,
 )
-from sessionrepo.search.text import content_text
+from sessionrepo.search.text import content_text, searchable
 from sessionrepo.store import codec as _codec
 from sessionrepo.store import schema
 from sessionrepo.store.arguments import (
@@ -78,6 +80,7 @@ from sessionrepo.store.arguments import (
     check_session_id,
 )
 from sessionrepo.store.database import Database
+from sessionrepo.store.editing import SessionEditing
 from sessionrepo.store.search_index import SearchIndex
 
 S = sessions_table.c
@@ -203,7 +206,7 @@ class PruneResult:
     parked: dict[str, int]
 
 
-class SessionRepository(SessionStore):
+class SessionRepository(SessionStore, SessionEditing):
     """Sessions and their transcripts on SQLite or PostgreSQL (made by
     :func:`open_repository`).
 
@@ -312,7 +315,7 @@ class SessionRepository(SessionStore):
                     else_=func.substr(M.content, 1, PREVIEW_LENGTH + 1, type_=Text),
                 )
             )
-            .where(M.session_id == S.id, M.role == "user")
+            .where(M.session_id == S.id, M.role == "user", M.superseded.is_(None))
             .order_by(M.seq)
             .limit(1)
             .scalar_subquery()
@@ -378,15 +381,20 @@ class SessionRepository(SessionStore):
 
     def resolve_tip(self, session_id: str) -> Session:
         sid = check_session_id(session_id)
-        newest_child = (
-            select(sessions_table).order_by(S.last_active_at.desc(), S.id.desc()).limit(1)
-        )
 
         def work(conn: Connection) -> Session:
             tip = self._get(conn, sid)
             seen = {tip.id}
             while True:
-                row = conn.execute(newest_child.where(S.parent_session_id == tip.id)).first()
+                # Every child (a session has few), the newest picked here: with ORDER BY
+                # and LIMIT, SQLite's planner walks the whole last_active_at index
+                # instead of the parent index (seconds at a million sessions).
+                children = conn.execute(
+                    select(sessions_table).where(S.parent_session_id == tip.id)
+                ).all()
+                row = max(
+                    children, key=lambda child: (child.last_active_at, child.id), default=None
+                )
                 if row is None or row.id in seen or len(seen) > _MAX_CHAIN:
                     return tip
                 seen.add(row.id)
@@ -444,6 +452,7 @@ class SessionRepository(SessionStore):
         session = _codec.build_session(sid, session_defaults, "session_defaults")
         return PreparedBatch(sid, validated, rows, session)
 
+    @_observe.instrument_append
     def append_prepared(
         self,
         batch: PreparedBatch,
@@ -513,7 +522,7 @@ class SessionRepository(SessionStore):
 
         return database.write(work)
 
-    def _append_direct(
+    def _append_direct(  # noqa: PLR0911 - each way out is one outcome of the statement
         self,
         database: Database,
         batch: PreparedBatch,
@@ -541,10 +550,9 @@ class SessionRepository(SessionStore):
                 first = unique.setdefault(row["client_msg_uuid"], row)
                 if first["content_hash"] != row["content_hash"] and on_conflict == "raise":
                     return None  # a conflict within the batch: the locked path refuses it
-        dialect = database.dialect
         tip = acks.tip if known and acks is not None else None
         if tip is not None and not unique:
-            if database.read_direct(lambda driver: dialect.message_at(driver, sid, *tip)):
+            if database.read_direct(lambda driver: database.dialect.message_at(driver, sid, *tip)):
                 return _outcome(sid, batch.rows, {}, None, known=known)
             self._acks.forget(sid)
             return self._append_direct(database, batch, new_session, on_conflict, behind_outbox)
@@ -558,7 +566,8 @@ class SessionRepository(SessionStore):
             behind_outbox=behind_outbox,
             verify=tip,
         )
-        done = database.write_direct(lambda driver: dialect.append_direct(driver, append))
+        # The dialect read on the connection: the first one finds which server it is.
+        done = database.write_direct(lambda driver: database.dialect.append_direct(driver, append))
         if done is None:
             return None
         if done.queued:
@@ -594,7 +603,7 @@ class SessionRepository(SessionStore):
             return
         # "immediate": in a savepoint, so a broken index can never make the transcript
         # write fail (its failure marks the index stale instead; see store/search_index.py).
-        content = {message.client_msg_uuid: message.content for message in messages}
+        content = {m.client_msg_uuid: searchable(m.content, m.extra) for m in messages}
         self._search.index_in_transaction(
             conn,
             result.session_id,
@@ -635,6 +644,7 @@ class SessionRepository(SessionStore):
 
     # -- search ---------------------------------------------------------------------
 
+    @_observe.instrument_search
     def search(
         self,
         query: str,
@@ -683,6 +693,7 @@ class SessionRepository(SessionStore):
         check_callable(progress, "progress")
         return self._search.reindex(progress=progress)
 
+    @_observe.instrument_catch_up
     def catch_up_search_index(self, *, limit: int | None = None) -> int:
         if limit is not None:
             limit = check_limit(limit)
@@ -694,6 +705,7 @@ class SessionRepository(SessionStore):
     def search_index_state(self) -> tuple[str, str | None]:
         return self._search.state()
 
+    @_observe.instrument_load
     def load_transcript(
         self,
         session_id: str,
@@ -702,6 +714,7 @@ class SessionRepository(SessionStore):
         before_seq: int | None = None,
         limit: int | None = None,
         include_ancestors: bool = False,
+        include_retracted: bool = False,
     ) -> list[StoredMessage]:
         sid = check_session_id(session_id)
         after_seq = check_seq(after_seq, "after_seq")
@@ -712,7 +725,10 @@ class SessionRepository(SessionStore):
         if include_ancestors and (after_seq, before_seq, limit) != (None, None, None):
             raise InvalidArgument("include_ancestors", "cannot be combined with a cursor")
 
+        include_retracted = check_bool(include_retracted, "include_retracted")
         transcript = select(*_codec.load_columns).order_by(M.seq)
+        if not include_retracted:
+            transcript = transcript.where(M.superseded.is_(None))
         query = transcript.where(M.session_id == sid)
         if after_seq is not None:
             query = query.where(M.seq > after_seq)
@@ -725,9 +741,16 @@ class SessionRepository(SessionStore):
             query = query.limit(limit)
 
         if not include_ancestors:
-            load = DirectLoad(sid, _codec.LOAD_COLUMNS, after_seq, before_seq, limit, backwards)
-            dialect = self._db.dialect
-            rows = self._db.read_direct(lambda driver: dialect.load_direct(driver, load))
+            load = DirectLoad(
+                sid,
+                _codec.LOAD_COLUMNS,
+                after_seq,
+                before_seq,
+                limit,
+                backwards,
+                live_only=not include_retracted,
+            )
+            rows = self._db.read_direct(lambda driver: self._db.dialect.load_direct(driver, load))
             if rows:
                 messages = _codec.stored_messages(rows)
                 if backwards:
@@ -836,12 +859,9 @@ class SessionRepository(SessionStore):
         def work(conn: Connection) -> PruneResult:
             if not ids:
                 return PruneResult(deleted=[], kept=[], messages=0, parked={})
-            current = conn.execute(
-                select(sessions_table)
-                .where(S.id.in_(ids), prunable)
-                .order_by(S.id)
-                .with_for_update()
-            ).all()
+            current = self._db.dialect.select_locked(
+                conn, select(sessions_table).where(prunable).order_by(S.id), S.id, ids
+            )
             chosen = [
                 snapshot
                 for snapshot in map(_snapshot, current)
@@ -968,6 +988,16 @@ class SessionRepository(SessionStore):
                 self._index_inserted(conn, added, [validated[i] for i in run])
                 inserted += added.inserted
                 next_seq = start + len(run)
+            # What an edit had superseded when it was exported is superseded again.
+            states: dict[Literal["retracted", "compacted"], tuple[list[int], int]] = {}
+            fresh = set(inserted)
+            for message in messages:
+                if message.superseded is not None and message.client_msg_uuid in fresh:
+                    marked, calls = states.get(message.superseded, ([], 0))
+                    marked.append(message.seq)
+                    states[message.superseded] = (marked, calls + len(message.tool_calls or ()))
+            for state, (marked, calls) in states.items():
+                self.mark_superseded(conn, sid, marked, calls, state)
             if inserted:  # the appends stamped the session with the time of now
                 conn.execute(
                     update(sessions_table)
@@ -1031,15 +1061,6 @@ class SessionRepository(SessionStore):
         return self._db.write(work)
 
 
-class QueuedBehindOutbox(Exception):
-    """Raised by ``append_prepared(..., behind_outbox=True)``: nothing was written, the
-    session has parked messages and the batch must queue behind them."""
-
-    def __init__(self, session_id: str) -> None:
-        super().__init__(f"session {session_id!r} has parked messages")
-        self.session_id = session_id
-
-
 #: A writer's batch that waits behind its session's parked messages (nothing written).
 _QUEUED: Final = AppendResult(session_id="")
 
@@ -1052,6 +1073,10 @@ def _has_parked(conn: Connection, session_id: str) -> bool:
         .limit(1)
     )
     return conn.execute(query).first() is not None
+
+
+def _activity(row: Any) -> tuple[datetime, str]:
+    return (row.last_active_at, row.id)
 
 
 def _outcome(

@@ -6,6 +6,7 @@ The store checks (or upgrades) a database's revision when it opens it; :func:`mi
 
 from __future__ import annotations
 
+import functools
 import io
 from dataclasses import dataclass
 from importlib import resources
@@ -37,8 +38,10 @@ def alembic_config(connection: Connection | None = None) -> Config:
     return config
 
 
+@functools.cache
 def head_revision() -> str:
-    """This sessionrepo's newest schema revision."""
+    """This sessionrepo's newest schema revision (read from the scripts once: they do not
+    change while the process runs)."""
     head = ScriptDirectory.from_config(alembic_config()).get_current_head()
     if head is None:  # pragma: no cover - the package always ships a revision
         raise RepoError("sessionrepo ships no migrations")

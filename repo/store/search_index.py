@@ -36,6 +36,7 @@ asked raises ``SearchIndexUnavailable`` instead of answering wrongly.
 from __future__ import annotations
 
 import contextlib
+import json
 from collections.abc import Callable, Iterator, Sequence
 from datetime import datetime
 from typing import Any, Final
@@ -43,7 +44,7 @@ from typing import Any, Final
 from sqlalchemy import Connection, Row, bindparam, delete, exists, func, select, tuple_
 from sqlalchemy import exc as sa_exc
 
-from sessionrepo.dialects.base import IndexEntry, SearchOrder
+from sessionrepo.dialects.base import BackendDialect, IndexEntry, SearchOrder
 from sessionrepo.errors import RepoError, SearchIndexUnavailable
 from sessionrepo.models.message import utcnow
 from sessionrepo.models.search import SearchHit
@@ -55,7 +56,7 @@ from sessionrepo.models.tables import (
 )
 from sessionrepo.search.query import Query, SearchFilters, parse_query
 from sessionrepo.search.snippets import make_snippet
-from sessionrepo.search.text import INDEX_CHARS, content_text, document
+from sessionrepo.search.text import INDEX_CHARS, content_text, document, searchable
 from sessionrepo.store.database import Database
 
 #: ``order="rank"`` orders by relevance the newest ``RANK_WINDOW`` messages that match
@@ -84,7 +85,11 @@ class SearchIndex:
 
     def __init__(self, database: Database) -> None:
         self.database = database
-        self.dialect = database.dialect
+
+    @property
+    def dialect(self) -> BackendDialect:
+        # Asked each time: the first connection may refine it (a Citus coordinator).
+        return self.database.dialect
 
     def index_in_transaction(
         self, conn: Connection, session_id: str, first_seq: int, contents: Sequence[Any]
@@ -218,15 +223,16 @@ class SearchIndex:
         entries: list[IndexEntry] = []
         for row in chosen:
             messages = conn.execute(
-                select(M.seq, M.timestamp, M.role, M.content).where(
+                select(M.seq, M.timestamp, M.role, M.content, M.extra).where(
                     M.session_id == row.session_id,
                     M.seq >= row.first_seq,
                     M.seq < row.first_seq + row.messages,
+                    M.superseded.is_(None),  # an edit took it out of the transcript since
                 )
             )
             entries += [
-                (row.session_id, seq, timestamp, role, document(content))
-                for seq, timestamp, role, content in messages
+                (row.session_id, seq, timestamp, role, document(searchable(content, extra)))
+                for seq, timestamp, role, content, extra in messages
             ]
         first = chosen[0]
         try:
@@ -295,14 +301,16 @@ class SearchIndex:
             self.dialect.reset_search_index(conn)
             # After the reset: on PostgreSQL it locks out appends and catch-ups first.
             conn.execute(delete(search_backlog_table))
-            total = conn.execute(select(func.count()).select_from(messages_table)).scalar_one()
+            total = conn.execute(
+                select(func.count()).select_from(messages_table).where(M.superseded.is_(None))
+            ).scalar_one()
             done = 0
             for batch in _message_batches(conn):
                 self.dialect.index_entries(
                     conn,
                     [
-                        (session_id, seq, timestamp, role, document(content))
-                        for session_id, seq, timestamp, role, content in batch
+                        (session_id, seq, timestamp, role, document(searchable(content, extra)))
+                        for session_id, seq, timestamp, role, content, extra in batch
                     ],
                 )
                 done += len(batch)
@@ -390,7 +398,8 @@ class SearchIndex:
 
     def _hit(self, parsed: Query, row: Row[Any]) -> SearchHit:
         content = decode_text(row.content) if row.content is not None else None
-        text = content_text(content)[:INDEX_CHARS]
+        extra = json.loads(row.extra) if row.extra is not None else None
+        text = content_text(searchable(content, extra))[:INDEX_CHARS]
         snippet = make_snippet(text, parsed)
         if snippet is None:
             # The index named a message that does not say what was asked: it is out of
@@ -434,13 +443,15 @@ def _state_and_backlog(conn: Connection) -> tuple[str, str | None, bool]:
 
 def _message_batches(
     conn: Connection, size: int = 5000
-) -> Iterator[list[tuple[str, int, datetime, str, Any]]]:
-    """Every message's (session_id, seq, timestamp, role, content), in key order, a
-    batch at a time."""
+) -> Iterator[list[tuple[str, int, datetime, str, Any, Any]]]:
+    """Every live message's (session_id, seq, timestamp, role, content, extra), in key
+    order, a batch at a time (an edit's superseded messages are not searched)."""
     after: tuple[str, int] | None = None
-    columns = (M.session_id, M.seq, M.timestamp, M.role, M.content)
+    columns = (M.session_id, M.seq, M.timestamp, M.role, M.content, M.extra)
     while True:
-        query = select(*columns).order_by(M.session_id, M.seq).limit(size)
+        query = (
+            select(*columns).where(M.superseded.is_(None)).order_by(M.session_id, M.seq).limit(size)
+        )
         if after is not None:
             query = query.where(tuple_(M.session_id, M.seq) > tuple_(*after))
         rows = [tuple(row) for row in conn.execute(query)]

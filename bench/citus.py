@@ -1,0 +1,340 @@
+"""``python -m bench.citus``: sessionrepo on a Citus coordinator against one PostgreSQL.
+
+The same workload on both, one after the other, from one process:
+
+- **append / load**: sessions flushed a batch at a time by one writer (messages per
+  second), then each transcript loaded whole (loads per second);
+- **routing**: every statement those appends and loads sent, and those of a listing and a
+  search, ``EXPLAIN``-ed on the coordinator: the share that run as one task on one shard
+  group (router) and the ones that fan out;
+- **fan-out at scale**: the store filled to ``--sessions`` sessions (default 100,000, two
+  messages each, written by SQL in bulk: the figures are of reading them), then the
+  newest page of sessions, a filtered page, and a search for a common and a rare word,
+  each the median of repeated calls.
+
+On one machine the workers share its cores with the coordinator: what this shows is the
+cost of routing and of fan-out per statement, not scale-out (README, "Scaling out").
+Results go to ``bench/results/citus-<time>.{json,md}``. ``make bench BENCH_CITUS_URL=...``
+runs it after the main benchmark.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import statistics
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import psycopg
+from sqlalchemy import event
+from sqlalchemy.engine import make_url
+
+from sessionrepo import Message, open_repository
+from sessionrepo.store.database import Database
+from sessionrepo.store.schema import upgrade
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def _conninfo(url: str) -> str:
+    return make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
+
+
+@contextmanager
+def citus_store(admin_url: str) -> Iterator[str]:
+    """A migrated (so distributed) schema of its own on the coordinator, with a role of
+    that name whose ``search_path`` it is; dropped on exit."""
+    name = f"bench_citus_{os.getpid()}_{uuid.uuid4().hex[:6]}"
+    with psycopg.connect(_conninfo(admin_url), autocommit=True) as conn:
+        conn.execute(f'CREATE ROLE "{name}" LOGIN SUPERUSER')  # type: ignore[arg-type]
+        conn.execute(f'CREATE SCHEMA "{name}" AUTHORIZATION "{name}"')  # type: ignore[arg-type]
+        conn.execute(f'ALTER ROLE "{name}" SET search_path = "{name}"')  # type: ignore[arg-type]
+    url = make_url(admin_url).set(username=name).render_as_string(hide_password=False)
+    try:
+        _migrate(url)
+        yield url
+    finally:
+        with psycopg.connect(_conninfo(admin_url), autocommit=True) as conn:
+            conn.execute(f'DROP SCHEMA IF EXISTS "{name}" CASCADE')  # type: ignore[arg-type]
+            conn.execute(f'DROP ROLE IF EXISTS "{name}"')  # type: ignore[arg-type]
+
+
+@contextmanager
+def postgres_store(admin_url: str) -> Iterator[str]:
+    """A migrated database of its own on the plain PostgreSQL server; dropped on exit."""
+    name = f"bench_citus_pg_{os.getpid()}"
+    with psycopg.connect(_conninfo(admin_url), autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')  # type: ignore[arg-type]
+        conn.execute(f'CREATE DATABASE "{name}"')  # type: ignore[arg-type]
+    url = make_url(admin_url).set(database=name).render_as_string(hide_password=False)
+    try:
+        _migrate(url)
+        yield url
+    finally:
+        with psycopg.connect(_conninfo(admin_url), autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')  # type: ignore[arg-type]
+
+
+def _migrate(url: str) -> None:
+    database = Database(url)
+    try:
+        upgrade(database)
+    finally:
+        database.dispose()
+
+
+class Recorder:
+    """The statements an engine sends while recording (text, first parameters, count)."""
+
+    def __init__(self, database: Database) -> None:
+        self.seen: dict[str, tuple[Any, int]] = {}
+        self.on = False
+        event.listen(database.engine, "before_cursor_execute", self._record)
+
+    def _record(self, conn: Any, cursor: Any, statement: str, params: Any, *rest: Any) -> None:
+        if not self.on:
+            return
+        if rest[-1] and isinstance(params, list | tuple):
+            params = params[0]
+        first, count = self.seen.get(statement, (params, 0))
+        self.seen[statement] = (first, count + 1)
+
+
+_CONTROL = re.compile(r"^\s*(SET|BEGIN|COMMIT|ROLLBACK|SAVEPOINT|RELEASE)\b", re.I)
+
+
+def classify(url: str, seen: dict[str, tuple[Any, int]]) -> dict[str, Any]:
+    """How many of the recorded statements (weighted by how often each was sent) run as
+    one task on one shard group, and which fan out (their task counts)."""
+    single = multi = other = 0
+    fanning: list[dict[str, Any]] = []
+    with psycopg.connect(_conninfo(url), autocommit=True) as conn:
+        for statement, (params, count) in seen.items():
+            if _CONTROL.match(statement) or "pg_advisory_xact_lock" in statement:
+                other += count
+                continue
+            plan = "\n".join(
+                str(row[0]) for row in conn.execute("EXPLAIN " + statement, params or None)
+            )
+            tasks = [int(found) for found in re.findall(r"Task Count: (\d+)", plan)]
+            if not tasks:
+                other += count
+            elif all(task == 1 for task in tasks):
+                single += count
+            else:
+                multi += count
+                fanning.append(
+                    {"statement": " ".join(statement.split())[:120], "tasks": tasks, "sent": count}
+                )
+    routed = single + multi
+    return {
+        "single_shard": single,
+        "multi_shard": multi,
+        "no_table": other,
+        "single_shard_share": single / routed if routed else 1.0,
+        "fan_out": fanning,
+    }
+
+
+def _timed(action: Callable[[], object], repeat: int) -> float:
+    """Median milliseconds of ``repeat`` calls (after one warm-up call)."""
+    action()
+    times = []
+    for _ in range(repeat):
+        started = time.perf_counter()
+        action()
+        times.append((time.perf_counter() - started) * 1000)
+    return statistics.median(times)
+
+
+def hot_path(url: str, sessions: int, flushes: int, batch: int) -> dict[str, Any]:
+    """Appends and loads of a gateway's shape: rates, and the routing of what they sent."""
+    with open_repository(url) as repository:
+        recorder = Recorder(repository.database)
+        ids = [f"hot-{index:05d}" for index in range(sessions)]
+        recorder.on = True
+        started = time.perf_counter()
+        for flush in range(flushes):
+            for sid in ids:
+                messages = [
+                    Message(role="user", content=f"flush {flush} message {index} of {sid}")
+                    for index in range(batch)
+                ]
+                repository.append(sid, messages, source="bench")
+        append_seconds = time.perf_counter() - started
+        started = time.perf_counter()
+        for sid in ids:
+            repository.load_transcript(sid)
+            repository.get_session(sid)
+        load_seconds = time.perf_counter() - started
+        recorder.on = False
+        return {
+            "messages_per_second": sessions * flushes * batch / append_seconds,
+            "appends_per_second": sessions * flushes / append_seconds,
+            "loads_per_second": sessions / load_seconds,
+            "statements": recorder.seen,
+        }
+
+
+def fill(url: str, sessions: int) -> float:
+    """``sessions`` sessions of two messages each, indexed, written by SQL in bulk;
+    returns the seconds it took."""
+    started = time.perf_counter()
+    with psycopg.connect(_conninfo(url), autocommit=True) as conn:
+        conn.execute(
+            "INSERT INTO sessions (id, source, user_id, started_at, last_active_at, "
+            "message_count, next_seq) SELECT 'bulk-' || g, "
+            "CASE WHEN g %% 10 = 0 THEN 'slack' ELSE 'discord' END, 'user-' || (g %% 1000), "
+            "now() - g * interval '1 second', now() - g * interval '1 second', 2, 3 "
+            "FROM generate_series(1, %s) g",
+            [sessions],
+        )
+        conn.execute(
+            "INSERT INTO messages (session_id, seq, client_msg_uuid, role, content, "
+            "timestamp, content_hash) SELECT 'bulk-' || g, s, gen_random_uuid(), "
+            "CASE WHEN s = 1 THEN 'user' ELSE 'assistant' END, "
+            "CASE WHEN g %% 1000 = 0 THEN 'a rare zebra question ' ELSE 'a common question ' "
+            "END || g || ' part ' || s, now() - g * interval '1 second', "
+            "decode(md5(g::text || '/' || s), 'hex') "
+            "FROM generate_series(1, %s) g, generate_series(1, 2) s",
+            [sessions],
+        )
+        conn.execute(
+            "INSERT INTO message_search (session_id, seq, ts, role, document) "
+            "SELECT session_id, seq, timestamp, role, to_tsvector('simple', content) "
+            "FROM messages WHERE session_id LIKE 'bulk-%'"
+        )
+        conn.execute("ANALYZE")
+    return time.perf_counter() - started
+
+
+def fan_out(url: str, repeat: int) -> dict[str, Any]:
+    """Median latencies (ms) of the reads that span sessions, and their routing."""
+    with open_repository(url) as repository:
+        recorder = Recorder(repository.database)
+        recorder.on = True
+        figures = {
+            "list_newest_ms": _timed(lambda: repository.list_sessions(limit=50), repeat),
+            "list_by_source_ms": _timed(
+                lambda: repository.list_sessions(source="slack", limit=50), repeat
+            ),
+            "search_common_ms": _timed(lambda: repository.search("common", limit=20), repeat),
+            "search_rare_ms": _timed(lambda: repository.search("zebra", limit=20), repeat),
+            "search_session_ms": _timed(
+                lambda: repository.search("common", session_id="bulk-17", limit=20), repeat
+            ),
+        }
+        recorder.on = False
+        return {**figures, "statements": recorder.seen}
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    results: dict[str, Any] = {
+        "when": datetime.now(UTC).isoformat(timespec="seconds"),
+        "sessions": args.sessions,
+        "hot_path": {"sessions": args.hot_sessions, "flushes": args.flushes, "batch": args.batch},
+    }
+    stores = {"citus": citus_store(args.citus_url)}
+    if args.postgres_url:
+        stores["postgresql"] = postgres_store(args.postgres_url)
+    for name, store in stores.items():
+        with store as url:
+            print(f"{name}: appends and loads", file=sys.stderr)
+            hot = hot_path(url, args.hot_sessions, args.flushes, args.batch)
+            seen = hot.pop("statements")
+            if name == "citus":
+                hot["routing"] = classify(url, seen)
+            print(f"{name}: filling to {args.sessions} sessions", file=sys.stderr)
+            hot["fill_seconds"] = fill(url, args.sessions)
+            wide = fan_out(url, args.repeat)
+            seen = wide.pop("statements")
+            if name == "citus":
+                wide["routing"] = classify(url, seen)
+            results[name] = {"hot_path": hot, "across_sessions": wide}
+    return results
+
+
+def markdown(results: dict[str, Any]) -> str:
+    names = [name for name in ("citus", "postgresql") if name in results]
+    rows = [
+        ("append, messages/s", "hot_path", "messages_per_second", "{:.0f}"),
+        ("append, calls/s", "hot_path", "appends_per_second", "{:.0f}"),
+        ("load + lookup, sessions/s", "hot_path", "loads_per_second", "{:.0f}"),
+        ("list newest 50, ms", "across_sessions", "list_newest_ms", "{:.1f}"),
+        ("list by source, ms", "across_sessions", "list_by_source_ms", "{:.1f}"),
+        ("search common word, ms", "across_sessions", "search_common_ms", "{:.1f}"),
+        ("search rare word, ms", "across_sessions", "search_rare_ms", "{:.1f}"),
+        ("search one session, ms", "across_sessions", "search_session_ms", "{:.1f}"),
+    ]
+    hot = results["hot_path"]
+    lines = [
+        f"# sessionrepo on Citus ({results['when']})",
+        "",
+        f"Hot path: {hot['sessions']} sessions x {hot['flushes']} flushes of {hot['batch']} "
+        f"messages, one writer. Reads across sessions at {results['sessions']:,} sessions.",
+        "",
+        "| | " + " | ".join(names) + " |",
+        "|---|" + "---|" * len(names),
+    ]
+    for label, part, key, form in rows:
+        cells = [form.format(results[name][part][key]) for name in names]
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    for part, title in (("hot_path", "hot path"), ("across_sessions", "reads across sessions")):
+        routing = results["citus"][part]["routing"]
+        lines += [
+            "",
+            f"Routing, {title}: {routing['single_shard']} statements on one shard, "
+            f"{routing['multi_shard']} fanned out "
+            f"({routing['single_shard_share']:.0%} single-shard).",
+        ]
+        lines += [
+            f"- fans out ({'/'.join(map(str, f['tasks']))} tasks, sent {f['sent']}x): "
+            f"`{f['statement']}`"
+            for f in routing["fan_out"]
+        ]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.citus", description=__doc__)
+    parser.add_argument("--citus-url", default=os.environ.get("BENCH_CITUS_URL"))
+    parser.add_argument(
+        "--postgres-url",
+        default=os.environ.get("BENCH_POSTGRES_URL")
+        or os.environ.get("SESSIONREPO_TEST_POSTGRES_URL")
+        or "postgresql://postgres@127.0.0.1:5432/postgres",
+        help="the plain PostgreSQL to compare with ('' for none)",
+    )
+    parser.add_argument("--sessions", type=int, default=100_000)
+    parser.add_argument("--hot-sessions", type=int, default=200)
+    parser.add_argument("--flushes", type=int, default=5)
+    parser.add_argument("--batch", type=int, default=4)
+    parser.add_argument("--repeat", type=int, default=20)
+    parser.add_argument("--quick", action="store_true", help="tiny sizes: a smoke run")
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    args = parser.parse_args(argv)
+    if not args.citus_url:
+        parser.error("a Citus coordinator is needed: --citus-url or BENCH_CITUS_URL")
+    if args.quick:
+        args.sessions, args.hot_sessions, args.flushes, args.repeat = 2000, 20, 2, 3
+    results = run(args)
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / f"citus-{stamp}.json").write_text(json.dumps(results, indent=2, default=str))
+    text = markdown(results)
+    (args.out / f"citus-{stamp}.md").write_text(text)
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

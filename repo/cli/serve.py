@@ -1,0 +1,100 @@
+"""``sessionrepo serve``: the operator console (see :mod:`sessionrepo.web`)."""
+
+from __future__ import annotations
+
+import os
+
+import click
+
+from sessionrepo.cli._common import masked, open_store, url_option
+from sessionrepo.errors import InvalidArgument
+from sessionrepo.ops import missing_sqlite_file
+
+
+@click.command()
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
+@click.option(
+    "--port", default=8765, show_default=True, type=click.IntRange(1, 65535), help="TCP port."
+)
+@click.option(
+    "--allow-writes",
+    is_flag=True,
+    help="Offer the write forms: end/reopen a session, retry dead outbox rows, reindex.",
+)
+@url_option(
+    "--outbox-url",
+    envvar="SESSIONREPO_OUTBOX_URL",
+    help="The gateways' outbox, for the health page (default: the primary's own).",
+)
+@click.pass_obj
+def serve(
+    url: str | None, host: str, port: int, allow_writes: bool, outbox_url: str | None
+) -> None:
+    """Serve the operator console: sessions, transcripts, search, outbox health and
+    /metrics, with a JSON API described at /openapi.json.
+
+    It listens on the loopback only, unless SESSIONREPO_CONSOLE_TOKEN is set (at least
+    16 characters): then any --host is allowed and every client must give the token
+    (the sign-in form, or Authorization: Bearer). It is read-only unless started with
+    --allow-writes. Needs the web extra: pip install 'sessionrepo[web]'.
+
+    \b
+    Example:
+        sessionrepo --url postgresql://app@db/chat serve --port 8765
+        SESSIONREPO_CONSOLE_TOKEN=$(openssl rand -hex 24) sessionrepo serve --host 0.0.0.0
+    """
+    token = os.environ.get("SESSIONREPO_CONSOLE_TOKEN") or None
+    try:
+        from sessionrepo.web import check_bind, create_app
+    except ImportError as exc:
+        raise click.ClickException(
+            f"the console needs the web extra ({exc.name} is missing): "
+            "pip install 'sessionrepo[web]'"
+        ) from None
+    import uvicorn
+
+    try:
+        check_bind(host, token)
+    except InvalidArgument as exc:
+        raise click.UsageError(str(exc)) from None
+    if outbox_url is not None and missing_sqlite_file(outbox_url) is not None:
+        raise click.ClickException(f"no outbox file at {missing_sqlite_file(outbox_url)}")
+    metrics = True
+    try:
+        import prometheus_client  # noqa: F401
+    except ImportError:
+        metrics = False
+    with open_store(url) as repository:
+        outbox = None
+        if outbox_url is not None:
+            from sessionrepo.outbox.table import Outbox
+            from sessionrepo.outbox.writer import open_outbox_database
+
+            outbox = Outbox(open_outbox_database(outbox_url))
+        app = create_app(
+            repository,
+            url=url,
+            outbox_url=outbox_url,
+            outbox=outbox,
+            token=token,
+            allow_writes=allow_writes,
+            metrics=metrics,
+        )
+        mode = "writes allowed" if allow_writes else "read-only"
+        where = f"[{host}]" if ":" in host else host
+        click.echo(
+            masked(f"serving {repository.display_url} at http://{where}:{port}/ ({mode})", url),
+            err=True,
+        )
+        try:
+            uvicorn.run(
+                app,
+                host=host,
+                port=port,
+                log_level="warning",
+                server_header=False,
+                access_log=False,
+            )
+        finally:
+            if outbox is not None:
+                outbox.database.dispose()

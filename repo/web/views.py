@@ -1,0 +1,397 @@
+"""What each console page shows, as plain data: built from the repository's own calls
+(keyset listing, ``seq`` paging, search) and rendered twice, by the HTML templates and by
+the JSON API, so that the two never disagree.
+
+Everything here treats stored data as hostile: it is never turned into markup (the
+templates escape it), an image is shown only as a raster ``data:`` URL that has been
+checked, and invisible or direction-changing characters are made visible.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Final, Literal
+
+from sessionrepo.errors import InvalidArgument, RepoError
+from sessionrepo.models import SearchHit, Session, SessionSummary, StoredMessage
+from sessionrepo.models.outbox import OutboxStatus
+from sessionrepo.ops import DoctorReport
+from sessionrepo.search.query import parse_query
+from sessionrepo.search.text import words
+from sessionrepo.store.repository import SessionRepository
+
+#: Messages per transcript page, sessions per listing page, hits per search page.
+TRANSCRIPT_PAGE: Final = 100
+LISTING_PAGE: Final = 50
+SEARCH_PAGE: Final = 20
+#: Characters of one text shown on a page; the export has the rest.
+TEXT_LIMIT: Final = 20_000
+#: Characters of a JSON value (tool arguments, metadata, an unknown part) shown.
+JSON_LIMIT: Final = 8_000
+
+# Control characters (but newline and tab), bidirectional controls, zero-width and other
+# invisible format characters: shown as <U+XXXX>, so a transcript cannot hide or reorder
+# what the page shows.
+_INVISIBLE: Final = re.compile(
+    "[\x00-\x08\x0b-\x1f\x7f-\x9f\u00ad\u061c\u180e\u200b-\u200f\u202a-\u202e"
+    "\u2060-\u2069\ufeff\ufff9-\ufffb]"
+)
+_RASTER_DATA_URL: Final = re.compile(
+    r"data:image/(?:png|jpeg|gif|webp);base64,[A-Za-z0-9+/]+={0,2}", re.ASCII
+)
+
+
+def visible(text: str) -> str:
+    """``text`` with its invisible and direction-changing characters spelled out."""
+    return _INVISIBLE.sub(lambda match: f"<U+{ord(match.group()):04X}>", text)
+
+
+def clipped(text: str, limit: int = TEXT_LIMIT) -> str:
+    text = visible(text)
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}… ({len(text) - limit:,} more characters: see the export)"
+
+
+def as_json(value: Any, limit: int = JSON_LIMIT) -> str:
+    """A JSON value pretty-printed for reading (escaped by the template, never parsed)."""
+    try:
+        text = json.dumps(value, indent=2, ensure_ascii=False, sort_keys=True, default=str)
+    except (TypeError, ValueError):
+        text = repr(value)
+    return clipped(text, limit)
+
+
+# -- transcript ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Part:
+    """One content part as the page shows it."""
+
+    kind: Literal["text", "image", "file", "other"]
+    text: str = ""
+    #: A checked raster ``data:image/...;base64,`` URL (``image`` only).
+    data_url: str | None = None
+
+
+@dataclass
+class ToolCall:
+    """An assistant's tool call and, when the page has it, the tool's answer."""
+
+    call_id: str
+    name: str
+    arguments: str
+    output: MessageView | None = None
+
+
+@dataclass
+class MessageView:
+    """One message of a transcript page."""
+
+    seq: int
+    role: str
+    timestamp: datetime
+    key: str
+    parts: list[Part]
+    reasoning: str | None
+    tool_calls: list[ToolCall]
+    tool_call_id: str | None
+    tool_name: str | None
+    finish_reason: str | None
+    token_count: int | None
+    extra: str | None
+    #: Labels a later state of the message adds (``retracted``, ``compacted``, ``forked``
+    #: once transcripts can be edited): each becomes a badge and a CSS class.
+    marks: list[str] = field(default_factory=list)
+    #: A tool answer shown inside its call on this page (not again on its own).
+    paired: bool = False
+
+
+def content_parts(content: Any) -> list[Part]:
+    """The parts of a message's content: text, images (OpenAI ``image_url`` and
+    Anthropic-style ``image`` parts with a base64 source), files and anything else as
+    JSON."""
+    if content is None:
+        return []
+    if isinstance(content, str):
+        return [Part("text", clipped(content))]
+    items = content if isinstance(content, list) else [content]
+    return [_part(item) for item in items]
+
+
+def _part(item: Any) -> Part:  # noqa: PLR0911 (one return per kind of part)
+    if isinstance(item, str):
+        return Part("text", clipped(item))
+    if not isinstance(item, dict):
+        return Part("other", as_json(item))
+    kind = item.get("type")
+    if kind in ("text", "input_text", "output_text") and isinstance(item.get("text"), str):
+        return Part("text", clipped(item["text"]))
+    if kind in ("image_url", "input_image", "image"):
+        url = _image_url(item)
+        if url is not None and _RASTER_DATA_URL.fullmatch(url):
+            return Part("image", f"image ({len(url):,} characters)", data_url=url)
+        # An image by address (or an SVG, or malformed): named, never fetched or linked.
+        return Part("other", as_json(item))
+    if kind in ("file", "input_file", "input_audio"):
+        return Part("file", _file_label(item))
+    return Part("other", as_json(item))
+
+
+def _image_url(item: dict[str, Any]) -> str | None:
+    image = item.get("image_url")
+    if isinstance(image, dict):
+        image = image.get("url")
+    if isinstance(image, str):
+        return image
+    source = item.get("source")
+    if isinstance(source, dict) and source.get("type") == "base64":
+        media, data = source.get("media_type"), source.get("data")
+        if isinstance(media, str) and isinstance(data, str):
+            return f"data:{media};base64,{data}"
+    return None
+
+
+def _file_label(item: dict[str, Any]) -> str:
+    body = next((v for k, v in item.items() if k != "type" and isinstance(v, dict)), {})
+    name = body.get("filename") or body.get("file_id") or body.get("format") or "file"
+    data = body.get("file_data") or body.get("data") or ""
+    size = f", {len(data):,} characters of data" if isinstance(data, str) and data else ""
+    return visible(f"{item.get('type')}: {name}{size}")
+
+
+def message_view(message: StoredMessage) -> MessageView:
+    calls = []
+    for number, call in enumerate(message.tool_calls or []):
+        function = call.get("function") if isinstance(call, dict) else None
+        function = function if isinstance(function, dict) else {}
+        call_id = call.get("id") if isinstance(call, dict) else None
+        arguments = function.get("arguments")
+        if isinstance(arguments, str):
+            try:
+                arguments = as_json(json.loads(arguments))
+            except ValueError:
+                arguments = clipped(arguments, JSON_LIMIT)
+        else:
+            arguments = as_json(arguments if arguments is not None else call)
+        calls.append(
+            ToolCall(
+                call_id=visible(str(call_id if call_id is not None else f"#{number}")),
+                name=visible(str(function.get("name") or "tool")),
+                arguments=arguments,
+            )
+        )
+    return MessageView(
+        seq=message.seq,
+        # A Responses-API item has no role: it is shown (and styled) as its type.
+        role=message.role or visible(f"item: {message.item_type or 'unknown'}"),
+        timestamp=message.timestamp,
+        key=str(message.client_msg_uuid),
+        parts=content_parts(message.content),
+        reasoning=None if message.reasoning is None else clipped(message.reasoning),
+        tool_calls=calls,
+        tool_call_id=None if message.tool_call_id is None else visible(message.tool_call_id),
+        tool_name=None if message.tool_name is None else visible(message.tool_name),
+        finish_reason=message.finish_reason,
+        token_count=message.token_count,
+        extra=as_json(message.extra) if message.extra else None,
+        marks=[message.superseded] if message.superseded else [],
+    )
+
+
+def pair_tool_outputs(views: Sequence[MessageView]) -> list[MessageView]:
+    """Put each tool answer inside the call it answers when both are on the page; the
+    answers so placed are marked ``paired`` (the page shows them only there)."""
+    open_calls: dict[str, ToolCall] = {}
+    for view in views:
+        for call in view.tool_calls:
+            open_calls[call.call_id] = call
+        if view.role == "tool" and view.tool_call_id is not None:
+            answered = open_calls.pop(view.tool_call_id, None)
+            if answered is not None and answered.output is None:
+                answered.output = view
+                view.paired = True
+    return list(views)
+
+
+@dataclass
+class TranscriptPage:
+    session: Session
+    #: The session and its ancestors, oldest first.
+    chain: list[Session]
+    #: The live end of its continuation chain (itself when it has no child).
+    tip: Session
+    messages: list[MessageView]
+    #: ``after=`` of the next page, ``before=`` of the previous one (``None``: none).
+    next_after: int | None
+    previous_before: int | None
+
+
+def transcript_page(
+    repository: SessionRepository,
+    session_id: str,
+    *,
+    after: int | None = None,
+    before: int | None = None,
+    limit: int = TRANSCRIPT_PAGE,
+) -> TranscriptPage:
+    if after is not None and before is not None:
+        raise InvalidArgument("before", "give after or before, not both")
+    session = repository.get_session(session_id)
+    chain = repository.session_chain(session_id)
+    tip = repository.resolve_tip(session_id)
+    next_after: int | None
+    if before is not None:
+        loaded = repository.load_transcript(session_id, before_seq=before, limit=limit + 1)
+        page = loaded[-limit:]
+        # Paging back from ``before``: the messages from there on are the next page.
+        next_after = page[-1].seq if page else max(before - 1, 0)
+        previous_before = page[0].seq if len(loaded) > limit else None
+    else:
+        loaded = repository.load_transcript(session_id, after_seq=after, limit=limit + 1)
+        page = loaded[:limit]
+        next_after = page[-1].seq if len(loaded) > limit else None
+        previous_before = None if after is None else (page[0].seq if page else after + 1)
+    views = pair_tool_outputs([message_view(m) for m in page])
+    return TranscriptPage(
+        session=session,
+        chain=chain,
+        tip=tip,
+        messages=views,
+        next_after=next_after,
+        previous_before=previous_before,
+    )
+
+
+# -- listing ------------------------------------------------------------------------------
+
+
+@dataclass
+class ListingPage:
+    sessions: list[SessionSummary]
+    next_cursor: str | None
+
+
+def listing_page(
+    repository: SessionRepository,
+    *,
+    source: str | None = None,
+    user_id: str | None = None,
+    status: Literal["open", "ended"] | None = None,
+    since: datetime | None = None,
+    cursor: str | None = None,
+    limit: int = LISTING_PAGE,
+) -> ListingPage:
+    """A page of the repository's own keyset listing (newest activity first). ``since``
+    ends the listing at the first session last active before it: the order makes every
+    later one older still, so no page after it is read."""
+    page = repository.list_sessions(
+        source=source, user_id=user_id, status=status, limit=limit, cursor=cursor
+    )
+    if since is None:
+        return ListingPage(list(page.sessions), page.next_cursor)
+    kept = [s for s in page.sessions if s.last_active_at is not None and s.last_active_at >= since]
+    return ListingPage(kept, page.next_cursor if len(kept) == len(page.sessions) else None)
+
+
+# -- search -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Fragment:
+    text: str
+    match: bool
+
+
+@dataclass
+class HitView:
+    hit: SearchHit
+    fragments: list[Fragment]
+
+
+_MARK: Final = re.compile(r"\[([^\[\]]+)\]")
+
+
+def highlighted(snippet: str, query: str) -> list[Fragment]:
+    """The snippet cut into plain and matched fragments. The store marks matches with
+    brackets; a bracketed run counts as a match only when its words are the query's (a
+    bracket the message itself contains stays plain text)."""
+    parsed = parse_query(query)
+    wanted = list(parsed.positive)
+
+    def is_match(text: str) -> bool:
+        found = words(text)
+        return bool(found) and any(
+            any(w == t or (term.prefix and w.startswith(t)) for w in found for t in term.words)
+            for term in wanted
+        )
+
+    fragments: list[Fragment] = []
+    cursor = 0
+    for mark in _MARK.finditer(snippet):
+        if not is_match(mark.group(1)):
+            continue
+        if mark.start() > cursor:
+            fragments.append(Fragment(visible(snippet[cursor : mark.start()]), False))
+        fragments.append(Fragment(visible(mark.group(1)), True))
+        cursor = mark.end()
+    if cursor < len(snippet):
+        fragments.append(Fragment(visible(snippet[cursor:]), False))
+    return fragments
+
+
+@dataclass
+class SearchPage:
+    hits: list[HitView]
+    #: ``cursor=`` of the next page (``None``: no more hits).
+    next_cursor: int | None
+
+
+def search_page(
+    repository: SessionRepository,
+    query: str,
+    *,
+    cursor: int = 0,
+    limit: int = SEARCH_PAGE,
+    order: Literal["rank", "newest"] = "rank",
+    **filters: Any,
+) -> SearchPage:
+    hits = repository.search(query, order=order, limit=limit + 1, cursor=cursor, **filters)
+    views = [HitView(hit, highlighted(hit.snippet, query)) for hit in hits[:limit]]
+    return SearchPage(views, cursor + limit if len(hits) > limit else None)
+
+
+# -- health -------------------------------------------------------------------------------
+
+
+@dataclass
+class HealthPage:
+    doctor: DoctorReport
+    #: ``None`` with ``outbox_error`` set when the outbox could not be read.
+    outbox: OutboxStatus | None
+    outbox_error: str | None
+    search_backlog: int | None
+    search_state: str | None
+    search_reason: str | None
+    search_error: str | None
+
+
+def one_line(error: BaseException) -> str:
+    return " ".join(str(error).split()) or type(error).__name__
+
+
+def search_health(
+    repository: SessionRepository,
+) -> tuple[int | None, str | None, str | None, str | None]:
+    """The search backlog and index state, or the one-line reason they are unknown."""
+    try:
+        backlog = repository.search_index_backlog()
+        state, reason = repository.search_index_state()
+    except RepoError as exc:
+        return None, None, None, one_line(exc)
+    return backlog, state, reason, None
