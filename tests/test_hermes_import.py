@@ -16,6 +16,7 @@ from __future__ import annotations
 import ast
 import base64
 import json
+import re
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -45,7 +46,6 @@ from sessionrepo import BackendUnavailable, SessionRepository, StoredMessage, op
 from sessionrepo.cli.hermes import EXIT_ATTENTION, SHOWN
 from sessionrepo.cli.hermes import import_hermes as command
 from sessionrepo.importers.hermes import (
-    HISTORY_SUFFIX,
     HermesImportError,
     HermesImportReport,
     HermesImportSummary,
@@ -138,14 +138,18 @@ def store(database_url: str) -> Iterator[SessionRepository]:
     repository.close()
 
 
-def all_messages(repo: SessionRepository) -> dict[str, list[StoredMessage]]:
-    """Every stored transcript, by session id."""
+def all_messages(
+    repo: SessionRepository, *, include_retracted: bool = False
+) -> dict[str, list[StoredMessage]]:
+    """Every stored transcript (the live one, or every message), by session id."""
     found: dict[str, list[StoredMessage]] = {}
     cursor = None
     while True:
         page = repo.list_sessions(limit=100, cursor=cursor)
         for session in page.sessions:
-            found[session.id] = repo.load_transcript(session.id)
+            found[session.id] = repo.load_transcript(
+                session.id, include_retracted=include_retracted
+            )
         if page.next_cursor is None:
             return found
         cursor = page.next_cursor
@@ -157,9 +161,10 @@ def provenance(message: StoredMessage) -> dict[str, Any]:
 
 
 def by_row_id(repo: SessionRepository) -> dict[int, tuple[str, StoredMessage]]:
-    """Stored messages that came from ``state.db`` rows, by Hermes row id."""
+    """Stored messages that came from ``state.db`` rows, by Hermes row id (the retracted
+    ones too)."""
     found: dict[int, tuple[str, StoredMessage]] = {}
-    for session_id, messages in all_messages(repo).items():
+    for session_id, messages in all_messages(repo, include_retracted=True).items():
         for message in messages:
             hermes = provenance(message)
             if "spool_file" not in hermes:
@@ -267,11 +272,10 @@ def test_every_row_arrives_with_every_column(
     assert summary.possible_duplicates == []
     assert summary.sessions_read == 4
     assert (summary.sessions_without_row, summary.sessions_only_in_spool) == (1, 1)
-    assert summary.history_sessions == 2  # a's and c's
 
-    # Each row once, in its session (the rows that are not conversation in the #history
-    # companion), with every column; the rows whose values could not be stored are
-    # checked below.
+    # Each row once, in its own session (the rows that are not conversation retracted
+    # there), with every column; the rows whose values could not be stored are checked
+    # below.
     stored = by_row_id(store)
     assert set(stored) == {row["id"] for row in db.rows}
     moved = {
@@ -282,22 +286,26 @@ def test_every_row_arrives_with_every_column(
     }
     for row, state in zip(db.rows, states, strict=True):
         session_id, message = stored[row["id"]]
-        expected = row["session_id"] + (HISTORY_SUFFIX if state else "")
-        assert session_id == expected, row["id"]
+        assert session_id == row["session_id"], row["id"]
+        assert message.superseded == ("retracted" if state else None), row["id"]
         assert_row_stored(row, message, moved.get(row["id"], frozenset()))
 
-    # Transcript order is Hermes' id order; the live transcript has only conversation.
+    # Transcript order is Hermes' id order, the retracted rows where Hermes had them; the
+    # live transcript has only conversation.
     transcripts = all_messages(store)
-    for session_id, messages in transcripts.items():
+    everything = all_messages(store, include_retracted=True)
+    assert set(everything) == set(transcripts) == {*db.sessions, s.ghost, s.spool_only}
+    for session_id, messages in everything.items():
         ids = [m.extra["hermes"]["id"] for m in messages if "id" in m.extra["hermes"]]
-        assert ids == sorted(ids), session_id
+        assert ids == [r["id"] for r in db.rows if r["session_id"] == session_id], session_id
+        assert [m.seq for m in messages] == list(range(1, len(messages) + 1))
     live_a = [m.extra["hermes"]["id"] for m in transcripts[s.a]]
     assert live_a == [s.ids[n] for n in ("a_summary", "a_image_copy", "a_answer", "a_last")]
-    history_a = [m.extra["hermes"]["id"] for m in transcripts[s.a + HISTORY_SUFFIX]]
-    assert history_a == [
+    retracted_a = [m for m in everything[s.a] if m.superseded is not None]
+    assert [provenance(m)["id"] for m in retracted_a] == [
         s.ids[n] for n in ("a_user", "a_call", "a_tool", "a_image", "a_undone", "a_meta")
     ]
-    assert [provenance(m)["state"] for m in transcripts[s.a + HISTORY_SUFFIX]] == [
+    assert [provenance(m)["state"] for m in retracted_a] == [
         "archived",
         "archived",
         "archived",
@@ -305,7 +313,9 @@ def test_every_row_arrives_with_every_column(
         "rewound",
         "session_meta",
     ]
-    assert [provenance(m)["id"] for m in transcripts[s.c + HISTORY_SUFFIX]] == [s.ids["c_hidden"]]
+    assert {m.superseded for m in retracted_a} == {"retracted"}
+    retracted_c = [m for m in everything[s.c] if m.superseded is not None]
+    assert [provenance(m)["id"] for m in retracted_c] == [s.ids["c_hidden"]]
 
     # The BLOB is stored as its bytes, not moved aside.
     assert not any(p.field == "display_identity" for p in summary.moved_aside)
@@ -336,7 +346,9 @@ def test_each_live_transcript_is_what_hermes_presents_message_by_message(
     s = clean
     run_import(database_url, s.home)
     stored = all_messages(store)
+    everything = all_messages(store, include_retracted=True)
     sessions = [*s.db.sessions, s.ghost, s.spool_only]
+    rows = list(s.db.rows)
 
     s.db.close()  # the gateway stops, starts again and replays its spool
     assert hermes_restart(s.home)
@@ -355,6 +367,34 @@ def test_each_live_transcript_is_what_hermes_presents_message_by_message(
         live = [presented(m) for m in without_dumps(stored[session_id])]
         assert live == expected, session_id
         assert len(live) == len(expected) > 0
+    # Every row is stored, in its own session in id order, the ones Hermes' reader does
+    # not show retracted there; no companion session.
+    assert all_messages(store, include_retracted=True) == everything
+    assert sorted(everything) == sorted(sessions)
+    marked: set[tuple[str, int]] = set()
+    for session_id in sessions:
+        from_rows = [m for m in everything[session_id] if "spool_file" not in provenance(m)]
+        own = [row for row in rows if row["session_id"] == session_id]
+        assert [provenance(m)["id"] for m in from_rows] == [row["id"] for row in own]
+        for row, message in zip(own, from_rows, strict=True):
+            assert message.superseded == ("retracted" if row_state(row) else None), row["id"]
+            if message.superseded:
+                marked.add((session_id, message.seq))
+    assert len(marked) == 7
+    # Search finds none of them (after catching up, too), and finds the conversation.
+    store.catch_up_search_index()
+    for query in ("oops wrong chat", "budget note", "sunny", "title_set"):
+        assert store.search(query) == [], query
+    tram = [provenance(m)["id"] for m in stored[s.a] if "tram" in str(m.content)]
+    assert len(tram) == 2
+    hits = {(hit.session_id, hit.seq) for hit in store.search("tram")}
+    assert hits == {(s.a, m.seq) for m in stored[s.a] if "tram" in str(m.content)}
+    for session_id, messages in everything.items():
+        for message in messages:
+            if message.superseded and isinstance(message.content, str):
+                words = " ".join(re.findall(r"[^\W_]+", message.content))
+                hits = store.search(words, session_id=session_id)
+                assert not {(h.session_id, h.seq) for h in hits} & marked, message.content
     # Tool calls and multimodal parts are in the comparison.
     assert any(m["tool_calls"] for m in hermes_view(s.home / "state.db", s.c))
     assert any(isinstance(m["content"], list) for m in hermes_view(s.home / "state.db", s.a))
@@ -422,7 +462,7 @@ def test_sessions_keep_every_column_the_profile_and_the_compression_chain(
                 assert hermes[column] == value, (session_id, column)
 
     # Dated by their own history (newest message, or end), not by the import.
-    for session_id in [*db.sessions, s.a + HISTORY_SUFFIX]:
+    for session_id in db.sessions:
         session = store.get_session(session_id)
         times = [m.timestamp for m in store.load_transcript(session_id)]
         times += [t for t in (session.started_at, session.ended_at) if t is not None]
@@ -441,12 +481,7 @@ def test_sessions_keep_every_column_the_profile_and_the_compression_chain(
 
     assert (a.end_reason, b.end_reason, c.ended_at) == ("compression", "compression", None)
     assert [x.id for x in store.session_chain(s.c)] == [s.a, s.b, s.c]
-    assert store.resolve_tip(s.a).id == s.c  # never the #history companion
-    history = store.get_session(s.a + HISTORY_SUFFIX)
-    assert history.parent_session_id is None
-    assert history.ended_at is not None
-    assert history.metadata["hermes"]["history_of"] == s.a
-    assert (history.source, history.user_id) == ("telegram", "42")
+    assert store.resolve_tip(s.a).id == s.c
     for other in (s.ghost, s.spool_only):
         assert store.get_session(other).metadata["hermes"]["profile"] == "default"
 
@@ -675,14 +710,17 @@ def test_import_again_inserts_nothing(
 ) -> None:
     first = run_import(database_url, modern.home, expect=EXIT_ATTENTION)
     before = all_messages(store)
+    everything = all_messages(store, include_retracted=True)
 
     again = run_import(database_url, modern.home, expect=EXIT_ATTENTION)
 
     assert again.messages_inserted == 0
     assert again.messages_already_present == first.messages_read == 34
-    assert (again.messages_changed, again.sessions_new, again.history_sessions) == (0, 0, 0)
+    assert (again.messages_changed, again.sessions_new) == (0, 0)
+    assert again.archived_since_import == []
     assert again.inbound_inserted == 0
     assert all_messages(store) == before
+    assert all_messages(store, include_retracted=True) == everything
     # A copy of the home elsewhere is the same source: keys do not depend on the path.
     copy = tmp_path / "elsewhere" / "hermes-copy"
     shutil.copytree(modern.home, copy)
@@ -702,6 +740,7 @@ def test_import_twice_hermes_restarts_import_again_stores_every_message_once(
     second = run_report(database_url, s.home)
     assert snapshot(s.home) == before
     stored = all_messages(store)
+    everything = all_messages(store, include_retracted=True)
 
     s.db.close()
     replayed = hermes_restart(s.home) + hermes_restart(s.home / "profiles" / "work")
@@ -721,6 +760,10 @@ def test_import_twice_hermes_restarts_import_again_stores_every_message_once(
     assert root.messages_seen_by_another_route == 6
     assert [p.field for p in root.duplicate_rows] == ["message_uid"]
     assert all_messages(store) == stored
+    assert all_messages(store, include_retracted=True) == everything
+    assert sorted(everything) == sorted(
+        [*s.db.sessions, s.ghost, s.spool_only, "work_20250105_0900"]
+    )  # no companion session
     # Every message once: no key twice, and no content twice where Hermes had it once.
     for session_id, messages in stored.items():
         keys = [m.client_msg_uuid for m in messages]
@@ -789,13 +832,43 @@ def test_rows_hermes_changed_since_an_earlier_import_are_reported(
 
     again = run_import(database_url, s.home, expect=EXIT_ATTENTION)
 
-    assert again.messages_inserted == 2  # the copy, and the archived row in c#history
+    assert again.messages_inserted == 1  # the copy; the archived row is the one stored
+    # Only the edit is a change; the archived row is retracted, not a conflict.
     assert [p.where for p in again.changed] == [f"state.db messages.id={s.ids['cron_answer']}"]
     assert [p.where for p in again.archived_since_import] == [
         f"state.db messages.id={s.ids['c_user']}"
     ]
+    c = store.load_transcript(s.c, include_retracted=True)
+    archived = next(m for m in c if provenance(m).get("id") == s.ids["c_user"])
+    assert archived.superseded == "retracted"
+    assert archived.client_msg_uuid == uid_key(c_uid)
+    assert archived.extra["hermes"].get("state") is None  # the stored row, as it was stored
+    assert s.ids["c_user"] not in [provenance(m).get("id") for m in store.load_transcript(s.c)]
     cron = {provenance(m).get("id"): m for m in store.load_transcript(s.cron)}
     assert cron[s.ids["cron_answer"]].content == "Nothing new today."  # stored row kept
+
+
+def test_a_row_archived_since_an_earlier_import_is_retracted_and_needs_nobody(
+    clean: ModernHome, database_url: str, store: SessionRepository
+) -> None:
+    s = clean
+    run_import(database_url, s.home)
+    s.db.execute("UPDATE messages SET active = 0 WHERE id = ?", s.ids["a_answer"])  # rewound
+
+    again = run_import(database_url, s.home)  # exit 0: nothing needs a person
+
+    assert (again.messages_inserted, again.messages_changed) == (0, 0)
+    assert [p.where for p in again.archived_since_import] == [
+        f"state.db messages.id={s.ids['a_answer']}"
+    ]
+    live = store.load_transcript(s.a)
+    assert s.ids["a_answer"] not in [provenance(m)["id"] for m in live]
+    assert [presented(m) for m in live] == hermes_view(s.home / "state.db", s.a)
+    assert store.search("tram line") == []
+    stored = {provenance(m)["id"]: m for m in store.load_transcript(s.a, include_retracted=True)}
+    assert stored[s.ids["a_answer"]].superseded == "retracted"
+    third = run_import(database_url, s.home)
+    assert (third.messages_inserted, third.archived_since_import) == (0, [])
 
 
 def test_a_message_the_store_refuses_is_reported_and_the_rest_stored(
@@ -977,7 +1050,7 @@ def test_a_version_2_state_db(database_url: str, store: SessionRepository, tmp_p
     assert parent.model_settings == {"temperature": 1}
     assert parent.metadata["hermes"]["message_count"] == 4
     assert store.resolve_tip(v2.parent).id == v2.child
-    assert not any(sid.endswith(HISTORY_SUFFIX) for sid in all_messages(store))
+    assert sorted(all_messages(store)) == sorted(v2.db.sessions)  # no companion session
     for session_id in (v2.parent, v2.child):
         expected = hermes_view(v2.path, session_id)
         assert [presented(m) for m in store.load_transcript(session_id)] == expected

@@ -84,9 +84,10 @@ def import_hermes(
     Every session and message comes over once, whatever route it took (a state.db row,
     a spooled payload, the shutdown agent-history dump); inbound user messages the agent
     never processed are appended to the session Hermes would give them to. Rows that are
-    not conversation (archived, rewound, hidden, session_meta) are kept in a companion
-    "<id>#history" session. Running it again, or after Hermes restarted and replayed its
-    spool, inserts nothing already stored.
+    not conversation (archived, rewound, hidden, session_meta) are stored in their
+    session, in Hermes' order, and retracted (kept, out of the live transcript and
+    search); one an earlier import stored live is retracted now. Running it again, or
+    after Hermes restarted and replayed its spool, inserts nothing already stored.
 
     \b
     Exit status:
@@ -95,8 +96,7 @@ def import_hermes(
         2  usage error
         3  imported, but something needs a person: unparseable spool files (left in
            place), messages stored earlier with other content or refused by the
-           store, rows taken out of the conversation since an earlier import,
-           inbound messages no session takes, a session id in two profiles
+           store, inbound messages no session takes, a session id in two profiles
 
     \b
     Example:
@@ -218,10 +218,6 @@ def _attention(summary: HermesImportSummary) -> list[tuple[str, list[str]]]:
         ),
         ("messages stored earlier with other content (stored one kept)", _lines(summary.changed)),
         ("messages the store refused (still in the source)", _lines(summary.rejected)),
-        (
-            "rows taken out of the conversation since an earlier import",
-            _lines(summary.archived_since_import),
-        ),
         ("inbound messages no session takes", _lines(summary.inbound_undelivered)),
     ]
 
@@ -241,6 +237,10 @@ def _information(summary: HermesImportSummary) -> list[tuple[str, list[str]]]:
             _lines(summary.possible_duplicates),
         ),
         ("rows Hermes stored twice (kept once)", _lines(summary.duplicate_rows)),
+        (
+            "rows taken out of the conversation since an earlier import (retracted now)",
+            _lines(summary.archived_since_import),
+        ),
         ("delegation results never delivered", _lines(summary.pending_delegations)),
         ("notes", _lines(summary.notes)),
     ]
@@ -293,7 +293,7 @@ def _print_summary(summary: HermesImportSummary) -> None:
     )
     if summary.set_aside_rows:
         kept = ", ".join(f"{count:,} {state}" for state, count in summary.set_aside_rows.items())
-        echo(f"  not conversation {kept}: kept in '<id>#history' sessions")
+        echo(f"  not conversation {kept}: stored in their sessions, retracted")
     if summary.spool_files:
         kinds = ", ".join(
             f"{count:,} {KIND_LABELS.get(kind, kind)}"

@@ -47,11 +47,15 @@ transcript to a provider.
 keeps them out of the model's history: ``active = 0`` (``archived`` by compaction, or
 ``rewound``), ``display_kind = 'hidden'`` and ``role = 'session_meta'`` bookkeeping rows
 (stored with role ``system``, the Hermes role in ``extra["hermes"]["role"]``). Each has its
-state in ``extra["hermes"]["state"]``. Until the store can retract messages (issue 14),
-they are stored, in ``id`` order, in a companion session ``"<id>#history"`` (ended,
-``metadata["hermes"]["history_of"]`` naming the live session, no parent, so that it is never
-taken for a continuation); :meth:`_Importer._set_aside` is the one place that decides it.
-So ``load_transcript(id)`` is the conversation Hermes' own reader presents.
+state in ``extra["hermes"]["state"]``. They are stored in their own session, in ``id``
+order with the other rows (each ``seq`` where Hermes had it), and retracted there
+(``superseded == "retracted"``; the store's ``compacted`` state is only set by its own
+``compact``, which writes a summary, so an archived row is retracted too and says
+``archived`` in its state): :meth:`_Importer._set_aside` is the one place that decides
+it. So ``load_transcript(id)`` is the conversation Hermes' own reader presents,
+``load_transcript(id, include_retracted=True)`` every row, and ``search`` finds none of
+these. A row an earlier import stored live that Hermes took out of the conversation since
+is retracted by the next import (listed in ``archived_since_import``).
 
 **Keys: one per logical message, whatever route it took.** A message can be read as a
 ``state.db`` row, as a kind-3 payload (and, after a Hermes restart replayed it, as a row),
@@ -158,8 +162,6 @@ from sessionrepo.store.repository import SessionRepository
 __all__ = [
     "BATCH_SIZE",
     "DEFAULT_PROFILE",
-    "HISTORY_END_REASON",
-    "HISTORY_SUFFIX",
     "JSON_CONTENT_MARK",
     "KIND_NAMES",
     "NAMESPACE",
@@ -184,10 +186,6 @@ __all__ = [
 
 #: The uuid5 namespace of every key this importer makes (see :func:`uid_key`).
 NAMESPACE: Final = uuid.UUID("0b4f6c1e-8a57-5d0c-9e3a-6d2f1b7c4a90")
-#: Suffix of the companion session holding a session's non-conversation rows.
-HISTORY_SUFFIX: Final = "#history"
-#: ``end_reason`` of a companion history session.
-HISTORY_END_REASON: Final = "hermes_history"
 #: ``metadata["hermes"]["profile"]`` of the sessions of a root Hermes home.
 DEFAULT_PROFILE: Final = "default"
 #: Most messages written per transaction.
@@ -465,6 +463,11 @@ class _Pending:
     messages: list[Message] = dataclasses.field(default_factory=list)
     wheres: list[str] = dataclasses.field(default_factory=list)
     kinds: list[str] = dataclasses.field(default_factory=list)
+    #: Keys of the rows that are not conversation, to retract once the writes are done
+    #: (a row the store rejected is taken out again).
+    marked: dict[uuid.UUID, str] = dataclasses.field(default_factory=dict)
+    #: Keys this run inserted.
+    inserted: set[uuid.UUID] = dataclasses.field(default_factory=set)
 
 
 @dataclasses.dataclass
@@ -534,6 +537,32 @@ def _spool_kind(message: Message) -> Any:
     return None
 
 
+#: The ``extra["hermes"]`` columns that say whether a row is part of the conversation.
+_STATE_COLUMNS: Final = ("active", "compacted", "state")
+
+
+def _same_but_state(new: Message, stored: StoredMessage) -> bool:
+    """The same row, stored earlier: only whether it is part of the conversation
+    (``extra.hermes.active/compacted/state``) changed since."""
+    if _route(new) != "row" or _route(stored) != "row":
+        return False
+    mine = new.model_dump(exclude={"extra"})
+    theirs = stored.model_dump(include=set(mine) | {"extra"})
+    extra = theirs.pop("extra")
+    if mine != theirs or set(extra) != set(new.extra):
+        return False
+    return all(
+        _stateless(value) == _stateless(extra[name]) if name == "hermes" else value == extra[name]
+        for name, value in new.extra.items()
+    )
+
+
+def _stateless(hermes: Any) -> Any:
+    if not isinstance(hermes, dict):
+        return hermes
+    return {name: value for name, value in hermes.items() if name not in _STATE_COLUMNS}
+
+
 def _same_message(new: Message, stored: StoredMessage, kind: str) -> bool:
     """The same logical message read by another route (spool then, row now, or back)."""
     if _route(new) == _route(stored):
@@ -573,7 +602,6 @@ class _Importer:
             "sessions_new": 0,
             "sessions_without_row": 0,
             "sessions_only_in_spool": 0,
-            "history_sessions": 0,
             "rows_read": 0,
             "inactive_rows": 0,
             "spool_messages_read": 0,
@@ -667,7 +695,6 @@ class _Importer:
             unparseable
             or counts["messages_changed"]
             or counts["messages_rejected"]
-            or lists["archived_since_import"]
             or lists["inbound_undelivered"]
         )
         return HermesImportSummary(
@@ -853,8 +880,6 @@ class _Importer:
         create: bool,
     ) -> None:
         live = _Pending(sid)
-        history: _Pending | None = None
-        history_inserted: dict[uuid.UUID, str] = {}
         keys = _Keys(raw)
         last_time = fields.get("started_at")
         created = not create
@@ -875,9 +900,7 @@ class _Importer:
             self.set_aside[state] += 1
             if row.get("active") in (0, "0"):
                 self.counts["inactive_rows"] += 1
-            if history is None:
-                history = _Pending(self._history_session(sid, fields, message))
-            history_inserted |= self._set_aside(history, message, where, kind)
+            self._set_aside(live, message, where, kind)
         for item in spooled:
             self.counts["spool_messages_read"] += 1
             built_spool = self._spool_message(item, sid, keys)
@@ -903,13 +926,12 @@ class _Importer:
                 self._inbound_keys.add(message.client_msg_uuid)
             self._add(live, message, where, kind)
         self._flush(live)
+        if live.marked:
+            if existed:
+                self._check_archived(sid, live.marked, live.inserted)
+            self.repo.retract(sid, list(live.marked))
         if not existed:
             self._settle_activity(sid, fields)
-        if history is not None:
-            history_inserted |= self._flush(history)
-            self._settle_activity(history.session_id, fields)
-        if existed and history_inserted:
-            self._check_archived(sid, history_inserted)
 
     def _replayed_inbound(self, sid: str, role: Any, timestamp: Any, by_content: uuid.UUID) -> bool:
         """Whether a row is inbound text an earlier import delivered from the spool, which
@@ -926,23 +948,24 @@ class _Importer:
         if known is None:
             known = {
                 message.client_msg_uuid
-                for message in self.repo.load_transcript(sid)
+                for message in self.repo.load_transcript(sid, include_retracted=True)
                 if _route(message) == "spool" and _spool_kind(message) in (1, 2)
             }
             self._stored_inbound[sid] = known
         return by_content in known
 
-    def _set_aside(
-        self, history: _Pending, message: Message, where: str, kind: str
-    ) -> dict[uuid.UUID, str]:
+    def _set_aside(self, pending: _Pending, message: Message, where: str, kind: str) -> None:
         """Keep a non-conversation row out of the live transcript.
 
-        The one place that decides where such rows go. Until the store can retract
-        messages (issue 14), they go to the companion history session; with
-        ``retract(session_id, keys)`` they will be appended to their own session in ``id``
-        order and retracted there (their state is already in ``extra["hermes"]["state"]``).
+        The one place that decides where such rows go: appended to their own session in
+        ``id`` order with the other rows (so its ``seq`` is where Hermes had it), and
+        retracted once the session's writes are done (``_import_messages``). Retracted,
+        not ``compacted``: the store marks ``compacted`` only by its own ``compact``, which
+        writes a summary; Hermes' state (``archived``, ``rewound``, ``session_meta``,
+        ``hidden``) is in ``extra["hermes"]["state"]``.
         """
-        return self._add(history, message, where, kind)
+        pending.marked[message.client_msg_uuid] = where
+        self._add(pending, message, where, kind)
 
     def _settle_activity(self, sid: str, fields: Mapping[str, Any]) -> None:
         """Date a session this import created by its own history: its last activity is
@@ -956,31 +979,6 @@ class _Importer:
         if not known:
             return
         self.repo.backdate_activity(sid, max(known), stamped_since=self._began)
-
-    def _history_session(self, sid: str, fields: Mapping[str, Any], first: Message) -> str:
-        if len(sid) + len(HISTORY_SUFFIX) <= MAX_ID_LENGTH:
-            history = sid + HISTORY_SUFFIX
-        else:
-            history = f"hermes-history-{uuid.uuid5(NAMESPACE, f'history:{sid}')}"
-        if not self._exists(history):
-            self.counts["history_sessions"] += 1
-        values = {name: fields[name] for name in ("source", "user_id", "model") if name in fields}
-        self.repo.create_session(
-            history,
-            **values,
-            started_at=fields.get("started_at", first.timestamp),
-            ended_at=fields.get("ended_at", first.timestamp),
-            end_reason=HISTORY_END_REASON,
-            metadata={
-                "hermes": {
-                    "history_of": sid,
-                    "profile": self.profile,
-                    "holds": "rows that are not part of the conversation (archived by "
-                    "compaction, undone by rewind, hidden, session_meta), in id order",
-                }
-            },
-        )
-        return history
 
     def _row_message(
         self, row: dict[str, Any], sid: str, last_time: Any, keys: _Keys
@@ -1165,6 +1163,7 @@ class _Importer:
                 if match is None:
                     raise
                 index = int(match.group(1))
+                pending.marked.pop(messages[index].client_msg_uuid, None)
                 self.counts["messages_rejected"] += 1
                 self.lists["rejected"].append(
                     Problem(
@@ -1180,6 +1179,7 @@ class _Importer:
                 m.client_msg_uuid: (m, w, k)
                 for m, w, k in zip(messages, wheres, kinds, strict=True)
             }
+            pending.inserted.update(result.inserted)
             for key in result.inserted:
                 inserted[key] = by_key[key][1]
                 if key in self._inbound_keys:
@@ -1206,13 +1206,20 @@ class _Importer:
         (already present), or a message Hermes changed since (listed)."""
         if not conflicts:
             return
-        stored = {m.client_msg_uuid: m for m in self.repo.load_transcript(sid)}
+        stored = {
+            m.client_msg_uuid: m for m in self.repo.load_transcript(sid, include_retracted=True)
+        }
         for key in conflicts:
             message, where, kind = by_key[key]
             earlier = stored.get(key)
             if earlier is not None and _same_message(message, earlier, kind):
                 self.counts["messages_already_present"] += 1
                 self.counts["messages_seen_by_another_route"] += 1
+                continue
+            if earlier is not None and _same_but_state(message, earlier):
+                # Taken out of (or back into) the conversation by Hermes since: the
+                # stored row is the same message; _check_archived retracts it.
+                self.counts["messages_already_present"] += 1
                 continue
             self.counts["messages_changed"] += 1
             self.lists["changed"].append(
@@ -1224,18 +1231,22 @@ class _Importer:
                 )
             )
 
-    def _check_archived(self, sid: str, history_inserted: dict[uuid.UUID, str]) -> None:
+    def _check_archived(
+        self, sid: str, marked: Mapping[uuid.UUID, str], inserted: set[uuid.UUID]
+    ) -> None:
+        """List the rows an earlier import stored live that Hermes has taken out of the
+        conversation since: the retraction that follows takes them out here too."""
         live = {message.client_msg_uuid for message in self.repo.load_transcript(sid)}
-        for key, where in history_inserted.items():
-            if key in live:
+        for key, where in marked.items():
+            if key in live and key not in inserted:
                 self.lists["archived_since_import"].append(
                     Problem(
                         where=where,
                         session_id=sid,
                         field="active",
                         problem="stored as live by an earlier import, taken out of the "
-                        "conversation by Hermes since: the live copy is kept (append-only) "
-                        "and the row is in the history session too",
+                        "conversation by Hermes since: retracted now (kept, with its state "
+                        "in extra.hermes.state)",
                     )
                 )
 

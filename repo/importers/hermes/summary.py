@@ -84,13 +84,11 @@ class HermesImportSummary(BaseModel):
     sessions_without_row: int = 0
     #: Sessions known only from spool messages.
     sessions_only_in_spool: int = 0
-    #: Companion ``<id>#history`` sessions holding the rows that are not conversation.
-    history_sessions: int = 0
 
     #: ``state.db`` message rows plus spool transcript messages.
     messages_read: int = 0
     rows_read: int = 0
-    #: Rows with ``active = 0``, stored in the ``#history`` sessions.
+    #: Rows with ``active = 0`` (stored in their session, retracted).
     inactive_rows: int = 0
     #: Rows kept out of the live transcript, by why: ``archived``, ``rewound``,
     #: ``hidden``, ``session_meta``.
@@ -129,13 +127,14 @@ class HermesImportSummary(BaseModel):
     possible_duplicates: list[Problem] = Field(default_factory=list)
     #: Rows Hermes stored twice (a second live row of one ``message_uid``): kept once.
     duplicate_rows: list[Problem] = Field(default_factory=list)
-    #: Rows stored as live by an earlier import and archived by Hermes since.
+    #: Rows stored as live by an earlier import and taken out of the conversation by
+    #: Hermes since: retracted by this run.
     archived_since_import: list[Problem] = Field(default_factory=list)
     #: Everything else worth knowing (a model_config kept as text, a missing prompt).
     notes: list[Problem] = Field(default_factory=list)
 
     #: Something needs a person: unparseable spool files, changed or rejected messages,
-    #: rows archived since an earlier import, inbound messages no session takes.
+    #: inbound messages no session takes.
     needs_attention: bool = False
     seconds: float = 0.0
 
