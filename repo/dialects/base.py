@@ -189,6 +189,12 @@ class BackendDialect:
         skipped; any other constraint violation still raises."""
         raise NotImplementedError
 
+    def rare(self, condition: ColumnElement[bool]) -> ColumnElement[bool]:
+        """``condition``, marked for the planner as true of few rows (SQLite's statistics
+        count a column's NULLs as one value: ``parent_session_id = ?`` looks like it
+        matches nearly every session, and the index is passed over for a full scan)."""
+        return condition
+
     # -- the append -------------------------------------------------------------------
 
     def lock_session(self, connection: Connection, session_id: str) -> int | None:

@@ -19,11 +19,12 @@ from operator import itemgetter
 from pathlib import Path
 from typing import Any, Final
 
-from sqlalchemy import Connection, Engine, Insert, Row, Table, Uuid, event, select, text
+from sqlalchemy import Connection, Engine, Insert, Row, Table, Uuid, event, func, select, text
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.dialects import sqlite
 from sqlalchemy.engine import URL
 from sqlalchemy.pool import ConnectionPoolEntry
+from sqlalchemy.sql.elements import ColumnElement
 from sqlalchemy.util import await_
 
 from sessionrepo.dialects.base import (
@@ -209,6 +210,10 @@ class SQLiteDialect(BackendDialect):
             return driver.execute(sql, params).fetchall()
         rows: list[Sequence[Any]] = await_(driver._execute(_fetch_all, driver._conn, sql, params))
         return rows
+
+    def rare(self, condition: ColumnElement[bool]) -> ColumnElement[bool]:
+        result: ColumnElement[bool] = func.unlikely(condition)
+        return result
 
     def sever(self, driver: Any) -> None:
         driver.interrupt()  # the statement (or its busy wait) ends with SQLITE_INTERRUPT

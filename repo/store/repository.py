@@ -386,11 +386,13 @@ class SessionRepository(SessionStore, SessionEditing):
             tip = self._get(conn, sid)
             seen = {tip.id}
             while True:
-                # Every child (a session has few), the newest picked here: with ORDER BY
-                # and LIMIT, SQLite's planner walks the whole last_active_at index
-                # instead of the parent index (seconds at a million sessions).
+                # Every child (a session has few), the newest picked here, by the parent
+                # index: with ORDER BY and LIMIT (or its statistics, see rare) SQLite's
+                # planner would scan a million sessions instead.
                 children = conn.execute(
-                    select(sessions_table).where(S.parent_session_id == tip.id)
+                    select(sessions_table).where(
+                        self._db.dialect.rare(S.parent_session_id == tip.id)
+                    )
                 ).all()
                 row = max(
                     children, key=lambda child: (child.last_active_at, child.id), default=None
