@@ -214,6 +214,8 @@ class TranscriptWriter(ResilientWriter):
             self._primary_pool = _DaemonPool(workers, "sessionrepo-primary")
             self._outbox_pool = _DaemonPool(2, "sessionrepo-outbox")
         self._closed = False
+        self._closing = threading.Event()
+        self._prober: threading.Thread | None = None
         self._asynchronous = asynchronous
         self._last_write = 0.0
         self._owner = drainer_id()
@@ -310,14 +312,25 @@ class TranscriptWriter(ResilientWriter):
         log.warning("primary unavailable: %s; writes park until it answers again", reason)
         interval = self._breaker.interval
 
+        def ask() -> None:
+            self._repository.bounded_database(self._budget).read(
+                lambda conn: conn.exec_driver_sql("SELECT 1")
+            )
+
         def probe() -> None:
-            # One question per interval until it answers (or a replay goes through).
+            # One question per interval until it answers (or a replay goes through),
+            # each held to the deadline like a write (a frozen server never answers).
             while self._breaker.down() is not None and not self._closed:
-                self._pause(interval)
+                if self._asynchronous:
+                    _aio.sleep(interval)
+                elif self._closing.wait(interval):
+                    return  # closed: nobody waits for the answer
                 try:
-                    self._repository.bounded_database(self._budget).read(
-                        lambda conn: conn.exec_driver_sql("SELECT 1")
-                    )
+                    if self._watchdog is None:
+                        ask()
+                    else:
+                        with self._watchdog.guard(self._budget):
+                            ask()
                 except Exception:
                     log.debug("the primary does not answer yet", exc_info=True)
                     continue
@@ -326,13 +339,8 @@ class TranscriptWriter(ResilientWriter):
         if self._asynchronous:
             self._primary_pool.submit(probe)
         else:  # a thread of its own: the pool's threads are for the writes and replays
-            threading.Thread(target=probe, name="sessionrepo-probe", daemon=True).start()
-
-    def _pause(self, seconds: float) -> None:
-        if self._asynchronous:
-            _aio.sleep(seconds)
-        else:
-            time.sleep(seconds)
+            self._prober = threading.Thread(target=probe, name="sessionrepo-probe", daemon=True)
+            self._prober.start()
 
     @property
     def primary_down(self) -> str | None:
@@ -674,7 +682,11 @@ class TranscriptWriter(ResilientWriter):
 
     def close(self) -> None:
         self._closed = True
+        self._closing.set()
         self.stop()
+        if self._prober is not None:
+            # Its connection goes back to the pool before the caller disposes of it.
+            self._prober.join(self.deadline)
         self._primary_pool.shutdown()
         self._outbox_pool.shutdown()
         if self._watchdog is not None:
