@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import queue
+import sqlite3
 import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
+import psycopg
 import pytest
 
 #: How long a test waits for its child processes' reports.
@@ -67,3 +69,30 @@ class ThreadCall:
 
     def join(self) -> None:
         self._thread.join(RUN_TIMEOUT)
+
+
+@contextmanager
+def holding_the_write_lock(url: str, backend: str, session_id: str) -> Iterator[None]:
+    """Another connection holds what an append to ``session_id`` must wait for."""
+    if backend == "sqlite":
+        conn = sqlite3.connect(url.removeprefix("sqlite:///"), isolation_level=None)
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            yield
+        finally:
+            conn.rollback()
+            conn.close()
+        return
+    with psycopg.connect(url) as conn:
+        conn.execute("SELECT 1 FROM sessions WHERE id = %s FOR UPDATE", (session_id,))
+        yield
+        conn.rollback()
+
+
+def until_primary_back(writer: Any, seconds: float = 15.0) -> None:
+    """Wait for a ``TranscriptWriter``'s probe to find the primary answering (its
+    breaker closed): until then its writes park at once."""
+    give_up = time.monotonic() + seconds
+    while writer.primary_down is not None:
+        assert time.monotonic() < give_up, f"still parking: {writer.primary_down}"
+        time.sleep(0.02)

@@ -9,9 +9,7 @@ loop with ``asyncio.run``.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import random
-import sqlite3
 import sys
 import time
 import uuid
@@ -35,6 +33,7 @@ from sessionrepo import (
 _TESTS_DIR = str(Path(__file__).resolve().parent)
 if _TESTS_DIR not in sys.path:
     sys.path.insert(0, _TESTS_DIR)
+from _harness import holding_the_write_lock  # noqa: E402
 from _outbox_workers import CLOSED_PORT_URL, FlakyRepository, make_message  # noqa: E402
 
 #: Upper bound for a condition the background drainer must bring about.
@@ -280,7 +279,7 @@ def test_the_async_writer_parks_within_its_deadline_when_the_primary_is_held(
             async with AsyncTranscriptWriter(
                 repo, outbox_url=f"sqlite:///{tmp_path / 'outbox.db'}", deadline=deadline
             ) as writer:
-                with _holding_the_write_lock(database_url, backend, "held"):
+                with holding_the_write_lock(database_url, backend, "held"):
                     started = time.monotonic()
                     result, ticks = await _ticking(writer.write("held", [make_message("held", 1)]))
                     took = time.monotonic() - started
@@ -308,24 +307,6 @@ async def _ticking(call: Awaitable[Any]) -> tuple[Any, int]:
         ticks += 1
         await asyncio.sleep(0.01)
     return await task, ticks
-
-
-@contextlib.contextmanager
-def _holding_the_write_lock(url: str, backend: str, session_id: str) -> Any:
-    """Another connection holds what an append to ``session_id`` must wait for."""
-    if backend == "sqlite":
-        conn = sqlite3.connect(url.removeprefix("sqlite:///"), isolation_level=None)
-        conn.execute("BEGIN IMMEDIATE")
-        try:
-            yield
-        finally:
-            conn.rollback()
-            conn.close()
-        return
-    with psycopg.connect(url) as conn:
-        conn.execute("SELECT 1 FROM sessions WHERE id = %s FOR UPDATE", (session_id,))
-        yield
-        conn.rollback()
 
 
 def test_invalid_input_raises_to_the_caller_and_writes_nothing(database_url: str) -> None:

@@ -44,7 +44,13 @@ _TESTS_DIR = str(Path(__file__).resolve().parent)
 if _TESTS_DIR not in sys.path:
     sys.path.insert(0, _TESTS_DIR)
 import _outage_workers  # noqa: E402
-from _harness import RUN_TIMEOUT, ThreadCall, children, collect_reports  # noqa: E402
+from _harness import (  # noqa: E402
+    RUN_TIMEOUT,
+    ThreadCall,
+    children,
+    collect_reports,
+    until_primary_back,
+)
 from _pgcluster import ThrowawayCluster, pg_cluster  # noqa: E402, F401 (pg_cluster: a fixture)
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres]
@@ -757,14 +763,6 @@ def test_content_the_primary_rejects_is_raised_and_never_parked(
     )  # fmt: skip
 
 
-def _until_primary_back(writer: TranscriptWriter, seconds: float = 15.0) -> None:
-    """Wait for the writer's probe to find the primary answering (its breaker closed)."""
-    give_up = time.monotonic() + seconds
-    while writer.primary_down is not None:
-        assert time.monotonic() < give_up, f"still parking: {writer.primary_down}"
-        time.sleep(0.02)
-
-
 def test_poisoned_outbox_row_goes_dead_without_blocking_other_sessions(
     faulty: Target, tmp_path: Path
 ) -> None:
@@ -789,7 +787,7 @@ def test_poisoned_outbox_row_goes_dead_without_blocking_other_sessions(
     ):
         with _gate_held(faulty):
             assert writer.write(stuck, [gated]).status == "parked"
-        _until_primary_back(writer)  # the probe finds the gate open again
+        until_primary_back(writer)  # the probe finds the gate open again
         assert writer.write(stuck, [poison]).status == "parked"  # queued behind: not tried
         assert writer.write(other, [others[0]]).status == "stored"
         drains: list[DrainReport] = []

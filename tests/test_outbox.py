@@ -18,7 +18,6 @@ attempted, acknowledged, rows, distinct, lost, duplicates, outbox left, dead.
 
 from __future__ import annotations
 
-import contextlib
 import multiprocessing
 import queue
 import random
@@ -35,7 +34,6 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-import psycopg
 import pytest
 from sqlalchemy import event, func, select, text
 
@@ -57,6 +55,7 @@ _TESTS_DIR = str(Path(__file__).resolve().parent)
 if _TESTS_DIR not in sys.path:
     sys.path.insert(0, _TESTS_DIR)
 import _outbox_workers as workers  # noqa: E402
+from _harness import holding_the_write_lock, until_primary_back  # noqa: E402
 from _outbox_workers import FlakyRepository, keys_of, make_message  # noqa: E402
 
 SPAWN = multiprocessing.get_context("spawn")
@@ -238,14 +237,6 @@ def test_invalid_input_raises_at_once_and_is_never_parked(
 # -- 3. per-session FIFO ------------------------------------------------------------------
 
 
-def _until_primary_back(writer: TranscriptWriter, seconds: float = 10.0) -> None:
-    """Wait for the writer's probe to find the primary back (its breaker closed)."""
-    give_up = time.monotonic() + seconds
-    while writer.primary_down is not None:
-        assert time.monotonic() < give_up, f"still parking: {writer.primary_down}"
-        time.sleep(0.01)
-
-
 def test_a_session_with_parked_messages_parks_new_ones_behind_them(
     res: _Resources, database_url: str, outbox_url: str
 ) -> None:
@@ -258,7 +249,7 @@ def test_a_session_with_parked_messages_parks_new_ones_behind_them(
     primary.down = True
     assert writer.write("a", a[1:3]).status == "parked"
     primary.down = False  # healthy again, but "a" still has parked messages
-    _until_primary_back(writer)
+    until_primary_back(writer)
 
     behind = writer.write("a", a[3:5])
     other = writer.write("b", b)
@@ -970,24 +961,6 @@ def test_a_parked_batch_is_replayed_exactly_as_it_would_have_been_stored(
     assert [getattr(replayed, f) for f in fields] == [getattr(direct, f) for f in fields]
 
 
-@contextlib.contextmanager
-def _holding_the_write_lock(url: str, backend: str, session_id: str) -> Iterator[None]:
-    """Another connection holds what an append to ``session_id`` must wait for."""
-    if backend == "sqlite":
-        conn = sqlite3.connect(url.removeprefix("sqlite:///"), isolation_level=None)
-        conn.execute("BEGIN IMMEDIATE")
-        try:
-            yield
-        finally:
-            conn.rollback()
-            conn.close()
-        return
-    with psycopg.connect(url) as conn:
-        conn.execute("SELECT 1 FROM sessions WHERE id = %s FOR UPDATE", (session_id,))
-        yield
-        conn.rollback()
-
-
 def test_write_returns_parked_within_its_deadline_when_the_primary_holds_it_up(
     res: _Resources, database_url: str, backend: str, sqlite_outbox: str
 ) -> None:
@@ -999,7 +972,7 @@ def test_write_returns_parked_within_its_deadline_when_the_primary_holds_it_up(
     writer = res.writer(primary, outbox_url=sqlite_outbox, deadline=0.5, workers=1)
     batch = _messages("s", 3)
     assert writer.write("s", batch[:1]).status == "stored"
-    with _holding_the_write_lock(database_url, backend, "s"):
+    with holding_the_write_lock(database_url, backend, "s"):
         started = time.monotonic()
         first = writer.write("s", batch[1:2])
         waited = time.monotonic() - started

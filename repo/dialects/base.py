@@ -43,7 +43,7 @@ from sqlalchemy.types import TypeEngine
 
 from sessionrepo.errors import RepoError
 from sessionrepo.models.doctor import Check
-from sessionrepo.models.tables import UTCDateTime, search_backlog_table
+from sessionrepo.models.tables import UTCDateTime, search_backlog_table, sessions_table
 from sessionrepo.search.query import Query, SearchFilters
 
 #: Execution option that marks a connection's transactions as read-only, so that
@@ -59,6 +59,15 @@ SearchOrder = Literal["rank", "newest"]
 LOOKUP_CHUNK: Final = 500
 
 _B = search_backlog_table.c
+
+
+#: A new session's columns that an append sets from the session's defaults; the
+#: counters, ``next_seq`` and ``last_active_at`` come from the batch.
+NEW_SESSION_COLUMNS: Final = tuple(
+    column.name
+    for column in sessions_table.c
+    if column.name not in ("message_count", "tool_call_count", "next_seq", "last_active_at")
+)
 
 
 @dataclass(frozen=True, slots=True)

@@ -28,6 +28,7 @@ from sqlalchemy.engine import URL
 from sqlalchemy.util import await_
 
 from sessionrepo.dialects.base import (
+    NEW_SESSION_COLUMNS,
     BackendDialect,
     DirectAppend,
     DirectLoad,
@@ -137,22 +138,15 @@ SELECT client_msg_uuid, content_hash FROM existing
 """
 
 
-#: A new session's columns an append sets from the session's defaults; the counters,
-#: ``next_seq`` and ``last_active_at`` come from the batch.
-_CREATED_COLUMNS: Final = tuple(
-    column.name
-    for column in sessions_table.c
-    if column.name not in ("message_count", "tool_call_count", "next_seq", "last_active_at")
-)
-_CREATED_NAMES = ", ".join(f'"{name}"' for name in _CREATED_COLUMNS)
+_CREATED_NAMES = ", ".join(f'"{name}"' for name in NEW_SESSION_COLUMNS)
 _CREATED_VALUES = ", ".join(
-    f"%(s_{name})s::{_array_type(sessions_table.c[name])}" for name in _CREATED_COLUMNS
+    f"%(s_{name})s::{_array_type(sessions_table.c[name])}" for name in NEW_SESSION_COLUMNS
 )
 _PSYCOPG = psycopg_dialect()  # type: ignore[no-untyped-call]  # untyped in SQLAlchemy
 #: The sessions columns' own conversions (JSON as text, times in UTC), as SQLAlchemy
 #: would bind them.
 _SESSION_BINDS: Final = {
-    name: sessions_table.c[name].type.bind_processor(_PSYCOPG) for name in _CREATED_COLUMNS
+    name: sessions_table.c[name].type.bind_processor(_PSYCOPG) for name in NEW_SESSION_COLUMNS
 }
 
 # The whole append as one statement that commits by itself (an implicit transaction):
@@ -352,7 +346,7 @@ class PostgresDialect(BackendDialect):
         params: dict[str, Any] = {name: [row[name] for row in rows] for name in _INPUT_COLUMNS}
         params |= {
             f"s_{name}": value if (bind := _SESSION_BINDS[name]) is None else bind(value)
-            for name in _CREATED_COLUMNS
+            for name in NEW_SESSION_COLUMNS
             for value in (append.new_session.get(name),)
         }
         params |= {

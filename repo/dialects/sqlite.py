@@ -29,6 +29,7 @@ from sqlalchemy.util import await_
 
 from sessionrepo.dialects.base import (
     LOOKUP_CHUNK,
+    NEW_SESSION_COLUMNS,
     READ_ONLY,
     BackendDialect,
     DirectAppend,
@@ -638,22 +639,16 @@ def _sqlite_search(
     return run_search(connection, page_of_hits(matches, "top.rank DESC, top.k DESC"), values)
 
 
-#: A new session's columns an append sets from the session's defaults (the counters,
-#: ``next_seq`` and ``last_active_at`` come from the batch), with SQLAlchemy's
-#: conversions for SQLite (JSON as text, times as SQLAlchemy writes them).
-_CREATED_COLUMNS: Final = tuple(
-    column.name
-    for column in sessions_table.c
-    if column.name not in ("message_count", "tool_call_count", "next_seq", "last_active_at")
-)
+#: A new session's columns (:data:`NEW_SESSION_COLUMNS`) converted as SQLAlchemy would
+#: for SQLite (JSON as text, times as SQLAlchemy writes them).
 _SESSION_BINDS: Final = tuple(
-    sessions_table.c[name].type.bind_processor(sqlite.dialect()) for name in _CREATED_COLUMNS
+    sessions_table.c[name].type.bind_processor(sqlite.dialect()) for name in NEW_SESSION_COLUMNS
 )
 _SQLITE_CREATE = (
     "INSERT INTO sessions ("
-    + ", ".join(f'"{name}"' for name in _CREATED_COLUMNS)
+    + ", ".join(f'"{name}"' for name in NEW_SESSION_COLUMNS)
     + ", message_count, tool_call_count, next_seq, last_active_at) VALUES ("
-    + ", ".join("?" * (len(_CREATED_COLUMNS) + 4))
+    + ", ".join("?" * (len(NEW_SESSION_COLUMNS) + 4))
     + ")"
 )
 _SQLITE_PARKED = "SELECT 1 FROM pending_outbox WHERE session_id = ? AND state = 'pending' LIMIT 1"
@@ -712,7 +707,7 @@ def _sqlite_append_locked(db: sqlite3.Connection, append: DirectAppend, sid: str
         next_seq = 1
         values = [
             value if bind is None else bind(value)
-            for name, bind in zip(_CREATED_COLUMNS, _SESSION_BINDS, strict=True)
+            for name, bind in zip(NEW_SESSION_COLUMNS, _SESSION_BINDS, strict=True)
             for value in (append.new_session.get(name),)
         ]
         db.execute(_SQLITE_CREATE, (*values, len(fresh), tool_calls, 1 + len(fresh), now))
