@@ -12,7 +12,7 @@ import hashlib
 import itertools
 import json
 import textwrap
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, MutableMapping, Sequence
 from datetime import UTC, datetime
 from typing import Any, Final
 
@@ -28,6 +28,7 @@ from sessionrepo.models.message import (
     coerce_message,
     is_validated,
     mark_validated,
+    new_key,
     parse_uuid,
     trusted_stored_message,
 )
@@ -174,8 +175,17 @@ def prepare_messages(
     timestamp, a lone surrogate, NaN) must be refused here, not by the database. A
     ``StoredMessage`` becomes a plain ``Message`` (its place is the store's to give).
 
+    A dict without a ``client_msg_uuid`` is stamped in place with a new one, as
+    :func:`~sessionrepo.ensure_key` would: its next flush carries the same key and
+    inserts nothing. Without it, every flush of the same dict would be a new message.
+
     Returns:
         The validated messages and their column values, in batch order.
+
+    Raises:
+        InvalidMessage: a message cannot be stored faithfully, or is a read-only
+            mapping without a key (it cannot be stamped, so each flush would store it
+            again).
     """
     if isinstance(messages, Message | Mapping | str | bytes):
         raise InvalidMessage("messages", "expected a list of messages, got a single one")
@@ -183,6 +193,8 @@ def prepare_messages(
     rows = []
     remembered = _ENCODED
     for index, item in enumerate(messages):
+        if isinstance(item, Mapping) and item.get(KEY_FIELD) is None:
+            _stamp(item, index)
         if isinstance(item, dict):
             key = item.get(KEY_FIELD)
             known = remembered.get(key) if isinstance(key, str) else None
@@ -218,6 +230,18 @@ def prepare_messages(
         elif item is message:
             _remember(message.client_msg_uuid, item, message, row)
     return validated, rows
+
+
+def _stamp(item: Mapping[str, Any], index: int) -> None:
+    """Give a keyless message dict its key, in place: stamped as it is first stored,
+    the dict keeps it across every later flush (the key travels with the message)."""
+    if not isinstance(item, MutableMapping):
+        raise InvalidMessage(
+            f"messages[{index}].{KEY_FIELD}",
+            f"missing, and a read-only {type(item).__name__} cannot be stamped with one: "
+            "call ensure_key() on the dict where the message is made",
+        )
+    item[KEY_FIELD] = str(new_key())
 
 
 # -- validation once ----------------------------------------------------------------

@@ -1,0 +1,157 @@
+"""A message dict flushed without a key is stamped, so flushing it again stores nothing.
+
+The trap this closes: a gateway that forgets ``ensure_key`` used to get a fresh key on
+every flush of the same dict (two appends, two rows; three writes, three rows) without a
+word. ``append`` and ``write`` now stamp the caller's dict in place the first time they
+see it, as ``ensure_key`` would; a mapping that cannot be stamped is refused.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from types import MappingProxyType
+from typing import Any
+
+import pytest
+
+from conftest import BlockingAsync, EventLoopThread
+from sessionrepo import (
+    AsyncTranscriptWriter,
+    InvalidMessage,
+    Message,
+    NotFound,
+    TranscriptWriter,
+    ensure_key,
+)
+from sessionrepo.models.message import KEY_FIELD
+
+pytestmark = pytest.mark.contract
+
+
+@pytest.fixture
+def writer(repo: Any, api: str, request: pytest.FixtureRequest) -> Iterator[Any]:
+    """A ``TranscriptWriter`` over ``repo`` on the test's API (the outbox in the same
+    database: the write path is the same for a SQLite outbox file)."""
+    if api == "sync":
+        sync = TranscriptWriter(repo)
+        yield sync
+        sync.close()
+        return
+    loop: EventLoopThread = request.getfixturevalue("event_loop_thread")
+
+    async def make() -> AsyncTranscriptWriter:
+        return AsyncTranscriptWriter(repo._target)
+
+    async_writer = loop.run(make())
+    yield BlockingAsync(async_writer, loop)
+    loop.run(async_writer.close())
+
+
+def _contents(repo: Any, session_id: str) -> list[Any]:
+    return [m.content for m in repo.load_transcript(session_id, include_retracted=True)]
+
+
+def test_the_same_dict_appended_twice_is_stored_once(repo: Any) -> None:
+    message = {"role": "user", "content": "hello"}
+    first = repo.append("s1", [message], source="discord")
+    assert KEY_FIELD in message  # stamped in place, as ensure_key would
+    key = uuid.UUID(message[KEY_FIELD])
+    assert first.inserted == [key]
+    again = repo.append("s1", [message])
+    assert (again.inserted, again.duplicates) == ([], [key])
+    [stored] = repo.load_transcript("s1")
+    assert (stored.client_msg_uuid, stored.content) == (key, "hello")
+    assert repo.get_session("s1").message_count == 1
+
+
+def test_the_same_dicts_written_again_each_turn_are_stored_once(writer: Any, repo: Any) -> None:
+    """The gateway pattern without ``ensure_key``: the transcript list grows, each turn
+    the whole list is written again."""
+    transcript: list[dict[str, Any]] = []
+    for turn in range(3):
+        transcript.append({"role": "user", "content": f"question {turn}"})
+        transcript.append({"role": "assistant", "content": f"answer {turn}"})
+        result = writer.write("s1", transcript, source="cli")
+        assert result.status == "stored"
+        assert len(result.inserted) == 2
+        assert len(result.duplicates) == 2 * turn
+    assert writer.write("s1", transcript).inserted == []
+    assert _contents(repo, "s1") == [
+        text for turn in range(3) for text in (f"question {turn}", f"answer {turn}")
+    ]
+    assert [str(m.client_msg_uuid) for m in repo.load_transcript("s1")] == [
+        m[KEY_FIELD] for m in transcript
+    ]
+
+
+def test_a_resumed_transcript_flushed_with_new_messages_stores_no_doubles(
+    repo: Any, writer: Any
+) -> None:
+    """Loaded back with its keys, continued with keyless dicts, flushed (twice) through
+    both paths: each message once."""
+    repo.append("s1", [{"role": "user", "content": "one"}, {"role": "assistant", "content": "two"}])
+    resumed = [m.to_openai(include_key=True) for m in repo.load_transcript("s1")]
+    resumed.append({"role": "user", "content": "three"})
+    assert repo.append("s1", resumed).inserted == [uuid.UUID(resumed[-1][KEY_FIELD])]
+    resumed.append({"role": "assistant", "content": "four"})
+    assert len(writer.write("s1", resumed).inserted) == 1
+    assert writer.write("s1", resumed).inserted == []
+    assert repo.append("s1", resumed).inserted == []
+    assert _contents(repo, "s1") == ["one", "two", "three", "four"]
+
+
+def test_a_keyless_dict_given_twice_in_one_batch_is_one_message(repo: Any) -> None:
+    message = {"role": "user", "content": "hi"}
+    result = repo.append("s1", [message, message])
+    assert result.inserted == [uuid.UUID(message[KEY_FIELD])]
+    assert result.duplicates == result.inserted
+    assert _contents(repo, "s1") == ["hi"]
+
+
+def test_a_stamped_dict_keeps_its_key_and_a_key_of_none_is_stamped(repo: Any) -> None:
+    made = {"role": "user", "content": "a"}
+    key = ensure_key(made)
+    unset = {"role": "user", "content": "b", KEY_FIELD: None}
+    repo.append("s1", [made, unset])
+    assert made[KEY_FIELD] == str(key)
+    assert isinstance(unset[KEY_FIELD], str)
+    assert [m.client_msg_uuid for m in repo.load_transcript("s1")] == [
+        key,
+        uuid.UUID(unset[KEY_FIELD]),
+    ]
+    # What the provider gets back is the dict without the key.
+    assert repo.load_transcript("s1")[1].to_openai() == {"role": "user", "content": "b"}
+
+
+def test_equal_dicts_made_separately_are_separate_messages(repo: Any) -> None:
+    """Identity is the key, never content: two "ok" messages are two rows. So a gateway
+    that *rebuilds* its dicts from scratch each turn must key them where they are made
+    (``ensure_key``, or a key it derives), as the README says."""
+    repo.append("s1", [{"role": "user", "content": "ok"}])
+    repo.append("s1", [{"role": "user", "content": "ok"}])
+    assert _contents(repo, "s1") == ["ok", "ok"]
+
+
+def test_a_read_only_mapping_without_a_key_is_refused_before_anything_is_written(
+    repo: Any, writer: Any
+) -> None:
+    frozen = MappingProxyType({"role": "user", "content": "cannot be stamped"})
+    for call in (repo.append, writer.write):
+        with pytest.raises(InvalidMessage) as refused:
+            call("s1", [{"role": "user", "content": "fine"}, frozen])
+        assert refused.value.field == f"messages[1].{KEY_FIELD}"
+        assert "ensure_key" in str(refused.value)
+    with pytest.raises(NotFound):
+        repo.get_session("s1")
+    keyed = MappingProxyType({"role": "user", "content": "keyed", KEY_FIELD: str(uuid.uuid4())})
+    repo.append("s1", [keyed])
+    repo.append("s1", [keyed])
+    assert _contents(repo, "s1") == ["keyed"]
+
+
+def test_message_objects_keep_the_key_they_were_made_with(repo: Any, writer: Any) -> None:
+    message = Message(role="user", content="made once")
+    repo.append("s1", [message])
+    writer.write("s1", [message])
+    assert [m.client_msg_uuid for m in repo.load_transcript("s1")] == [message.client_msg_uuid]
