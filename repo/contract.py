@@ -96,7 +96,10 @@ class SessionStore(Protocol):
             user_id: only this user's sessions.
             status: ``"open"`` or ``"ended"`` sessions only (``None``: both).
             limit: sessions per page, 1 to 1000.
-            cursor: ``next_cursor`` of the previous page.
+            cursor: ``next_cursor`` of the previous page; ``None`` (the default) asks
+                for the first page. The last page's ``next_cursor`` is ``None`` (and a
+                full last page has none after it), so a loop pages until it is ``None``:
+                passing that ``None`` back would start again at the first page.
 
         Raises:
             InvalidArgument: a filter, the limit or the cursor is invalid (a cursor not

@@ -131,7 +131,7 @@ def test_pop_last_takes_a_tool_call_with_all_its_outputs(repo: SessionRepository
     repo.append("s", transcript)
     popped = repo.pop_last("s")
     assert len(popped.superseded) == 5  # the outputs, both calls and the reasoning before
-    assert [m.to_openai() for m in repo.load_transcript("s")] == transcript[:1]
+    assert [m.to_openai(include_key=True) for m in repo.load_transcript("s")] == transcript[:1]
     assert is_sendable([m.to_openai() for m in repo.load_transcript("s")])
 
 

@@ -14,8 +14,8 @@ from types import MappingProxyType
 from typing import Any
 
 import pytest
-
 from conftest import BlockingAsync, EventLoopThread
+
 from sessionrepo import (
     AsyncTranscriptWriter,
     InvalidMessage,
