@@ -235,6 +235,8 @@ def test_demo_runs_gateway_processes_through_an_outage_and_reports_ok(tmp_path: 
         outage = re.search(rf"^  {name}\s+(\d+) of (\d+) writes parked", result.stdout, re.M)
         assert outage, name
         assert int(outage.group(1)) == int(outage.group(2)) > 0
+    # What the writers logged about the outage is in the report, not loose on stderr.
+    assert result.stdout.count("its writer logged (expected in an outage): ") == 3
     assert figure("writes parked in an outbox") >= 3
     assert figure("parked messages drained") > 0
     assert figure("messages left in the outboxes") == 0

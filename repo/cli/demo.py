@@ -94,6 +94,9 @@ def _print_demo(result: DemoResult) -> None:
             f"replayed {gateway.replayed:,} new and found {gateway.drained - gateway.replayed:,} "
             "already stored"
         )
+        if gateway.logged:
+            logged = "; ".join(f'"{line}"' for line in dict.fromkeys(gateway.logged))
+            click.echo(f"  {'':<9} its writer logged (expected in an outage): {logged}")
     click.echo("")
     for label, value in (
         ("attempted sends (re-sends included)", result.attempted),

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import logging
 import multiprocessing
 import queue
 import shutil
@@ -101,6 +102,9 @@ class GatewayReport:
         replayed: of those, the ones the primary stored on replay.
         drain_conflicts: of those, the ones whose key the primary had with other content.
         outbox_left: messages still in its outbox at the end (dead ones included).
+        logged: what its writer logged (``"warning: primary unavailable: ..."``), kept
+            for the report instead of going to the terminal, where the outage's
+            expected warnings would read as errors of the demo.
         error: the traceback, if the process failed.
     """
 
@@ -124,6 +128,7 @@ class GatewayReport:
     replayed: int = 0
     drain_conflicts: int = 0
     outbox_left: int | None = None
+    logged: list[str] = field(default_factory=list)
     error: str | None = None
 
     @property
@@ -416,6 +421,8 @@ class _Signals:
 def _gateway_main(name: str, url: str, outbox_url: str, turns: int, signals: _Signals) -> None:
     """Entry point of one gateway process: runs its script, reports back."""
     report = GatewayReport(name=name)
+    logged: list[str] = []
+    _keep_log(logged)
     try:
         # attempts=1: a held lock is reported after the busy timeout, not retried.
         with open_repository(
@@ -432,7 +439,26 @@ def _gateway_main(name: str, url: str, outbox_url: str, turns: int, signals: _Si
     except BaseException:
         report.error = traceback.format_exc()
         signals.abort()
+    report.logged = logged
     signals.reports.put(report)
+
+
+class _KeepLog(logging.Handler):
+    def __init__(self, lines: list[str]) -> None:
+        super().__init__(logging.INFO)
+        self.lines = lines
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(f"{record.levelname.lower()}: {record.getMessage()}")
+
+
+def _keep_log(lines: list[str]) -> None:
+    """This process's sessionrepo log lines (INFO and up) into ``lines``, not onto the
+    terminal: with a handler of its own, the logger's records no longer reach Python's
+    last-resort handler on stderr."""
+    logger = logging.getLogger("sessionrepo")
+    logger.setLevel(logging.INFO)
+    logger.addHandler(_KeepLog(lines))
 
 
 def _locker_main(path: str, signals: _Signals) -> None:
