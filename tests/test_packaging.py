@@ -12,6 +12,7 @@ import os
 import shutil
 import subprocess
 import sys
+import sysconfig
 import textwrap
 import zipfile
 from pathlib import Path
@@ -53,24 +54,30 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def installed(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    target = tmp_path_factory.mktemp("site")
-    subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "install",
-            "--no-deps",
-            "-q",
-            "--target",
-            str(target),
-            str(wheel),
-        ],
-        check=True,
+def venv(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A fresh virtual environment with the wheel installed as a user installs it (not
+    editable). Offline and quick: the wheel alone (``--no-deps``), by this interpreter's
+    pip; the dependencies are this environment's, named by a ``.pth`` file written after
+    the install (so pip never sees the development install). A ``.pth`` line is only a
+    path: the development install's own ``.pth`` in that directory is not read, so
+    ``sessionrepo`` can only come from the wheel."""
+    root = tmp_path_factory.mktemp("venv")
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(root)], check=True)
+    python = root / "bin" / "python"
+    install = ["install", "--no-deps", "--no-index", "--no-compile", "-q", str(wheel)]
+    done = subprocess.run(
+        [sys.executable, "-m", "pip", "--python", str(python), *install],
         capture_output=True,
+        text=True,
+        check=False,
     )
-    return target
+    assert done.returncode == 0, done.stderr
+    [site] = (root / "lib").glob("python3.*/site-packages")
+    ours = sysconfig.get_paths()
+    (site / "_dependencies.pth").write_text(
+        "".join(f"{path}\n" for path in dict.fromkeys([ours["purelib"], ours["platlib"]]))
+    )
+    return root
 
 
 def _source_files() -> set[str]:
@@ -89,14 +96,16 @@ def test_the_wheel_holds_one_namespace_and_every_source_file(wheel: Path) -> Non
     assert _source_files() <= set(names), sorted(_source_files() - set(names))
 
 
-def test_a_gateway_with_its_own_models_module_uses_sessionrepo(
-    installed: Path, tmp_path: Path
+def test_a_gateway_with_its_own_models_and_repo_uses_sessionrepo(
+    venv: Path, tmp_path: Path
 ) -> None:
-    """The trap of a top-level ``models`` package: a gateway's own ``models.py`` shadowed
-    it (ImportError inside the async API). Installed as ``sessionrepo.models``, both live."""
+    """The trap of top-level ``models`` and ``repo`` packages: a gateway's own
+    ``models.py`` shadowed them (ImportError inside the async API). Installed as
+    ``sessionrepo``, both live, and the gateway appends from its own directory."""
     gateway = tmp_path / "gateway"
-    gateway.mkdir()
+    (gateway / "repo").mkdir(parents=True)
     (gateway / "models.py").write_text("GATEWAY_MODEL = 'mine'\n")
+    (gateway / "repo" / "__init__.py").write_text("GATEWAY_REPO = 'mine'\n")
     (gateway / "app.py").write_text(
         textwrap.dedent(
             """
@@ -104,36 +113,37 @@ def test_a_gateway_with_its_own_models_module_uses_sessionrepo(
             import sys
 
             import models
+            import repo
             import sessionrepo
             from sessionrepo import Message, TranscriptWriter, open_async_repository
-            from sessionrepo import ensure_key, open_repository
+            from sessionrepo import open_repository
             from sessionrepo.models import Session
 
-            assert models.GATEWAY_MODEL == "mine"
+            assert (models.GATEWAY_MODEL, repo.GATEWAY_REPO) == ("mine", "mine")
             assert sessionrepo.__file__.startswith(sys.argv[1]), sessionrepo.__file__
-            message = {"role": "user", "content": "hello"}
-            ensure_key(message)  # the key it keeps across every flush
-            with open_repository("sqlite:///store.db") as repo:
-                with TranscriptWriter(repo, outbox_url="sqlite:///outbox.db") as writer:
+            message = {"role": "user", "content": "hello"}  # stamped by the first write
+            with open_repository("sqlite:///store.db") as store:
+                with TranscriptWriter(store, outbox_url="sqlite:///outbox.db") as writer:
                     assert writer.write("s1", [message]).status == "stored"
-                    assert writer.write("s1", [message]).status == "stored"
-                stored = repo.load_transcript("s1")
+                    assert writer.write("s1", [message]).inserted == []
+                stored = store.load_transcript("s1")
                 assert [m.content for m in stored] == ["hello"]
-                assert isinstance(repo.get_session("s1"), Session)
+                assert isinstance(store.get_session("s1"), Session)
                 assert isinstance(Message.from_openai(message), Message)
 
             async def main() -> None:
-                async with await open_async_repository("sqlite:///store.db") as repo:
-                    assert len(await repo.load_transcript("s1")) == 1
+                async with await open_async_repository("sqlite:///store.db") as store:
+                    assert len(await store.load_transcript("s1")) == 1
 
             asyncio.run(main())
             print("ok")
             """
         )
     )
-    env = {**os.environ, "PYTHONPATH": str(installed)}
+    [site] = (venv / "lib").glob("python3.*/site-packages")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "SESSIONREPO_"))}
     done = subprocess.run(
-        [sys.executable, "app.py", str(installed)],
+        [str(venv / "bin" / "python"), "app.py", str(site / "sessionrepo")],
         cwd=gateway,
         env=env,
         capture_output=True,
@@ -142,3 +152,14 @@ def test_a_gateway_with_its_own_models_module_uses_sessionrepo(
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "ok"
+    # The command is installed too, and reads the store the gateway wrote.
+    listed = subprocess.run(
+        [str(venv / "bin" / "sessionrepo"), "--url", "sqlite:///store.db", "sessions", "list"],
+        cwd=gateway,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert listed.returncode == 0, listed.stderr
+    assert "s1" in listed.stdout
