@@ -6,7 +6,7 @@ import uuid
 from datetime import datetime
 from typing import Any, Final
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator
 
 from sessionrepo.models._limits import check_identifier, check_json, check_text
 from sessionrepo.models.message import to_utc, utcnow
@@ -27,8 +27,10 @@ DERIVED_FIELDS: Final = (
 class Session(BaseModel):
     """One conversation.
 
-    ``model_settings`` is the ``model_config`` column (Pydantic reserves that attribute
-    name); it is read and written under the alias ``model_config`` too.
+    ``model_settings`` (the model's parameters: temperature, ...) is the column's name and
+    the export's key too. It was called ``model_config``, a name Pydantic reserves for a
+    model's own configuration; that name is still accepted on input (a keyword argument,
+    an export made before the rename), never written.
     ``message_count``, ``tool_call_count`` and ``last_active_at`` are kept by the store
     (see :data:`DERIVED_FIELDS`).
     """
@@ -42,7 +44,9 @@ class Session(BaseModel):
     user_id: str | None = None
     title: str | None = None
     model: str | None = None
-    model_settings: dict[str, Any] | None = Field(default=None, alias="model_config")
+    model_settings: dict[str, Any] | None = Field(
+        default=None, validation_alias=AliasChoices("model_settings", "model_config")
+    )
     system_prompt: str | None = None
     parent_session_id: str | None = None
     started_at: datetime = Field(default_factory=utcnow)

@@ -172,7 +172,7 @@ class SessionRow(Base):
     user_id: Mapped[str | None]
     title: Mapped[str | None] = mapped_column(LosslessText())
     model: Mapped[str | None]
-    model_config_: Mapped[dict[str, Any] | None] = mapped_column("model_config")
+    model_settings: Mapped[dict[str, Any] | None]
     system_prompt: Mapped[str | None] = mapped_column(LosslessText())
     # No foreign key: a parent may be pruned or not imported yet, and a self-reference
     # would keep the table from being distributed by session id.

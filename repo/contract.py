@@ -57,7 +57,7 @@ class SessionStore(Protocol):
         Args:
             session_id: the gateway's own id for the conversation.
             **fields: :class:`~sessionrepo.models.Session` fields (``source``,
-                ``user_id``, ``title``, ``model``, ``model_config``, ``metadata``,
+                ``user_id``, ``title``, ``model``, ``model_settings``, ``metadata``,
                 ``started_at``, ...). The fields the store derives from the transcript
                 (``message_count``, ``tool_call_count``, ``next_seq``,
                 ``last_active_at``) cannot be set.

@@ -278,9 +278,7 @@ def test_the_file_is_the_documented_format(repo: SessionRepository) -> None:
             assert seqs == list(range(1, len(seqs) + 1))
             current, seqs = record, []
             assert set(record) == {"type", "next_seq", "session"}
-            assert set(record["session"]) == set(Session.model_fields) - {"model_settings"} | {
-                "model_config"
-            }
+            assert set(record["session"]) == set(Session.model_fields)
         else:
             assert current is not None
             assert record["type"] == "message"

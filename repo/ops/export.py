@@ -11,7 +11,7 @@ readers must split on ``"\\n"`` only, not on U+2028 and friends). Every record h
     {"type": "header", "format": "sessionrepo-export", "version": 1,
      "exported_at": "2026-11-29T11:38:45.052864Z"}
     {"type": "session", "next_seq": 3, "session": {"id": "discord:42", "source": "discord",
-     ..., "model_config": {...}, ..., "metadata": {...}, "last_active_at": "..."}}
+     ..., "model_settings": {...}, ..., "metadata": {...}, "last_active_at": "..."}}
     {"type": "message", "session_id": "discord:42", "seq": 1, "message": {
      "client_msg_uuid": "0193…", "role": "user", "content": "hi", ..., "timestamp": "…Z",
      ..., "extra": {...}, "openai_keys": ["role", "content"]}}
@@ -21,10 +21,11 @@ readers must split on ``"\\n"`` only, not on U+2028 and friends). Every record h
 
 - ``session`` is :class:`models.Session` dumped with ``model_dump(mode="json",
   by_alias=True)``: every field, the counters, ``ended_at``/``end_reason`` and
-  ``last_active_at`` included. ``next_seq`` is the ``seq`` the session's next message
-  would get. A session's messages follow it, ``seq`` ascending: exactly those with
-  ``seq < next_seq`` when the session was read, so the record and its messages are one
-  consistent snapshot even while gateways keep writing.
+  ``last_active_at`` included. (Files written before schema revision 0009 call
+  ``model_settings`` ``model_config``; import reads either.) ``next_seq`` is the ``seq``
+  the session's next message would get. A session's messages follow it, ``seq`` ascending:
+  exactly those with ``seq < next_seq`` when the session was read, so the record and its
+  messages are one consistent snapshot even while gateways keep writing.
 - ``message`` is :class:`models.Message` dumped with ``model_dump(mode="json")``: the key,
   every wire field, ``timestamp`` (UTC, microseconds), ``extra`` (key order kept) and
   ``openai_keys`` (the key order ``to_openai()`` gives back), beside its ``seq``, and

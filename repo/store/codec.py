@@ -415,6 +415,7 @@ SESSION_FIELDS = (
     "user_id",
     "title",
     "model",
+    "model_settings",
     "system_prompt",
     "parent_session_id",
     "started_at",
@@ -433,7 +434,6 @@ SESSION_FIELDS = (
 def session_row(session: Session) -> dict[str, Any]:
     """Column values for a new ``sessions`` row."""
     row = {name: getattr(session, name) for name in SESSION_FIELDS}
-    row["model_config"] = session.model_settings
     row["metadata"] = session.metadata or None
     row["last_active_at"] = session.last_active_at or session.started_at
     return row
@@ -442,7 +442,6 @@ def session_row(session: Session) -> dict[str, Any]:
 def session_from_row(row: Row[Any] | Mapping[str, Any], **more: Any) -> Any:
     mapping = row._mapping if isinstance(row, Row) else row
     values = {name: mapping[name] for name in SESSION_FIELDS}
-    values["model_settings"] = mapping["model_config"]
     values["metadata"] = mapping["metadata"] or {}
     return values | more
 

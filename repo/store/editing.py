@@ -45,7 +45,7 @@ Superseded = Literal["retracted", "compacted"]
 #: this, a call with thousands of outputs, is popped in part).
 _POP_WINDOW = 512
 #: Session fields a fork takes from its source unless given.
-_INHERITED = ("source", "user_id", "title", "model", "model_config", "system_prompt", "metadata")
+_INHERITED = ("source", "user_id", "title", "model", "model_settings", "system_prompt", "metadata")
 
 
 def _live() -> Any:
@@ -224,7 +224,7 @@ class SessionEditing(TranscriptEditor):
             row = dict(given_row)
             for name in _INHERITED:
                 if name not in fields and not (
-                    name == "model_config" and "model_settings" in fields
+                    name == "model_settings" and "model_config" in fields  # its old name
                 ):
                     row[name] = origin._mapping[name]
             now = utcnow()

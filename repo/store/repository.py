@@ -100,7 +100,7 @@ _FILLABLE = (
     "user_id",
     "title",
     "model",
-    "model_config",
+    "model_settings",
     "system_prompt",
     "parent_session_id",
     "metadata",

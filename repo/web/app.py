@@ -123,7 +123,7 @@ _ERRORS: Final[dict[int | str, dict[str, Any]]] = {
 
 
 def _json(model: BaseModel) -> Response:
-    # By alias: a session's ``model_settings`` is ``model_config`` on the wire, as described.
+    # By alias: the wire names the schema at /openapi.json describes.
     return Response(model.model_dump_json(by_alias=True), media_type="application/json")
 
 

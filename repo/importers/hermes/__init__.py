@@ -28,10 +28,12 @@ imports the root home and every profile (:func:`hermes_profiles`), and each sess
 ``metadata["hermes"]["profile"]`` names its profile (``"default"`` for the root home).
 
 **Sessions.** Each Hermes session becomes a session with the same id. Mapped to fields:
-``source``, ``user_id``, ``title``, ``model``, ``model_config`` (JSON text parsed to a
-dict), ``system_prompt`` (or the prompt ``system_prompt_hash`` names), ``parent_session_id``,
-``started_at`` / ``ended_at``, ``end_reason``, ``input_tokens`` / ``output_tokens``. Every
-other non-NULL column goes to ``metadata["hermes"]`` under its column name.
+``source``, ``user_id``, ``title``, ``model``, ``model_settings`` (Hermes'
+``model_config``, JSON text parsed to a dict), ``system_prompt`` (or the prompt
+``system_prompt_hash`` names), ``parent_session_id``, ``started_at`` / ``ended_at``,
+``end_reason``, ``input_tokens`` / ``output_tokens``. Every other non-NULL column goes to
+``metadata["hermes"]`` under its column name.
+
 
 **Messages.** Rows are read in ``id`` order (Hermes' transcript order). Mapped to fields:
 ``role``, ``content`` (the ``"\\x00json:"`` form becomes the JSON content parts it
@@ -804,7 +806,7 @@ class _Importer:
             except (ValueError, RecursionError):
                 parsed = None
             if isinstance(parsed, dict):
-                fields["model_config"] = _json_value(parsed, "model_config", aside)
+                fields["model_settings"] = _json_value(parsed, "model_config", aside)
                 del hermes["model_config"]
             else:
                 self.lists["notes"].append(
