@@ -193,10 +193,10 @@ def prepare_messages(
     rows = []
     remembered = _ENCODED
     for index, item in enumerate(messages):
-        if isinstance(item, Mapping) and item.get(KEY_FIELD) is None:
-            _stamp(item, index)
         if isinstance(item, dict):
             key = item.get(KEY_FIELD)
+            if key is None:
+                key = _stamp(item, index)
             known = remembered.get(key) if isinstance(key, str) else None
             if known is not None and known[0] == item:
                 validated.append(known[1])
@@ -208,6 +208,8 @@ def prepare_messages(
                 validated.append(known[1])
                 rows.append(known[2])
                 continue
+        elif isinstance(item, Mapping) and item.get(KEY_FIELD) is None:
+            _stamp(item, index)
         field = f"messages[{index}]"
         try:
             if isinstance(item, Message) and is_validated(item):
@@ -232,7 +234,7 @@ def prepare_messages(
     return validated, rows
 
 
-def _stamp(item: Mapping[str, Any], index: int) -> None:
+def _stamp(item: Mapping[str, Any], index: int) -> str:
     """Give a keyless message dict its key, in place: stamped as it is first stored,
     the dict keeps it across every later flush (the key travels with the message)."""
     if not isinstance(item, MutableMapping):
@@ -241,7 +243,8 @@ def _stamp(item: Mapping[str, Any], index: int) -> None:
             f"missing, and a read-only {type(item).__name__} cannot be stamped with one: "
             "call ensure_key() on the dict where the message is made",
         )
-    item[KEY_FIELD] = str(new_key())
+    key = item[KEY_FIELD] = str(new_key())
+    return key
 
 
 # -- validation once ----------------------------------------------------------------
