@@ -63,6 +63,26 @@ def test_the_same_dict_appended_twice_is_stored_once(repo: Any) -> None:
     [stored] = repo.load_transcript("s1")
     assert (stored.client_msg_uuid, stored.content) == (key, "hello")
     assert repo.get_session("s1").message_count == 1
+    # What the provider gets back is the dict without the key.
+    assert stored.to_openai() == {"role": "user", "content": "hello"}
+
+
+def test_one_dict_twice_in_a_batch_and_a_key_of_none(repo: Any) -> None:
+    twice = {"role": "user", "content": "hi"}
+    result = repo.append("s1", [twice, twice])
+    assert result.inserted == [uuid.UUID(twice[KEY_FIELD])]
+    assert result.duplicates == result.inserted
+    made = {"role": "user", "content": "a"}
+    key = ensure_key(made)
+    unset = {"role": "user", "content": "b", KEY_FIELD: None}
+    repo.append("s1", [made, unset])
+    repo.append("s1", [twice, made, unset])
+    assert made[KEY_FIELD] == str(key)  # a stamped dict keeps its key
+    assert [m.client_msg_uuid for m in repo.load_transcript("s1")] == [
+        uuid.UUID(twice[KEY_FIELD]),
+        key,
+        uuid.UUID(unset[KEY_FIELD]),
+    ]
 
 
 def test_the_same_dicts_written_again_each_turn_are_stored_once(writer: Any, repo: Any) -> None:
@@ -101,38 +121,6 @@ def test_a_resumed_transcript_flushed_with_new_messages_stores_no_doubles(
     assert _contents(repo, "s1") == ["one", "two", "three", "four"]
 
 
-def test_a_keyless_dict_given_twice_in_one_batch_is_one_message(repo: Any) -> None:
-    message = {"role": "user", "content": "hi"}
-    result = repo.append("s1", [message, message])
-    assert result.inserted == [uuid.UUID(message[KEY_FIELD])]
-    assert result.duplicates == result.inserted
-    assert _contents(repo, "s1") == ["hi"]
-
-
-def test_a_stamped_dict_keeps_its_key_and_a_key_of_none_is_stamped(repo: Any) -> None:
-    made = {"role": "user", "content": "a"}
-    key = ensure_key(made)
-    unset = {"role": "user", "content": "b", KEY_FIELD: None}
-    repo.append("s1", [made, unset])
-    assert made[KEY_FIELD] == str(key)
-    assert isinstance(unset[KEY_FIELD], str)
-    assert [m.client_msg_uuid for m in repo.load_transcript("s1")] == [
-        key,
-        uuid.UUID(unset[KEY_FIELD]),
-    ]
-    # What the provider gets back is the dict without the key.
-    assert repo.load_transcript("s1")[1].to_openai() == {"role": "user", "content": "b"}
-
-
-def test_equal_dicts_made_separately_are_separate_messages(repo: Any) -> None:
-    """Identity is the key, never content: two "ok" messages are two rows. So a gateway
-    that *rebuilds* its dicts from scratch each turn must key them where they are made
-    (``ensure_key``, or a key it derives), as the README says."""
-    repo.append("s1", [{"role": "user", "content": "ok"}])
-    repo.append("s1", [{"role": "user", "content": "ok"}])
-    assert _contents(repo, "s1") == ["ok", "ok"]
-
-
 def test_a_read_only_mapping_without_a_key_is_refused_before_anything_is_written(
     repo: Any, writer: Any
 ) -> None:
@@ -150,8 +138,15 @@ def test_a_read_only_mapping_without_a_key_is_refused_before_anything_is_written
     assert _contents(repo, "s1") == ["keyed"]
 
 
-def test_message_objects_keep_the_key_they_were_made_with(repo: Any, writer: Any) -> None:
+def test_identity_is_the_key_a_message_keeps_from_where_it_was_made(repo: Any, writer: Any) -> None:
+    """A ``Message`` object gets its key when it is made, and keeps it. Two equal dicts
+    made separately are two messages (two "ok"s are two rows): a gateway that *rebuilds*
+    its dicts from scratch each turn must key them where they are made (``ensure_key``,
+    or a key it derives), as the README says."""
     message = Message(role="user", content="made once")
     repo.append("s1", [message])
     writer.write("s1", [message])
     assert [m.client_msg_uuid for m in repo.load_transcript("s1")] == [message.client_msg_uuid]
+    repo.append("s2", [{"role": "user", "content": "ok"}])
+    writer.write("s2", [{"role": "user", "content": "ok"}])
+    assert _contents(repo, "s2") == ["ok", "ok"]
