@@ -243,7 +243,11 @@ def _stamp(item: Mapping[str, Any], index: int) -> str:
             f"missing, and a read-only {type(item).__name__} cannot be stamped with one: "
             "call ensure_key() on the dict where the message is made",
         )
-    key = item[KEY_FIELD] = str(new_key())
+    # setdefault: two threads flushing the same new dict at once end up with one key.
+    fresh = str(new_key())
+    key: str | None = item.setdefault(KEY_FIELD, fresh)
+    if key is None:  # given as None: no key either
+        key = item[KEY_FIELD] = fresh
     return key
 
 
