@@ -55,10 +55,14 @@ def in_empty_directory(
 
 @pytest.mark.parametrize(("line", "code"), EXAMPLES, ids=[f"line{n}" for n, _ in EXAMPLES])
 @pytest.mark.usefixtures("in_empty_directory")
-def test_the_example_runs(line: int, code: str, capsys: pytest.CaptureFixture[str]) -> None:
+def test_the_example_runs(
+    line: int, code: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     # Line numbers in a traceback are the README's.
     source = "\n" * (line - 1) + code
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         exec(compile(source, str(README), "exec"), {"__name__": "readme_example"})
     capsys.readouterr()
+    # It used the store the test named, not the default embedded file.
+    assert not (tmp_path / "data").exists()
