@@ -103,12 +103,24 @@ class SessionSummary(Session):
 
 
 class SessionPage(BaseModel):
-    """One page of :meth:`SessionRepository.list_sessions`."""
+    """One page of :meth:`SessionRepository.list_sessions`. Page until ``next_cursor`` is
+    ``None``::
+
+        cursor = None
+        while True:
+            page = repo.list_sessions(cursor=cursor)
+            ...
+            if page.next_cursor is None:
+                break
+            cursor = page.next_cursor
+    """
 
     model_config = ConfigDict(frozen=True)
 
     sessions: list[SessionSummary]
-    #: Pass it back as ``cursor=`` for the next page; ``None`` on the last page.
+    #: Pass it back as ``cursor=`` for the next page; ``None`` on the last page (a
+    #: full last page included: no empty page follows). ``cursor=None`` asks for the
+    #: first page, so a loop that passes this ``None`` back starts over.
     next_cursor: str | None = None
 
 
