@@ -34,7 +34,6 @@ imports the root home and every profile (:func:`hermes_profiles`), and each sess
 ``end_reason``, ``input_tokens`` / ``output_tokens``. Every other non-NULL column goes to
 ``metadata["hermes"]`` under its column name.
 
-
 **Messages.** Rows are read in ``id`` order (Hermes' transcript order). Mapped to fields:
 ``role``, ``content`` (the ``"\\x00json:"`` form becomes the JSON content parts it
 encodes), ``tool_calls``, ``tool_call_id``, ``tool_name``, ``reasoning``,
