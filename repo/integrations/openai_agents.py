@@ -88,8 +88,11 @@ def item_key(session_id: str, item_id: str, generation: int = 0) -> uuid.UUID:
 
 
 def _item_id(item: Mapping[str, Any]) -> str | None:
-    """The provider's id of an item, if it names one (the SDK's placeholder for providers
-    without ids is not one: every item of such a model carries it)."""
+    """The provider's id of an item, if it names one. Not one: the SDK's placeholder for
+    providers without ids (every item of such a model carries it), and the ``id`` of an
+    ``item_reference``, which is the id of the item it points to."""
+    if item.get("type") == "item_reference":
+        return None
     value = item.get("id")
     if isinstance(value, str) and value and value != FAKE_RESPONSES_ID:
         return value
@@ -172,6 +175,7 @@ class SessionRepoSession:
         self._session_defaults = {"source": DEFAULT_SOURCE} | dict(session_defaults or {})
         self._writer: AsyncTranscriptWriter | None = None
         self._opening = asyncio.Lock()
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._closed = False
 
     def __repr__(self) -> str:
@@ -184,6 +188,7 @@ class SessionRepoSession:
         """The repository it stores in, opened on first use."""
         if self._closed:
             raise RuntimeError("this SessionRepoSession is closed")
+        self._check_loop()
         if self._repository is None:
             async with self._opening:
                 if self._repository is None:
@@ -203,12 +208,26 @@ class SessionRepoSession:
         """Close the writer it made and the repository it opened (not one passed in)."""
         if self._closed:
             return
+        self._check_loop()
         self._closed = True
         writer, self._writer = self._writer, None
         if writer is not None:
             await writer.close()
         if self._owns_repository and self._repository is not None:
             await self._repository.close()
+
+    def _check_loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        if self._loop is None:
+            self._loop = loop
+        elif loop is not self._loop:
+            # Its connections belong to the first loop: on another one they fail later,
+            # and less clearly (Runner.run_sync reuses one loop per thread; asyncio.run
+            # makes a new one each time).
+            raise RuntimeError(
+                "this SessionRepoSession is used from another event loop than the one it "
+                "was first used from; make one per loop"
+            )
 
     async def __aenter__(self) -> SessionRepoSession:
         return self
@@ -275,11 +294,7 @@ class SessionRepoSession:
         if not newest:
             return None
         (message,) = newest
-        writer = await self.writer()
-        if writer is not None:
-            await writer.retract(self.session_id, [message.client_msg_uuid])
-        else:
-            await (await self.repository()).retract(self.session_id, [message.client_msg_uuid])
+        await self._retract([message.client_msg_uuid])
         return cast("TResponseInputItem", message.to_item())
 
     async def clear_session(self, *, wrapper: RunContextWrapper[Any] | None = None) -> None:
@@ -291,7 +306,7 @@ class SessionRepoSession:
             if writer is not None:
                 await writer.clear_session(self.session_id)
             else:
-                await repository.clear_session(self.session_id)
+                await repository.clear_session(self.session_id)  # type: ignore[misc]  # see _retract
         except NotFound:
             pass  # never written to: already empty
 
@@ -315,6 +330,18 @@ class SessionRepoSession:
             return await repository.load_transcript(self.session_id, before_seq=_END, limit=limit)
         except NotFound:
             return []
+
+    async def _retract(self, keys: list[uuid.UUID]) -> None:
+        repository = await self.repository()
+        writer = await self.writer()
+        if writer is not None:
+            await writer.retract(self.session_id, keys)
+        else:
+            # The awaited editing methods are typed by SessionEditing, where the sync ones
+            # are defined, and mypy does not take an AsyncFacade[SessionRepository] for an
+            # AsyncFacade[SessionEditing] (its type variable is invariant): they are the
+            # facade's own methods all the same.
+            await repository.retract(self.session_id, keys)  # type: ignore[misc]
 
     def _item_dict(self, item: object, index: int) -> dict[str, Any]:
         if not isinstance(item, Mapping):
@@ -385,12 +412,9 @@ class SessionRepoSession:
                 generation += 1
             if key not in stored:
                 again.append({**item, KEY_FIELD: str(key)})
-        writer = await self.writer()
         if moved:
-            if writer is not None:
-                await writer.retract(self.session_id, moved)
-            else:
-                await repository.retract(self.session_id, moved)
+            await self._retract(moved)
+        writer = await self.writer()
         if writer is not None:
             await writer.write(self.session_id, again, **self._session_defaults)
         else:
