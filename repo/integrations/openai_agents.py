@@ -176,6 +176,8 @@ class SessionRepoSession:
         self._writer: AsyncTranscriptWriter | None = None
         self._opening = asyncio.Lock()
         self._loop: asyncio.AbstractEventLoop | None = None
+        #: Keys this object took out of the live history (see add_items).
+        self._taken_out: set[uuid.UUID] = set()
         self._closed = False
 
     def __repr__(self) -> str:
@@ -264,21 +266,15 @@ class SessionRepoSession:
                 raise RuntimeError("this SessionRepoSession is closed")
             return
         dicts = [self._item_dict(item, index) for index, item in enumerate(items)]
-        batch = [self._keyed(item, 0) for item in dicts]
-        repository = await self.repository()
-        writer = await self.writer()
-        if writer is not None:
-            outcome = await writer.write(self.session_id, batch, **self._session_defaults)
-            if outcome.status == "parked":
-                return  # replayed in order by the drain; nothing to reconcile yet
-            skipped = [*outcome.duplicates, *outcome.conflicts]
-            inserted = outcome.inserted
-        else:
-            result = await repository.append(self.session_id, batch, **self._session_defaults)
-            skipped = [*result.duplicates, *result.conflicts]
-            inserted = result.inserted
-        if skipped:
-            await self._bring_back(dicts, batch, inserted)
+        batch = [self._keyed(item) for item in dicts]
+        if self._taken_out and any(_key(sent) in self._taken_out for sent in batch):
+            # This object took some of them out (a pop, a clear): they come back under
+            # their next generation, chosen before writing, so that the batch lands whole
+            # and in order.
+            batch = self._regenerated(dicts, batch, await self._stored(), set())
+        written = await self._write(batch)
+        if written is not None and written[1]:
+            await self._bring_back(dicts, batch, written[0])
 
     async def pop_item(
         self, *, wrapper: RunContextWrapper[Any] | None = None
@@ -295,6 +291,7 @@ class SessionRepoSession:
             return None
         (message,) = newest
         await self._retract([message.client_msg_uuid])
+        self._taken_out.add(message.client_msg_uuid)
         return cast("TResponseInputItem", message.to_item())
 
     async def clear_session(self, *, wrapper: RunContextWrapper[Any] | None = None) -> None:
@@ -304,11 +301,13 @@ class SessionRepoSession:
         writer = await self.writer()
         try:
             if writer is not None:
-                await writer.clear_session(self.session_id)
+                edit = (await writer.clear_session(self.session_id)).edit
             else:
-                await repository.clear_session(self.session_id)  # type: ignore[misc]  # see _retract
+                edit = await repository.clear_session(self.session_id)  # type: ignore[misc]  # see _retract
         except NotFound:
-            pass  # never written to: already empty
+            return  # never written to: already empty
+        if edit is not None:  # None: parked; _bring_back sees to what was cleared
+            self._taken_out.update(edit.superseded)
 
     # -- helpers ------------------------------------------------------------------------
 
@@ -348,13 +347,67 @@ class SessionRepoSession:
             raise InvalidMessage(f"items[{index}]", f"an item is a dict, not {type(item).__name__}")
         return dict(item)
 
-    def _keyed(self, item: dict[str, Any], generation: int) -> dict[str, Any]:
+    def _keyed(self, item: dict[str, Any]) -> dict[str, Any]:
         """A copy of ``item`` with its key (the caller's dict is never stamped)."""
         if KEY_FIELD in item:
             return dict(item)
         item_id = _item_id(item)
-        key = item_key(self.session_id, item_id, generation) if item_id else new_key()
+        key = item_key(self.session_id, item_id) if item_id else new_key()
         return {**item, KEY_FIELD: str(key)}
+
+    async def _write(
+        self, batch: list[dict[str, Any]]
+    ) -> tuple[list[uuid.UUID], list[uuid.UUID]] | None:
+        """Append or write ``batch``: the keys inserted and those skipped (already stored),
+        or ``None`` when it was parked."""
+        if not batch:
+            return [], []
+        writer = await self.writer()
+        if writer is not None:
+            outcome = await writer.write(self.session_id, batch, **self._session_defaults)
+            if outcome.status == "parked":
+                return None
+            return outcome.inserted, [*outcome.duplicates, *outcome.conflicts]
+        repository = await self.repository()
+        result = await repository.append(self.session_id, batch, **self._session_defaults)
+        return result.inserted, [*result.duplicates, *result.conflicts]
+
+    async def _stored(self) -> dict[uuid.UUID, StoredMessage]:
+        """Every message the session holds, live or not, by key."""
+        repository = await self.repository()
+        try:
+            history = await repository.load_transcript(self.session_id, include_retracted=True)
+        except NotFound:
+            return {}
+        return {message.client_msg_uuid: message for message in history}
+
+    def _regenerated(
+        self,
+        items: list[dict[str, Any]],
+        batch: list[dict[str, Any]],
+        stored: Mapping[uuid.UUID, StoredMessage],
+        moved: set[uuid.UUID],
+    ) -> list[dict[str, Any]]:
+        """``batch`` again, each item with an id under its first generation's key that is
+        either free or live with this very item (then it is left out: a retry), and each
+        item without one that is ``moved`` under a fresh key."""
+        out: list[dict[str, Any]] = []
+        for sent, item in zip(batch, items, strict=True):
+            item_id = _item_id(item)
+            if KEY_FIELD in item or item_id is None:
+                out.append({**item, KEY_FIELD: str(new_key())} if _key(sent) in moved else sent)
+                continue
+            generation = 0
+            while True:
+                key = item_key(self.session_id, item_id, generation)
+                message = stored.get(key)
+                if message is None:
+                    out.append({**item, KEY_FIELD: str(key)})
+                    break
+                if key not in moved and _live_as(message, item):
+                    break
+                generation += 1
+        return out
 
     async def _bring_back(
         self,
@@ -362,60 +415,35 @@ class SessionRepoSession:
         batch: list[dict[str, Any]],
         inserted: list[uuid.UUID],
     ) -> None:
-        """Some derived keys of this batch were stored already. Where each is still live
-        with the same content, this was a retry and nothing is left to do. Where one was
-        taken out (popped, cleared) or holds another item, the item is added back under
-        its next free generation, and the items this call inserted are sent again behind
-        it, so the batch keeps its order."""
-        repository = await self.repository()
-        stored = {
-            message.client_msg_uuid: message
-            for message in await repository.load_transcript(self.session_id, include_retracted=True)
-        }
+        """Some keys of this batch were stored already. Where each is live with the same
+        item, this was a retry and nothing is left to do. Where one was taken out (popped
+        or cleared, by another object or process) or holds another item, the item comes
+        back under its next free generation, and what this call inserted is taken out and
+        sent again behind it, so that the batch keeps its order."""
+        stored = await self._stored()
         fresh = set(inserted)
-        # What this call inserted moves behind what comes back (but a caller's own key,
-        # which could not be stored again once retracted).
-        moved = [
-            uuid.UUID(sent[KEY_FIELD])
-            for sent, item in zip(batch, items, strict=True)
-            if uuid.UUID(sent[KEY_FIELD]) in fresh and KEY_FIELD not in item
-        ]
-
-        def retried(key: uuid.UUID, item: dict[str, Any]) -> bool:
-            message = stored.get(key)
-            return (
-                message is not None
-                and message.superseded is None
-                and message.to_item() == {k: v for k, v in item.items() if k != KEY_FIELD}
-            )
-
         if all(
-            retried(uuid.UUID(sent[KEY_FIELD]), item)
+            KEY_FIELD in item or _key(sent) in fresh or _live_as(stored.get(_key(sent)), item)
             for sent, item in zip(batch, items, strict=True)
-            if uuid.UUID(sent[KEY_FIELD]) not in fresh
         ):
             return
-        again: list[dict[str, Any]] = []
-        for sent, item in zip(batch, items, strict=True):
-            key = uuid.UUID(sent[KEY_FIELD])
-            item_id = _item_id(item)
-            if KEY_FIELD in item or (key not in fresh and retried(key, item)):
-                continue  # the caller's own key, or already live as it is
-            if item_id is None:
-                again.append({**item, KEY_FIELD: str(new_key())})
-                continue
-            generation = 0
-            while True:
-                key = item_key(self.session_id, item_id, generation)
-                if key not in stored or (key not in fresh and retried(key, item)):
-                    break
-                generation += 1
-            if key not in stored:
-                again.append({**item, KEY_FIELD: str(key)})
+        # A caller's own key stays where it is: once taken out, it could not come back.
+        moved = {
+            _key(sent)
+            for sent, item in zip(batch, items, strict=True)
+            if _key(sent) in fresh and KEY_FIELD not in item
+        }
+        again = self._regenerated(items, batch, stored, moved)
         if moved:
-            await self._retract(moved)
-        writer = await self.writer()
-        if writer is not None:
-            await writer.write(self.session_id, again, **self._session_defaults)
-        else:
-            await repository.append(self.session_id, again, **self._session_defaults)
+            await self._retract([_key(sent) for sent in batch if _key(sent) in moved])
+            self._taken_out.update(moved)
+        await self._write(again)
+
+
+def _key(message: Mapping[str, Any]) -> uuid.UUID:
+    return uuid.UUID(str(message[KEY_FIELD]))
+
+
+def _live_as(message: StoredMessage | None, item: Mapping[str, Any]) -> bool:
+    """Whether ``message`` is in the live history as ``item``."""
+    return message is not None and message.superseded is None and message.to_item() == item

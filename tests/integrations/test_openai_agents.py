@@ -13,13 +13,21 @@ from __future__ import annotations
 import asyncio
 import sys
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, TypeVar
 
 import pytest
-from agents import Agent, RunConfig, Runner, SQLiteSession, function_tool
-from agents.memory import Session, SessionSettings
+from agents import (
+    Agent,
+    RunConfig,
+    Runner,
+    SQLiteSession,
+    function_tool,
+    set_tracing_disabled,
+)
+from agents.memory import OpenAIResponsesCompactionSession, Session, SessionSettings
 
 from sessionrepo import (
     BackendUnavailable,
@@ -47,6 +55,14 @@ Items = list[Any]
 @pytest.fixture(autouse=True)
 def _outbox_only_where_the_test_says(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("SESSIONREPO_OUTBOX_URL", raising=False)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _offline() -> Iterator[None]:
+    """No trace export (it would try the network): these runs are offline."""
+    set_tracing_disabled(True)
+    yield
+    set_tracing_disabled(False)
 
 
 def run(coroutine: Callable[[], Awaitable[T]]) -> T:
@@ -327,21 +343,17 @@ def test_an_item_added_back_after_pop_or_clear_returns(database_url: str) -> Non
     """The SDK adds popped items back when a rewind finds the tail is not what it expected,
     and a compaction clears the session and adds items that keep their ids: those come back
     (a new generation of the derived key), in the batch's order, and a retry of that batch
-    is still a no-op."""
+    is still a no-op. Also when another object (another process, after a restart) took
+    them out: then what the add inserted first is moved behind them."""
+    items: Items = [
+        {"role": "user", "content": "q"},
+        {"type": "function_call", "id": "fc_1", "call_id": "c1", "name": "w", "arguments": "{}"},
+        {"type": "function_call_output", "call_id": "c1", "output": "sunny"},
+    ]
 
     async def main() -> None:
-        async with SessionRepoSession("back", url=database_url) as session:
-            items: Items = [
-                {"role": "user", "content": "q"},
-                {
-                    "type": "function_call",
-                    "id": "fc_1",
-                    "call_id": "c1",
-                    "name": "w",
-                    "arguments": "{}",
-                },
-                {"type": "function_call_output", "call_id": "c1", "output": "sunny"},
-            ]
+        async with await open_async_repository(database_url) as repository:
+            session = SessionRepoSession("back", repository=repository)
             await session.add_items(items)
             popped = [await session.pop_item(), await session.pop_item()]
             await session.add_items(list(reversed(popped)))
@@ -350,8 +362,20 @@ def test_an_item_added_back_after_pop_or_clear_returns(database_url: str) -> Non
             await session.add_items(items)
             await session.add_items(items[1:2])  # a retry of what came back
             assert await session.get_items() == items
-            stored = await (await session.repository()).load_transcript("back")
+            stored = await repository.load_transcript("back")
             assert stored[1].client_msg_uuid == item_key("back", "fc_1", 2)
+            # Only what the edits took out is history: nothing was written twice.
+            assert len(await repository.load_transcript("back", include_retracted=True)) == 8
+
+            await session.clear_session()
+            restarted = SessionRepoSession("back", repository=repository)
+            await restarted.add_items(items)
+            assert await restarted.get_items() == items
+            await restarted.add_items(items[1:2])
+            assert await restarted.get_items() == items
+            assert (await repository.load_transcript("back"))[1].client_msg_uuid == item_key(
+                "back", "fc_1", 3
+            )
 
     run(main)
 
@@ -406,6 +430,65 @@ def test_the_default_store_is_the_embedded_one(
         assert [m.content for m in check.load_transcript("default")] == ["hi"]
     finally:
         check.close()
+
+
+class _CompactingClient:
+    """What ``OpenAIResponsesCompactionSession`` calls: ``client.responses.compact``,
+    answering with a scripted compacted history (and recording what it was sent)."""
+
+    def __init__(self, output: Items) -> None:
+        self.responses = self
+        self.output = output
+        self.sent: list[dict[str, Any]] = []
+
+    async def compact(self, **request: Any) -> Any:
+        self.sent.append(request)
+        return SimpleNamespace(output=self.output, usage=None)
+
+
+def test_compaction_replaces_the_live_history_and_keeps_the_old_one(database_url: str) -> None:
+    """Wrapped in the SDK's ``OpenAIResponsesCompactionSession`` (which clears the session
+    and adds the compacted items): the live history is the compacted one, items the
+    compaction kept with their ids (a reasoning item and its message) come back, and,
+    unlike the SDK's backends (openai-agents-python issue 5010), the history before the
+    compaction is not lost: it stays stored, marked ``retracted``."""
+    history: Items = [
+        {"role": "user", "content": "q1"},
+        {"type": "reasoning", "id": "rs_1", "summary": []},
+        {
+            "type": "message",
+            "role": "assistant",
+            "id": "msg_1",
+            "status": "completed",
+            "content": [{"type": "output_text", "text": "a1", "annotations": []}],
+        },
+    ]
+    compacted: Items = [
+        {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "q1"}]},
+        {"type": "compaction", "id": "cmp_1", "encrypted_content": "opaque"},
+        history[1],
+        history[2],
+    ]
+
+    async def main() -> None:
+        async with SessionRepoSession("compacted", url=database_url) as session:
+            await session.add_items(history)
+            client = _CompactingClient(compacted)
+            wrapped = OpenAIResponsesCompactionSession(
+                "compacted",
+                session,
+                client=client,
+                compaction_mode="input",  # type: ignore[arg-type]
+            )
+            await wrapped.run_compaction({"force": True})
+            assert client.sent[0]["input"][0] == history[0]
+            assert await session.get_items() == compacted
+            repository = await session.repository()
+            kept = await repository.load_transcript("compacted", include_retracted=True)
+            assert [m.to_item() for m in kept if m.superseded] == history
+            assert [m.to_item() for m in kept if not m.superseded] == compacted
+
+    run(main)
 
 
 # -- the Runner (test_session.py, test_session_limit.py), restarts and outages -----------
