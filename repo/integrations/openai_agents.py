@@ -420,12 +420,16 @@ class SessionRepoSession:
         or cleared, by another object or process) or holds another item, the item comes
         back under its next free generation, and what this call inserted is taken out and
         sent again behind it, so that the batch keeps its order."""
-        stored = await self._stored()
         fresh = set(inserted)
-        if all(
-            KEY_FIELD in item or _key(sent) in fresh or _live_as(stored.get(_key(sent)), item)
+        ours = [
+            (sent, item)
             for sent, item in zip(batch, items, strict=True)
-        ):
+            if KEY_FIELD not in item and _key(sent) not in fresh
+        ]
+        if not ours:
+            return  # only keys the caller chose were skipped: theirs to resend
+        stored = await self._stored()
+        if all(_live_as(stored.get(_key(sent)), item) for sent, item in ours):
             return
         # A caller's own key stays where it is: once taken out, it could not come back.
         moved = {
