@@ -18,10 +18,17 @@ What it keeps of the SDK's contract, and where it is stricter:
   equal items append, as the SDK says. A ``client_msg_uuid`` the caller put on an item is
   its key (a gateway that stamps its items), and is not returned by ``get_items``.
 - ``pop_item`` and ``clear_session`` edit the live history; nothing is deleted (the items
-  stay readable with ``load_transcript(..., include_retracted=True)``), so a compaction
-  that clears the session and adds a summary loses nothing either. An item added again
-  after it was popped or cleared comes back (a new generation of its derived key:
-  ``item_key(session_id, id, n)``), as the SDK's rewind and compaction restore paths need.
+  stay readable with ``load_transcript(..., include_retracted=True)``). ``pop_item``
+  takes exactly the newest item (a retract of its key; it reads the newest, then takes
+  that one out, so an item appended concurrently in between stays).
+- An item added again after it was popped or cleared comes back, under the next
+  generation of its derived key (``item_key(session_id, id, n)``), as the SDK's rewind
+  (which adds back what it popped when the tail was not what it expected) and its
+  compaction (``OpenAIResponsesCompactionSession`` clears the session and adds the
+  compacted items, which may keep their ids) need. Wrapped in that class, this session
+  loses nothing in a compaction: the history before it stays stored. (Its atomic
+  suffix replacement, a private hook of the SDK's own stores, is not offered: automatic
+  compaction then needs the whole history to match, as for any other backend.)
 - With ``use_outbox=True`` the writes go through :class:`~sessionrepo.AsyncTranscriptWriter`:
   when the primary is down or locked, ``add_items`` (and the edits) park in the outbox and
   return; they are replayed in order later, idempotently. Reads need the primary, and a
@@ -29,12 +36,14 @@ What it keeps of the SDK's contract, and where it is stricter:
   :class:`~sessionrepo.BackendUnavailable` rather than return a history with a gap).
 
 The ``wrapper`` keyword the SDK passes to sessions that accept it (the run context) is
-accepted on the four methods and not used.
+accepted on the four methods and not used. One object belongs to one event loop (its
+repository's connections do); ``Runner.run_sync`` reuses the thread's loop, so it works.
 """
 
 from __future__ import annotations
 
 import asyncio
+import inspect
 import uuid
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Final, cast
@@ -71,6 +80,13 @@ ITEM_KEY_NAMESPACE: Final = uuid.UUID("b692089a-6533-5d64-9373-310eb164749c")
 
 #: ``before_seq`` past every message: ``load_transcript`` pages backward from the end.
 _END: Final = 2**63 - 1
+
+#: What ``writer_options`` may hold: the writer's own keyword arguments.
+_WRITER_OPTIONS: Final = frozenset(
+    name
+    for name, parameter in inspect.signature(AsyncTranscriptWriter).parameters.items()
+    if parameter.kind is inspect.Parameter.KEYWORD_ONLY and name != "outbox_url"
+)
 
 #: Where the sessions this class creates say they come from (``Session.source``).
 DEFAULT_SOURCE: Final = "openai-agents"
@@ -116,16 +132,16 @@ class SessionRepoSession:
         session_settings: the SDK's settings (``limit``: how many items ``get_items``
             returns by default).
         use_outbox: write through an :class:`~sessionrepo.AsyncTranscriptWriter`.
-        outbox_url: where that writer parks (default: the primary database;
-            ``SESSIONREPO_OUTBOX_URL`` is not read here, pass it).
+        outbox_url: where that writer parks (default: ``SESSIONREPO_OUTBOX_URL``, else
+            the primary database).
         writer_options: more :class:`~sessionrepo.AsyncTranscriptWriter` arguments
             (``deadline``, ``max_attempts``...).
         session_defaults: the fields of the session row the first write creates
             (``source`` defaults to ``"openai-agents"``; ``user_id``, ``title``...).
 
     Raises:
-        InvalidArgument: both ``url`` and ``repository``, an empty ``session_id``, or
-            writer options without ``use_outbox``
+        InvalidArgument: both ``url`` and ``repository``, an empty ``session_id``, writer
+            options without ``use_outbox``, or one the writer does not take
             (:class:`~sessionrepo.errors.ArgumentTypeError`: of the wrong type).
     """
 
@@ -160,6 +176,11 @@ class SessionRepoSession:
             raise ArgumentTypeError("repository", "expected an AsyncSessionRepository")
         if not use_outbox and (outbox_url is not None or writer_options):
             raise InvalidArgument("outbox_url", "outbox settings without use_outbox=True")
+        unknown = sorted(set(writer_options or {}) - _WRITER_OPTIONS)
+        if unknown:
+            raise InvalidArgument(
+                "writer_options", f"{', '.join(unknown)}: not an AsyncTranscriptWriter option"
+            )
         self.session_id = session_id
         self.session_settings = (
             coerce_session_settings(session_settings)

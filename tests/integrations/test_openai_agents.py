@@ -28,6 +28,7 @@ from agents import (
     set_tracing_disabled,
 )
 from agents.memory import OpenAIResponsesCompactionSession, Session, SessionSettings
+from agents.memory.session import _session_accepts_wrapper
 
 from sessionrepo import (
     BackendUnavailable,
@@ -86,6 +87,8 @@ def test_add_get_clear(database_url: str) -> None:
     async def main() -> None:
         async with SessionRepoSession("direct", url=database_url) as session:
             assert isinstance(session, Session)
+            # All four methods take the run context: the SDK passes it (and only then).
+            assert _session_accepts_wrapper(session)
             items: Items = [
                 {"role": "user", "content": "Hello"},
                 {"role": "assistant", "content": "Hi there!"},
@@ -404,6 +407,8 @@ def test_constructor_arguments(database_url: str) -> None:
         SessionRepoSession("s", url=database_url, repository=object())  # type: ignore[arg-type]
     with pytest.raises(InvalidArgument, match="use_outbox"):
         SessionRepoSession("s", url=database_url, outbox_url="sqlite:///x.db")
+    with pytest.raises(InvalidArgument, match="deadlne"):
+        SessionRepoSession("s", use_outbox=True, writer_options={"deadlne": 1.0})
     sync = open_repository(database_url)
     try:
         with pytest.raises(ArgumentTypeError, match="open_async_repository"):
@@ -513,7 +518,11 @@ _RUN_SYNC_WARNING = "ignore:asynchronous generator.*shutdown_asyncgens:ResourceW
 
 @pytest.mark.parametrize(
     "runner_method",
-    ["run", pytest.param("run_sync", marks=pytest.mark.filterwarnings(_RUN_SYNC_WARNING))],
+    [
+        "run",
+        pytest.param("run_sync", marks=pytest.mark.filterwarnings(_RUN_SYNC_WARNING)),
+        "run_streamed",
+    ],
 )
 def test_runner_turns_resume_after_a_restart(database_url: str, runner_method: str) -> None:
     """Follows ``test_session_memory_basic_functionality_parametrized`` and
@@ -534,12 +543,13 @@ def test_runner_turns_resume_after_a_restart(database_url: str, runner_method: s
     try:
         first = SessionRepoSession("user-1", url=database_url)
         other = SessionRepoSession("user-2", url=database_url)
-        if runner_method == "run":
-            go(Runner.run(agent, "Weather in Kyoto?", session=first))
-            go(Runner.run(agent, "I like cats", session=other))
-        else:
-            Runner.run_sync(agent, "Weather in Kyoto?", session=first)
-            Runner.run_sync(agent, "I like cats", session=other)
+        for text, session in (("Weather in Kyoto?", first), ("I like cats", other)):
+            if runner_method == "run":
+                go(Runner.run(agent, text, session=session))
+            elif runner_method == "run_sync":
+                Runner.run_sync(agent, text, session=session)
+            else:
+                go(_streamed(agent, text, session))
 
         history = go(first.get_items())
         assert [item.get("type") for item in history] == [
@@ -567,6 +577,13 @@ def test_runner_turns_resume_after_a_restart(database_url: str, runner_method: s
     finally:
         asyncio.set_event_loop(None)
         loop.close()
+
+
+async def _streamed(agent: Agent[Any], text: str, session: SessionRepoSession) -> Any:
+    result = Runner.run_streamed(agent, text, session=session)
+    async for _event in result.stream_events():
+        pass
+    return result
 
 
 def test_one_session_object_per_event_loop(database_url: str) -> None:
@@ -693,7 +710,9 @@ def test_an_outage_without_the_outbox_raises(database_url: str, backend: str) ->
     is locked" after the busy timeout; on PostgreSQL an append waits for a held row lock.)"""
 
     async def main() -> None:
-        async with await open_async_repository(database_url, busy_timeout=0.2) as repository:
+        async with await open_async_repository(
+            database_url, busy_timeout=0.2, attempts=1
+        ) as repository:
             session = SessionRepoSession("down", repository=repository)
             await session.add_items([{"role": "user", "content": "first"}])
             with (
