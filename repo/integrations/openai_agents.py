@@ -34,6 +34,9 @@ What it keeps of the SDK's contract, and where it is stricter:
   return; they are replayed in order later, idempotently. Reads need the primary, and a
   session with parked writes is drained before it is read (or the read raises
   :class:`~sessionrepo.BackendUnavailable` rather than return a history with a gap).
+  Bringing an item back (above) reads the primary too; and an item with an id added
+  back while the pop or clear that took it out is still parked stays out when both
+  are replayed (the replay cannot tell it from a retry).
 
 The ``wrapper`` keyword the SDK passes to sessions that accept it (the run context) is
 accepted on the four methods and not used. One object belongs to one event loop (its
@@ -69,6 +72,7 @@ from sessionrepo.models.message import KEY_FIELD, new_key
 
 if TYPE_CHECKING:
     from agents.items import TResponseInputItem
+    from agents.memory import Session
     from agents.run_context import RunContextWrapper
 
 __all__ = ["ITEM_KEY_NAMESPACE", "SessionRepoSession", "item_key"]
@@ -472,3 +476,9 @@ def _key(message: Mapping[str, Any]) -> uuid.UUID:
 def _live_as(message: StoredMessage | None, item: Mapping[str, Any]) -> bool:
     """Whether ``message`` is in the live history as ``item``."""
     return message is not None and message.superseded is None and message.to_item() == item
+
+
+if TYPE_CHECKING:
+
+    def _is_a_session(session: SessionRepoSession) -> Session:
+        return session  # mypy checks the class against the SDK's Session protocol here

@@ -97,6 +97,8 @@ def test_add_get_clear(database_url: str) -> None:
             assert await session.get_items() == items
             await session.clear_session()
             assert await session.get_items() == []
+            stored = await (await session.repository()).get_session("direct")
+            assert stored.source == "openai-agents"
 
     run(main)
 
