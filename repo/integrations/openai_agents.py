@@ -280,6 +280,8 @@ class SessionRepoSession:
         self, items: list[TResponseInputItem], *, wrapper: RunContextWrapper[Any] | None = None
     ) -> None:
         """Append ``items`` in order, atomically; a retried batch stores nothing twice.
+        (Items another object or process popped or cleared come back in a second step:
+        see :meth:`_bring_back`.)
 
         Raises:
             InvalidMessage: an item cannot be stored faithfully (nothing was written).
