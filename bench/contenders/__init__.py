@@ -21,6 +21,11 @@ CONTENDERS: Final = {
     "sessionrepo-noindex": ("bench.contenders._sessionrepo", "SessionRepoNoIndex", None),
     "openai": ("bench.contenders._openai", "OpenAIAgents", "openai-agents"),
     "openai-sqlite": ("bench.contenders._openai", "OpenAISQLite", "openai-agents"),
+    "sessionrepo-openai-agents": (
+        "bench.contenders._openai",
+        "SessionRepoOpenAIAgents",
+        "openai-agents",
+    ),
     "adk": ("bench.contenders._adk", "GoogleADK", "google-adk"),
     "langchain": ("bench.contenders._langchain", "LangChain", "langchain-community"),
 }
@@ -40,6 +45,7 @@ LABELS: Final = {
     "sessionrepo-noindex": "sessionrepo (search_index=False)",
     "openai": "OpenAI Agents SQLAlchemySession",
     "openai-sqlite": "OpenAI Agents SQLiteSession",
+    "sessionrepo-openai-agents": "sessionrepo SessionRepoSession (OpenAI Agents)",
     "adk": "Google ADK DatabaseSessionService",
     "langchain": "LangChain SQLChatMessageHistory",
 }

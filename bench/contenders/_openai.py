@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from bench.contenders._sessionrepo_async import SessionRepoAsync
 from bench.contenders.base import (
     AsyncContender,
     Call,
@@ -183,3 +184,69 @@ class OpenAISQLite(AsyncContender):
         for session in self.sessions.values():
             session.close()
         super().close()
+
+
+class SessionRepoOpenAIAgents(SessionRepoAsync):
+    """sessionrepo's OpenAI Agents SDK ``Session`` (``sessionrepo.integrations.openai_agents``):
+    the same calls as the two SDK rows above (one ``SessionRepoSession(session_id,
+    repository=...)`` per conversation over one shared async repository, ``await
+    add_items(dicts)``, ``await get_items()``), next to ``sessionrepo-async`` (the native
+    API under it): what the adapter costs. The workload's dicts carry their
+    ``client_msg_uuid``, which the adapter takes as the key, so a turn's re-flush stores
+    nothing again."""
+
+    key = "sessionrepo-openai-agents"
+    label = "sessionrepo SessionRepoSession (OpenAI Agents)"
+    packages = (*SessionRepoAsync.packages, "openai-agents")
+    usage = (
+        "`SessionRepoSession(session_id, repository=shared async repository)` per "
+        "conversation; `await add_items(dicts)`; `await get_items()`; on "
+        "`open_async_repository(url)` (aiosqlite / psycopg async, SQLite `synchronous=FULL`)"
+    )
+
+    def open(self) -> None:
+        from sessionrepo.integrations.openai_agents import SessionRepoSession
+
+        super().open()
+        self._session_class = SessionRepoSession
+        self.sessions: dict[str, Any] = {}
+
+    def _session(self, session_id: str) -> Any:
+        session = self.sessions.get(session_id)
+        if session is None:
+            session = self.sessions[session_id] = self._session_class(
+                session_id, repository=self.arepo
+            )
+        return session
+
+    def prepare(self, messages: list[Message]) -> list[Any]:
+        return messages  # the SDK's items are dicts
+
+    def create_sessions(self, session_ids: Sequence[str]) -> None:
+        super().create_sessions(session_ids)
+        for session_id in session_ids:
+            self._session(session_id)
+
+    async def _aappend(self, session_id: str, messages: list[Message]) -> int:
+        await self._session(session_id).add_items(messages)
+        return 0
+
+    def seed_transcript(self, session_id: str, messages: list[Message]) -> None:
+        session = self._session(session_id)
+        for start in range(0, len(messages), 1000):
+            self.run(session.add_items(messages[start : start + 1000]))
+
+    def load(self, session_id: str) -> dict[str, Any]:
+        items, seconds = self.run(atimed(self._session(session_id).get_items()))
+        return {"messages": len(items), "seconds": seconds}
+
+    def list_newest(self, limit: int) -> dict[str, Any]:
+        raise Unsupported("the SDK's Session has no call that lists sessions")
+
+    def close(self) -> None:
+        self.run(self._close_sessions())
+        super().close()
+
+    async def _close_sessions(self) -> None:
+        for session in self.sessions.values():
+            await session.close()  # the repository is the contender's: closed after

@@ -1,0 +1,486 @@
+"""The OpenAI Agents SDK's ``Session`` on sessionrepo: ``SessionRepoSession``.
+
+Install with ``pip install 'sessionrepo[openai-agents]'``; then pass
+``SessionRepoSession("user-42")`` (the embedded default store) or
+``SessionRepoSession("user-42", url="postgresql://...")`` as ``Runner.run(...,
+session=...)``.
+
+What it keeps of the SDK's contract, and where it is stricter:
+
+- Items are stored as given, every key in order (``Message.from_openai``; a
+  Responses-API item keeps its ``type``), and come back equal from ``get_items``, which
+  returns the latest ``limit`` items (``SessionSettings.limit`` by default) in
+  chronological order; a limit of 0 or less returns nothing.
+- The key of an item with an ``id`` is derived from the session and the id
+  (:func:`item_key`), so sending a batch again (a retry after a lost acknowledgement, a
+  crash between commit and return) stores nothing twice: the SDK's own backends store it
+  again. An item without an ``id`` gets a fresh key, so separate ``add_items`` calls with
+  equal items append, as the SDK says. A ``client_msg_uuid`` the caller put on an item is
+  its key (a gateway that stamps its items), and is not returned by ``get_items``.
+- ``pop_item`` and ``clear_session`` edit the live history; nothing is deleted (the items
+  stay readable with ``load_transcript(..., include_retracted=True)``). ``pop_item``
+  takes exactly the newest item (a retract of its key; it reads the newest, then takes
+  that one out, so an item appended concurrently in between stays).
+- An item added again after it was popped or cleared comes back, under the next
+  generation of its derived key (``item_key(session_id, id, n)``), as the SDK's rewind
+  (which adds back what it popped when the tail was not what it expected) and its
+  compaction (``OpenAIResponsesCompactionSession`` clears the session and adds the
+  compacted items, which may keep their ids) need. Wrapped in that class, this session
+  loses nothing in a compaction: the history before it stays stored. (Its atomic
+  suffix replacement, a private hook of the SDK's own stores, is not offered: automatic
+  compaction then needs the whole history to match, as for any other backend.)
+- With ``use_outbox=True`` the writes go through :class:`~sessionrepo.AsyncTranscriptWriter`:
+  when the primary is down or locked, ``add_items`` (and the edits) park in the outbox and
+  return; they are replayed in order later, idempotently. Reads need the primary, and a
+  session with parked writes is drained before it is read (or the read raises
+  :class:`~sessionrepo.BackendUnavailable` rather than return a history with a gap).
+  Bringing an item back (above) reads the primary too; and an item with an id added
+  back while the pop or clear that took it out is still parked stays out when both
+  are replayed (the replay cannot tell it from a retry).
+
+The ``wrapper`` keyword the SDK passes to sessions that accept it (the run context) is
+accepted on the four methods and not used. One object belongs to one event loop (its
+repository's connections do); ``Runner.run_sync`` reuses the thread's loop, so it works.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import uuid
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, Final, cast
+
+from agents.memory.session_settings import (
+    SessionSettings,
+    coerce_session_settings,
+    resolve_session_limit,
+)
+from agents.models.fake_id import FAKE_RESPONSES_ID
+
+from sessionrepo import (
+    AsyncSessionRepository,
+    AsyncTranscriptWriter,
+    BackendUnavailable,
+    NotFound,
+    SessionRepository,
+    open_async_repository,
+)
+from sessionrepo.errors import ArgumentTypeError, InvalidArgument, InvalidMessage
+from sessionrepo.models import StoredMessage
+from sessionrepo.models.message import KEY_FIELD, new_key
+
+if TYPE_CHECKING:
+    from agents.items import TResponseInputItem
+    from agents.memory import Session
+    from agents.run_context import RunContextWrapper
+
+__all__ = ["ITEM_KEY_NAMESPACE", "SessionRepoSession", "item_key"]
+
+#: The UUID namespace of derived item keys (``uuid5`` of ``"https://github.com/sessionrepo/
+#: integrations/openai-agents/item-id"`` in ``NAMESPACE_URL``). Fixed forever: changing it
+#: would make every retried item a new one.
+ITEM_KEY_NAMESPACE: Final = uuid.UUID("b692089a-6533-5d64-9373-310eb164749c")
+
+#: ``before_seq`` past every message: ``load_transcript`` pages backward from the end.
+_END: Final = 2**63 - 1
+
+#: What ``writer_options`` may hold: the writer's own keyword arguments.
+_WRITER_OPTIONS: Final = frozenset(
+    name
+    for name, parameter in inspect.signature(AsyncTranscriptWriter).parameters.items()
+    if parameter.kind is inspect.Parameter.KEYWORD_ONLY and name != "outbox_url"
+)
+
+#: Where the sessions this class creates say they come from (``Session.source``).
+DEFAULT_SOURCE: Final = "openai-agents"
+
+
+def item_key(session_id: str, item_id: str, generation: int = 0) -> uuid.UUID:
+    """The key of the item ``item_id`` in ``session_id``: the same for every retry.
+
+    ``generation`` counts how often the item was taken out of the live history (popped,
+    cleared) and added back: each time it comes back as a new message, under the next
+    generation's key.
+    """
+    name = f"{session_id}:{item_id}" if generation == 0 else f"{session_id}:{item_id}#{generation}"
+    return uuid.uuid5(ITEM_KEY_NAMESPACE, name)
+
+
+def _item_id(item: Mapping[str, Any]) -> str | None:
+    """The provider's id of an item, if it names one. Not one: the SDK's placeholder for
+    providers without ids (every item of such a model carries it), and the ``id`` of an
+    ``item_reference``, which is the id of the item it points to."""
+    if item.get("type") == "item_reference":
+        return None
+    value = item.get("id")
+    if isinstance(value, str) and value and value != FAKE_RESPONSES_ID:
+        return value
+    return None
+
+
+class SessionRepoSession:
+    """An OpenAI Agents SDK ``Session`` stored by sessionrepo (see the module docstring).
+
+    Use it from one event loop, as its repository is (the first call opens what it was
+    given a URL for, on the running loop). ``close()`` (or ``async with``) releases what
+    it opened itself; a ``repository=`` passed in stays the caller's.
+
+    Args:
+        session_id: the conversation (sessionrepo's session id).
+        url: the database (``postgresql://...``, ``sqlite:///path``, a file path); ``None``:
+            ``SESSIONREPO_DATABASE_URL``, else the embedded SQLite default.
+        repository: an opened :class:`~sessionrepo.AsyncSessionRepository` instead of
+            ``url`` (a sync ``SessionRepository`` is refused: its connections are not the
+            event loop's).
+        session_settings: the SDK's settings (``limit``: how many items ``get_items``
+            returns by default).
+        use_outbox: write through an :class:`~sessionrepo.AsyncTranscriptWriter`.
+        outbox_url: where that writer parks (default: ``SESSIONREPO_OUTBOX_URL``, else
+            the primary database).
+        writer_options: more :class:`~sessionrepo.AsyncTranscriptWriter` arguments
+            (``deadline``, ``max_attempts``...).
+        session_defaults: the fields of the session row the first write creates
+            (``source`` defaults to ``"openai-agents"``; ``user_id``, ``title``...).
+
+    Raises:
+        InvalidArgument: both ``url`` and ``repository``, an empty ``session_id``, writer
+            options without ``use_outbox``, or one the writer does not take
+            (:class:`~sessionrepo.errors.ArgumentTypeError`: of the wrong type).
+    """
+
+    session_id: str
+    session_settings: SessionSettings | None
+
+    def __init__(
+        self,
+        session_id: str,
+        *,
+        url: str | None = None,
+        repository: AsyncSessionRepository | None = None,
+        session_settings: SessionSettings | dict[str, Any] | None = None,
+        use_outbox: bool = False,
+        outbox_url: str | None = None,
+        writer_options: Mapping[str, Any] | None = None,
+        session_defaults: Mapping[str, Any] | None = None,
+    ) -> None:
+        if not isinstance(session_id, str):
+            raise ArgumentTypeError("session_id", "a session id is a str")
+        if not session_id:
+            raise InvalidArgument("session_id", "a session id is not empty")
+        if url is not None and repository is not None:
+            raise InvalidArgument("url", "give url= or repository=, not both")
+        if url is not None and not isinstance(url, str):
+            raise ArgumentTypeError("url", "a database URL is a str")
+        if isinstance(repository, SessionRepository):
+            raise ArgumentTypeError(
+                "repository", "a sync SessionRepository; use open_async_repository()"
+            )
+        if repository is not None and not isinstance(repository, AsyncSessionRepository):
+            raise ArgumentTypeError("repository", "expected an AsyncSessionRepository")
+        if not use_outbox and (outbox_url is not None or writer_options):
+            raise InvalidArgument("outbox_url", "outbox settings without use_outbox=True")
+        unknown = sorted(set(writer_options or {}) - _WRITER_OPTIONS)
+        if unknown:
+            raise InvalidArgument(
+                "writer_options", f"{', '.join(unknown)}: not an AsyncTranscriptWriter option"
+            )
+        self.session_id = session_id
+        self.session_settings = (
+            coerce_session_settings(session_settings)
+            if session_settings is not None
+            else SessionSettings()
+        )
+        self._url = url
+        self._repository = repository
+        self._owns_repository = repository is None
+        self._use_outbox = bool(use_outbox)
+        self._outbox_url = outbox_url
+        self._writer_options = dict(writer_options or {})
+        self._session_defaults = {"source": DEFAULT_SOURCE} | dict(session_defaults or {})
+        self._writer: AsyncTranscriptWriter | None = None
+        self._opening = asyncio.Lock()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        #: Keys this object took out of the live history (see add_items).
+        self._taken_out: set[uuid.UUID] = set()
+        self._closed = False
+
+    def __repr__(self) -> str:
+        where = self._repository.display_url if self._repository is not None else "unopened"
+        return f"SessionRepoSession({self.session_id!r}, {where})"
+
+    # -- what it opens ------------------------------------------------------------------
+
+    async def repository(self) -> AsyncSessionRepository:
+        """The repository it stores in, opened on first use."""
+        if self._closed:
+            raise RuntimeError("this SessionRepoSession is closed")
+        self._check_loop()
+        if self._repository is None:
+            async with self._opening:
+                if self._repository is None:
+                    self._repository = await open_async_repository(self._url)
+        return self._repository
+
+    async def writer(self) -> AsyncTranscriptWriter | None:
+        """The outbox writer (``use_outbox=True``), else ``None``."""
+        repository = await self.repository()
+        if self._use_outbox and self._writer is None:
+            self._writer = AsyncTranscriptWriter(
+                repository, outbox_url=self._outbox_url, **self._writer_options
+            )
+        return self._writer
+
+    async def close(self) -> None:
+        """Close the writer it made and the repository it opened (not one passed in)."""
+        if self._closed:
+            return
+        self._check_loop()
+        self._closed = True
+        writer, self._writer = self._writer, None
+        if writer is not None:
+            await writer.close()
+        if self._owns_repository and self._repository is not None:
+            await self._repository.close()
+
+    def _check_loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        if self._loop is None:
+            self._loop = loop
+        elif loop is not self._loop:
+            # Its connections belong to the first loop: on another one they fail later,
+            # and less clearly (Runner.run_sync reuses one loop per thread; asyncio.run
+            # makes a new one each time).
+            raise RuntimeError(
+                "this SessionRepoSession is used from another event loop than the one it "
+                "was first used from; make one per loop"
+            )
+
+    async def __aenter__(self) -> SessionRepoSession:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+    # -- the Session protocol -----------------------------------------------------------
+
+    async def get_items(
+        self, limit: int | None = None, *, wrapper: RunContextWrapper[Any] | None = None
+    ) -> list[TResponseInputItem]:
+        """The latest ``limit`` items (default: ``session_settings.limit``; ``None``: all)
+        in chronological order; none for a limit of 0 or less, or an unknown session."""
+        del wrapper
+        wanted = resolve_session_limit(limit, self.session_settings)
+        if wanted is not None and wanted <= 0:
+            return []
+        stored = await self._live(wanted)
+        return [cast("TResponseInputItem", message.to_item()) for message in stored]
+
+    async def add_items(
+        self, items: list[TResponseInputItem], *, wrapper: RunContextWrapper[Any] | None = None
+    ) -> None:
+        """Append ``items`` in order, atomically; a retried batch stores nothing twice.
+        (Items another object or process popped or cleared come back in a second step:
+        see :meth:`_bring_back`.)
+
+        Raises:
+            InvalidMessage: an item cannot be stored faithfully (nothing was written).
+            BackendUnavailable: the primary cannot take it (without the outbox).
+        """
+        del wrapper
+        if not items:
+            if self._closed:
+                raise RuntimeError("this SessionRepoSession is closed")
+            return
+        dicts = [self._item_dict(item, index) for index, item in enumerate(items)]
+        batch = [self._keyed(item) for item in dicts]
+        if self._taken_out and any(_key(sent) in self._taken_out for sent in batch):
+            # This object took some of them out (a pop, a clear): they come back under
+            # their next generation, chosen before writing, so that the batch lands whole
+            # and in order.
+            batch = self._regenerated(dicts, batch, await self._stored(), set())
+        written = await self._write(batch)
+        if written is not None and written[1]:
+            await self._bring_back(dicts, batch, written[0])
+
+    async def pop_item(
+        self, *, wrapper: RunContextWrapper[Any] | None = None
+    ) -> TResponseInputItem | None:
+        """Take the newest item out of the live history and return it (``None``: empty).
+
+        Exactly one item, as the SDK's rewind expects (it pops and compares item by
+        item): a retract of the newest key, not ``pop_last``, whose logical step takes a
+        tool call together with its outputs.
+        """
+        del wrapper
+        newest = await self._live(1)
+        if not newest:
+            return None
+        (message,) = newest
+        await self._retract([message.client_msg_uuid])
+        self._taken_out.add(message.client_msg_uuid)
+        return cast("TResponseInputItem", message.to_item())
+
+    async def clear_session(self, *, wrapper: RunContextWrapper[Any] | None = None) -> None:
+        """Empty the live history (kept as history: nothing is deleted)."""
+        del wrapper
+        repository = await self.repository()
+        writer = await self.writer()
+        try:
+            if writer is not None:
+                edit = (await writer.clear_session(self.session_id)).edit
+            else:
+                edit = await repository.clear_session(self.session_id)  # type: ignore[misc]  # see _retract
+        except NotFound:
+            return  # never written to: already empty
+        if edit is not None:  # None: parked; _bring_back sees to what was cleared
+            self._taken_out.update(edit.superseded)
+
+    # -- helpers ------------------------------------------------------------------------
+
+    async def _live(self, limit: int | None) -> list[StoredMessage]:
+        """The newest ``limit`` live messages (``None``: all), oldest first."""
+        repository = await self.repository()
+        writer = await self.writer()
+        if writer is not None and await writer.pending(self.session_id):
+            await writer.drain(session_id=self.session_id, ignore_backoff=True)
+            waiting = await writer.pending(self.session_id)
+            if waiting:
+                raise BackendUnavailable(
+                    f"{waiting} writes of this session wait in the outbox: its history "
+                    "is read once they are replayed"
+                )
+        try:
+            if limit is None:
+                return await repository.load_transcript(self.session_id)
+            return await repository.load_transcript(self.session_id, before_seq=_END, limit=limit)
+        except NotFound:
+            return []
+
+    async def _retract(self, keys: list[uuid.UUID]) -> None:
+        repository = await self.repository()
+        writer = await self.writer()
+        if writer is not None:
+            await writer.retract(self.session_id, keys)
+        else:
+            # The awaited editing methods are typed by SessionEditing, where the sync ones
+            # are defined, and mypy does not take an AsyncFacade[SessionRepository] for an
+            # AsyncFacade[SessionEditing] (its type variable is invariant): they are the
+            # facade's own methods all the same.
+            await repository.retract(self.session_id, keys)  # type: ignore[misc]
+
+    def _item_dict(self, item: object, index: int) -> dict[str, Any]:
+        if not isinstance(item, Mapping):
+            raise InvalidMessage(f"items[{index}]", f"an item is a dict, not {type(item).__name__}")
+        return dict(item)
+
+    def _keyed(self, item: dict[str, Any]) -> dict[str, Any]:
+        """A copy of ``item`` with its key (the caller's dict is never stamped)."""
+        if KEY_FIELD in item:
+            return dict(item)
+        item_id = _item_id(item)
+        key = item_key(self.session_id, item_id) if item_id else new_key()
+        return {**item, KEY_FIELD: str(key)}
+
+    async def _write(
+        self, batch: list[dict[str, Any]]
+    ) -> tuple[list[uuid.UUID], list[uuid.UUID]] | None:
+        """Append or write ``batch``: the keys inserted and those skipped (already stored),
+        or ``None`` when it was parked."""
+        if not batch:
+            return [], []
+        writer = await self.writer()
+        if writer is not None:
+            outcome = await writer.write(self.session_id, batch, **self._session_defaults)
+            if outcome.status == "parked":
+                return None
+            return outcome.inserted, [*outcome.duplicates, *outcome.conflicts]
+        repository = await self.repository()
+        result = await repository.append(self.session_id, batch, **self._session_defaults)
+        return result.inserted, [*result.duplicates, *result.conflicts]
+
+    async def _stored(self) -> dict[uuid.UUID, StoredMessage]:
+        """Every message the session holds, live or not, by key."""
+        repository = await self.repository()
+        try:
+            history = await repository.load_transcript(self.session_id, include_retracted=True)
+        except NotFound:
+            return {}
+        return {message.client_msg_uuid: message for message in history}
+
+    def _regenerated(
+        self,
+        items: list[dict[str, Any]],
+        batch: list[dict[str, Any]],
+        stored: Mapping[uuid.UUID, StoredMessage],
+        moved: set[uuid.UUID],
+    ) -> list[dict[str, Any]]:
+        """``batch`` again, each item with an id under its first generation's key that is
+        either free or live with this very item (then it is left out: a retry), and each
+        item without one that is ``moved`` under a fresh key."""
+        out: list[dict[str, Any]] = []
+        for sent, item in zip(batch, items, strict=True):
+            item_id = _item_id(item)
+            if KEY_FIELD in item or item_id is None:
+                out.append({**item, KEY_FIELD: str(new_key())} if _key(sent) in moved else sent)
+                continue
+            generation = 0
+            while True:
+                key = item_key(self.session_id, item_id, generation)
+                message = stored.get(key)
+                if message is None:
+                    out.append({**item, KEY_FIELD: str(key)})
+                    break
+                if key not in moved and _live_as(message, item):
+                    break
+                generation += 1
+        return out
+
+    async def _bring_back(
+        self,
+        items: list[dict[str, Any]],
+        batch: list[dict[str, Any]],
+        inserted: list[uuid.UUID],
+    ) -> None:
+        """Some keys of this batch were stored already. Where each is live with the same
+        item, this was a retry and nothing is left to do. Where one was taken out (popped
+        or cleared, by another object or process) or holds another item, the item comes
+        back under its next free generation, and what this call inserted is taken out and
+        sent again behind it, so that the batch keeps its order."""
+        fresh = set(inserted)
+        ours = [
+            (sent, item)
+            for sent, item in zip(batch, items, strict=True)
+            if KEY_FIELD not in item and _key(sent) not in fresh
+        ]
+        if not ours:
+            return  # only keys the caller chose were skipped: theirs to resend
+        stored = await self._stored()
+        if all(_live_as(stored.get(_key(sent)), item) for sent, item in ours):
+            return
+        # A caller's own key stays where it is: once taken out, it could not come back.
+        moved = {
+            _key(sent)
+            for sent, item in zip(batch, items, strict=True)
+            if _key(sent) in fresh and KEY_FIELD not in item
+        }
+        again = self._regenerated(items, batch, stored, moved)
+        if moved:
+            await self._retract([_key(sent) for sent in batch if _key(sent) in moved])
+            self._taken_out.update(moved)
+        await self._write(again)
+
+
+def _key(message: Mapping[str, Any]) -> uuid.UUID:
+    return uuid.UUID(str(message[KEY_FIELD]))
+
+
+def _live_as(message: StoredMessage | None, item: Mapping[str, Any]) -> bool:
+    """Whether ``message`` is in the live history as ``item``."""
+    return message is not None and message.superseded is None and message.to_item() == item
+
+
+if TYPE_CHECKING:
+
+    def _is_a_session(session: SessionRepoSession) -> Session:
+        return session  # mypy checks the class against the SDK's Session protocol here
