@@ -23,6 +23,11 @@ CONTENDERS: Final = {
     "openai-sqlite": ("bench.contenders._openai", "OpenAISQLite", "openai-agents"),
     "adk": ("bench.contenders._adk", "GoogleADK", "google-adk"),
     "langchain": ("bench.contenders._langchain", "LangChain", "langchain-community"),
+    "sessionrepo-langchain": (
+        "bench.contenders._langchain",
+        "SessionRepoLangChain",
+        "langchain-core",
+    ),
 }
 
 #: Contenders that exist on some backends only.
@@ -42,6 +47,7 @@ LABELS: Final = {
     "openai-sqlite": "OpenAI Agents SQLiteSession",
     "adk": "Google ADK DatabaseSessionService",
     "langchain": "LangChain SQLChatMessageHistory",
+    "sessionrepo-langchain": "sessionrepo SessionRepoChatMessageHistory (LangChain)",
 }
 
 
