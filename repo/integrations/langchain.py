@@ -39,6 +39,7 @@ deletes history); adding a message whose id was cleared stores nothing either.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import threading
 import uuid
@@ -80,7 +81,7 @@ from sessionrepo import (
     open_async_repository,
     open_repository,
 )
-from sessionrepo.models.message import KEY_FIELD, ROLES
+from sessionrepo.models.message import KEY_FIELD, ROLES, WIRE_FIELDS
 from sessionrepo.store.arguments import check_session_id
 
 __all__ = [
@@ -217,6 +218,16 @@ _WIRE_KEYS: Final = frozenset(
 )
 
 
+@functools.cache
+def _defaults(cls: type[BaseMessage]) -> dict[str, Any]:
+    """The default of each optional field of ``cls`` (compared with, never handed out)."""
+    return {
+        name: field.get_default(call_default_factory=True)
+        for name, field in cls.model_fields.items()
+        if not field.is_required()
+    }
+
+
 def to_openai_message(session_id: str, message: BaseMessage) -> dict[str, Any]:
     """``message`` as the OpenAI-format dict it is stored as (with its key).
 
@@ -241,15 +252,10 @@ def to_openai_message(session_id: str, message: BaseMessage) -> dict[str, Any]:
     if role == "tool" and isinstance(fields.get("tool_call_id"), str):
         wire["tool_call_id"] = fields["tool_call_id"]
     implied_kind, implied = _implied(wire)
-    declared = type(message).model_fields
+    defaults = _defaults(type(message))
     saved: dict[str, Any] = {}
     for name, value in fields.items():
-        if name in implied:
-            base = implied[name]
-        elif name in declared and not declared[name].is_required():
-            base = declared[name].get_default(call_default_factory=True)
-        else:
-            base = _REQUIRED
+        base = implied[name] if name in implied else defaults.get(name, _REQUIRED)
         if base is _REQUIRED or value != base or type(value) is not type(base):
             saved[name] = value
     if saved or kind != implied_kind:
@@ -260,14 +266,22 @@ def to_openai_message(session_id: str, message: BaseMessage) -> dict[str, Any]:
 
 def from_stored_message(message: StoredMessage) -> BaseMessage:
     """The LangChain message a stored message stands for (see the module's docstring)."""
-    wire = message.to_openai()
-    saved = wire.get(LANGCHAIN_FIELD)
     if message.role is None:  # a Responses item another writer stored
+        wire = message.to_openai()
         content = wire.pop("content", None)
         kind = wire.get("type")
         return ChatMessage(
             content="" if content is None else content, role=str(kind), additional_kwargs=wire
         )
+    # The stored message's own values, not to_openai()'s deep copy: the stored message
+    # is read for this call only, and what it shares with the result is the result's.
+    wire = {"role": message.role, "content": message.content}
+    for name in WIRE_FIELDS[2:]:
+        value = getattr(message, name)
+        if value is not None:
+            wire[name] = value
+    wire.update(message.extra)
+    saved = wire.get(LANGCHAIN_FIELD)
     kind, fields = _implied(wire)
     if isinstance(saved, dict):
         saved = dict(saved)
