@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import shutil
 import sys
 import uuid
 from collections.abc import Callable, Iterator
@@ -84,7 +85,36 @@ def _no_outbox_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("SESSIONREPO_OUTBOX_URL", raising=False)
 
 
-@pytest.fixture
+@pytest.fixture(
+    scope="module",
+    params=[
+        pytest.param("sqlite", marks=pytest.mark.sqlite),
+        pytest.param("postgres", marks=pytest.mark.postgres),
+    ],
+)
+def backend(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture(scope="module")
+def database_url(
+    backend: str, request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[str]:
+    """One database per backend for this module, not one per test (making and dropping a
+    PostgreSQL database costs a second or more on a loaded machine): each test keeps to
+    session ids of its own."""
+    if backend == "sqlite":
+        path = tmp_path_factory.mktemp("langchain") / "store.db"
+        shutil.copyfile(request.getfixturevalue("sqlite_template"), path)
+        yield f"sqlite:///{path}"
+        return
+    server = request.getfixturevalue("postgres_server")
+    name = server.new_database()
+    yield server.url_for(name)
+    server.drop(name)
+
+
+@pytest.fixture(scope="module")
 def repository(database_url: str) -> Iterator[SessionRepository]:
     with open_repository(database_url) as repository:
         yield repository
@@ -406,8 +436,8 @@ def test_every_message_class_round_trips_async(database_url: str) -> None:
 
     async def run() -> list[BaseMessage]:
         async with await open_async_repository(database_url) as repository:
-            await History("every", repository=repository).aadd_messages(sent)
-            return await History("every", repository=repository).aget_messages()
+            await History("every-async", repository=repository).aadd_messages(sent)
+            return await History("every-async", repository=repository).aget_messages()
 
     _same(asyncio.run(run()), sent)
 
