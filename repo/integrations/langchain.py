@@ -81,6 +81,7 @@ from sessionrepo import (
     open_async_repository,
     open_repository,
 )
+from sessionrepo.models._limits import check_identifier
 from sessionrepo.models.message import KEY_FIELD, ROLES, WIRE_FIELDS
 from sessionrepo.store.arguments import check_session_id
 
@@ -218,6 +219,17 @@ _WIRE_KEYS: Final = frozenset(
 )
 
 
+def _is_identifier(value: object) -> bool:
+    """Whether ``value`` can be stored in an id column (``tool_call_id``)."""
+    if not isinstance(value, str):
+        return False
+    try:
+        check_identifier(value, "tool_call_id")
+    except ValueError:
+        return False
+    return True
+
+
 @functools.cache
 def _defaults(cls: type[BaseMessage]) -> dict[str, Any]:
     """The default of each optional field of ``cls`` (compared with, never handed out)."""
@@ -237,7 +249,7 @@ def to_openai_message(session_id: str, message: BaseMessage) -> dict[str, Any]:
     """
     if not isinstance(message, BaseMessage):
         raise ArgumentTypeError(
-            "messages", f"a LangChain BaseMessage, got {type(message).__name__}"
+            "messages", f"must be a LangChain BaseMessage, got {type(message).__name__}"
         )
     role = _role_of(message)
     fields = message.model_dump()
@@ -249,8 +261,8 @@ def to_openai_message(session_id: str, message: BaseMessage) -> dict[str, Any]:
         calls = _openai_tool_calls(fields["tool_calls"])
         if calls is not None:
             wire["tool_calls"] = calls
-    if role == "tool" and isinstance(fields.get("tool_call_id"), str):
-        wire["tool_call_id"] = fields["tool_call_id"]
+    if role == "tool" and _is_identifier(fields.get("tool_call_id")):
+        wire["tool_call_id"] = fields["tool_call_id"]  # else kept as LangChain has it
     implied_kind, implied = _implied(wire)
     defaults = _defaults(type(message))
     saved: dict[str, Any] = {}
@@ -416,7 +428,13 @@ class SessionRepoChatMessageHistory(BaseChatMessageHistory):
             raise ArgumentTypeError(
                 "messages", f"a sequence of messages, got {type(messages).__name__}"
             )
-        return [to_openai_message(self.session_id, message) for message in messages]
+        batch = []
+        for index, message in enumerate(messages):
+            try:
+                batch.append(to_openai_message(self.session_id, message))
+            except InvalidArgument as exc:  # named by its place in the batch
+                raise type(exc)(f"messages[{index}]", exc.reason) from None
+        return batch
 
     def _check_written(self, result: WriteResult) -> None:
         if result.conflicts:

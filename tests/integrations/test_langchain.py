@@ -182,6 +182,9 @@ def _every_kind_of_message() -> list[BaseMessage]:
             tool_call_chunks=[{"name": "f", "args": "{}", "id": "call-9", "index": 0}],
         ),
         HumanMessage("a field of its own", custom_field={"kept": True}),
+        # Ids no id column can hold: kept as LangChain has them.
+        ToolMessage("no call id", tool_call_id=""),
+        ToolMessage("a long call id", tool_call_id="c" * 300),
     ]
 
 
@@ -526,8 +529,10 @@ def test_bad_input_raises_before_anything_is_written(repository: SessionReposito
         ("hello", ArgumentTypeError),
     ]
     for batch, error in bad_batches:
-        with pytest.raises(error):
+        with pytest.raises(error) as caught:
             history.add_messages(batch)
+        if isinstance(batch, list):  # the message is named by its place in the batch
+            assert caught.value.field.startswith("messages[1]"), caught.value  # type: ignore[attr-defined]
 
         async def run(batch: Any = batch) -> None:
             await history.aadd_messages(batch)  # a sync repository: in an executor
