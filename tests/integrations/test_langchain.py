@@ -24,6 +24,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from langchain_core.language_models.fake_chat_models import FakeListChatModel
 from langchain_core.messages import (
     AIMessage,
@@ -76,6 +78,7 @@ from _langchain_runnables import (  # noqa: E402
     echo_messages_key,
     with_history,
 )
+from strategies import assert_identical, content_parts, identifiers, json_values, texts  # noqa: E402
 
 History = SessionRepoChatMessageHistory
 
@@ -310,11 +313,11 @@ def test_input_and_output_shapes(repository: SessionRepository) -> None:
     """Upstream ``runnables/test_history.py``'s ``test_input_dict``,
     ``test_input_dict_with_history_key``, ``test_output_message``,
     ``test_output_messages`` and ``test_output_dict``, one session each."""
-    for name, runnable, keys, given, expected in _SHAPES:
+    for name, runnable, keys, make_input, expected in _SHAPES:
         chain = with_history(runnable(), _histories(repository), **keys)
         config = _config(name)
-        assert chain.invoke(given("hello"), config) == expected("you said: hello"), name
-        second = chain.invoke(given("good bye"), config)
+        assert chain.invoke(make_input("hello"), config) == expected("you said: hello"), name
+        second = chain.invoke(make_input("good bye"), config)
         assert second == expected("you said: hello\ngood bye"), name
         assert History(name, repository=repository).messages == _TWO_TURNS, name
 
@@ -325,12 +328,12 @@ def test_input_and_output_shapes_async(database_url: str) -> None:
 
     async def run() -> None:
         async with await open_async_repository(database_url) as repository:
-            for name, runnable, keys, given, expected in _SHAPES:
+            for name, runnable, keys, make_input, expected in _SHAPES:
                 chain = with_history(runnable(), _histories(repository), **keys)
                 config = _config(f"{name}_async")
-                first = await chain.ainvoke(given("hello"), config)
+                first = await chain.ainvoke(make_input("hello"), config)
                 assert first == expected("you said: hello"), name
-                second = await chain.ainvoke(given("good bye"), config)
+                second = await chain.ainvoke(make_input("good bye"), config)
                 assert second == expected("you said: hello\ngood bye"), name
                 stored = await History(f"{name}_async", repository=repository).aget_messages()
                 assert stored == _TWO_TURNS, name
@@ -432,6 +435,62 @@ def test_every_message_class_round_trips(repository: SessionRepository) -> None:
     # A tool call without an id has no OpenAI form: kept in LangChain's, not sent as one.
     assert "tool_calls" not in stored[7]
     assert is_sendable(stored[:7])
+
+
+@st.composite
+def _langchain_messages(draw: st.DrawFn) -> BaseMessage:
+    """Any LangChain message with any JSON in its free fields."""
+    small_dicts = st.dictionaries(texts(max_size=6), json_values(max_leaves=3), max_size=2)
+    fields: dict[str, Any] = {
+        "content": draw(st.one_of(texts(), st.lists(texts() | content_parts(), max_size=2))),
+        "additional_kwargs": draw(small_dicts),
+        "response_metadata": draw(small_dicts),
+        "id": draw(st.none() | identifiers()),
+        "name": draw(st.none() | texts()),
+    }
+    kind = draw(st.sampled_from(["human", "ai", "system", "tool", "function", "chat"]))
+    if kind == "ai":
+        call = st.fixed_dictionaries(
+            {"name": texts(), "args": small_dicts, "id": st.none() | identifiers()}
+        )
+        fields["tool_calls"] = draw(st.lists(call, max_size=2))
+        tokens = st.integers(0, 2**40)
+        usage = st.fixed_dictionaries(
+            {"input_tokens": tokens, "output_tokens": tokens, "total_tokens": tokens}
+        )
+        fields["usage_metadata"] = draw(st.none() | usage)
+    elif kind == "tool":
+        fields["tool_call_id"] = draw(texts())
+        fields["artifact"] = draw(json_values(max_leaves=3))
+        fields["status"] = draw(st.sampled_from(["success", "error"]))
+    elif kind == "function":
+        fields["name"] = draw(texts())
+    elif kind == "chat":
+        fields["role"] = draw(st.sampled_from(["user", "tool", "developer"]) | texts())
+    classes = {"human": HumanMessage, "ai": AIMessage, "system": SystemMessage}
+    classes |= {"tool": ToolMessage, "function": FunctionMessage, "chat": ChatMessage}
+    return classes[kind](**fields)
+
+
+def _id_or_self(message: BaseMessage) -> object:
+    return message.id or id(message)
+
+
+# Few examples: generating these is slow (the suite's time budget), and the curated
+# list above covers each field on its own.
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+# Distinct ids: two different messages with one id are a conflict (tested above).
+@given(sent=st.lists(_langchain_messages(), min_size=1, max_size=3, unique_by=_id_or_self))
+def test_any_message_round_trips_exactly(
+    repository: SessionRepository, sent: list[BaseMessage]
+) -> None:
+    """Exactly: the same classes, and every field with the same types, float signs and
+    key order (``==`` alone says ``1 == 1.0``)."""
+    session_id = f"any-{uuid.uuid4()}"
+    History(session_id, repository=repository).add_messages(sent)
+    back = History(session_id, repository=repository).messages
+    assert [type(m) for m in back] == [type(m) for m in sent]
+    assert_identical([m.model_dump() for m in back], [m.model_dump() for m in sent])
 
 
 def test_every_message_class_round_trips_async(database_url: str) -> None:
