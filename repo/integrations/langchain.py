@@ -314,6 +314,9 @@ class SessionRepoChatMessageHistory(BaseChatMessageHistory):
       SQLite file (``open_repository``'s default). The history opens what it needs on
       first use (a sync repository for the sync methods, an async one, on the running
       loop, for the async methods) and closes them in :meth:`close` / :meth:`aclose`.
+      Its async methods then belong to the event loop of the first one called (an
+      async repository is used from the loop that opened it): make one history per
+      loop, or give it a repository.
     - ``repository``: an opened ``SessionRepository`` (the async methods then run its
       calls in an executor, as LangChain does) or ``AsyncSessionRepository`` (the async
       methods only: the sync ones raise ``InvalidArgument``). Yours to close.
