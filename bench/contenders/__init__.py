@@ -28,6 +28,11 @@ CONTENDERS: Final = {
     ),
     "adk": ("bench.contenders._adk", "GoogleADK", "google-adk"),
     "langchain": ("bench.contenders._langchain", "LangChain", "langchain-community"),
+    "sessionrepo-langchain": (
+        "bench.contenders._langchain",
+        "SessionRepoLangChain",
+        "langchain-core",
+    ),
 }
 
 #: Contenders that exist on some backends only.
@@ -48,6 +53,7 @@ LABELS: Final = {
     "sessionrepo-openai-agents": "sessionrepo SessionRepoSession (OpenAI Agents)",
     "adk": "Google ADK DatabaseSessionService",
     "langchain": "LangChain SQLChatMessageHistory",
+    "sessionrepo-langchain": "sessionrepo SessionRepoChatMessageHistory (LangChain)",
 }
 
 
