@@ -524,9 +524,7 @@ class SessionRepoChatMessageHistory(BaseChatMessageHistory):
             if self._async_writer is not None:
                 await self._async_writer.clear_session(self.session_id)
             else:
-                # The facade is typed over the mixin that defines clear_session, which
-                # mypy does not match to AsyncFacade[SessionRepository] (invariant).
-                await repository.clear_session(self.session_id)  # type: ignore[misc]
+                await repository.clear_session(self.session_id)
         except NotFound:
             pass
 

@@ -330,7 +330,7 @@ class SessionRepoSession:
             if writer is not None:
                 edit = (await writer.clear_session(self.session_id)).edit
             else:
-                edit = await repository.clear_session(self.session_id)  # type: ignore[misc]  # see _retract
+                edit = await repository.clear_session(self.session_id)
         except NotFound:
             return  # never written to: already empty
         if edit is not None:  # None: parked; _bring_back sees to what was cleared
@@ -363,11 +363,7 @@ class SessionRepoSession:
         if writer is not None:
             await writer.retract(self.session_id, keys)
         else:
-            # The awaited editing methods are typed by SessionEditing, where the sync ones
-            # are defined, and mypy does not take an AsyncFacade[SessionRepository] for an
-            # AsyncFacade[SessionEditing] (its type variable is invariant): they are the
-            # facade's own methods all the same.
-            await repository.retract(self.session_id, keys)  # type: ignore[misc]
+            await repository.retract(self.session_id, keys)
 
     def _item_dict(self, item: object, index: int) -> dict[str, Any]:
         if not isinstance(item, Mapping):

@@ -34,7 +34,9 @@ from sqlalchemy.util import await_, greenlet_spawn
 
 T = TypeVar("T")
 P = ParamSpec("P")
-S = TypeVar("S")
+# Covariant: a method the sync class inherits (say from an editing mixin) is awaited on a
+# facade over the subclass.
+S = TypeVar("S", covariant=True)
 
 
 def sleep(seconds: float) -> None:
