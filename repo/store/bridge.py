@@ -36,7 +36,7 @@ T = TypeVar("T")
 P = ParamSpec("P")
 # Covariant: a method the sync class inherits (say from an editing mixin) is awaited on a
 # facade over the subclass.
-S = TypeVar("S", covariant=True)
+S_co = TypeVar("S_co", covariant=True)
 
 
 def sleep(seconds: float) -> None:
@@ -118,22 +118,22 @@ class TaskPool:
         """Nothing to stop: each call ends with its task (see :meth:`settle`)."""
 
 
-class AsyncFacade(Generic[S]):
+class AsyncFacade(Generic[S_co]):
     """An asyncio face over a synchronous object ``_sync``; see :func:`awaited`."""
 
-    def __init__(self, sync: S, calls: TaskPool | None = None) -> None:
+    def __init__(self, sync: S_co, calls: TaskPool | None = None) -> None:
         self._sync = sync
         self._calls = calls or TaskPool()
 
 
 def awaited(
-    method: Callable[Concatenate[S, P], T],
-) -> Callable[Concatenate[AsyncFacade[S], P], Coroutine[Any, Any, T]]:
+    method: Callable[Concatenate[S_co, P], T],
+) -> Callable[Concatenate[AsyncFacade[S_co], P], Coroutine[Any, Any, T]]:
     """The awaited form of a sync class's ``method``, for an :class:`AsyncFacade` over it:
     the same parameters, result and docstring by construction, so the two cannot drift."""
 
     @functools.wraps(method)
-    async def call(self: AsyncFacade[S], /, *args: P.args, **kwargs: P.kwargs) -> T:
+    async def call(self: AsyncFacade[S_co], /, *args: P.args, **kwargs: P.kwargs) -> T:
         return await self._calls.call(method, self._sync, *args, **kwargs)
 
     call.__doc__ = inspect.getdoc(method)  # the contract's, which the sync method inherits
