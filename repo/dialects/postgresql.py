@@ -288,6 +288,9 @@ class PostgresDialect(BackendDialect):
         options.pop("busy_timeout", None)
         options.pop("sqlite_synchronous", None)
         connect_args: dict[str, Any] = {"options": "-c timezone=UTC"}
+        if options.pop("read_only", False):
+            # The server itself refuses every write and DDL of these sessions.
+            connect_args["options"] += " -c default_transaction_read_only=on"
         connect_timeout = options.pop("connect_timeout", 10)
         server_timeout = options.pop("server_timeout", None)
         if server_timeout is not None:
