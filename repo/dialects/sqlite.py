@@ -100,16 +100,15 @@ def _refuse_foreign(dbapi_connection: Any, cursor: Any, path: Path) -> None:
     """Raise :class:`NotARepository` (closing the connection) unless the file is empty or
     a sessionrepo store: its tables are read, nothing is written."""
     try:
-        tables = {
-            name
-            for (name,) in cursor.execute(
-                "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite!_%' "
-                "ESCAPE '!'"
-            ).fetchall()
-        }
+        # Statement, then fetch: aiosqlite's adapter returns no cursor from execute.
+        cursor.execute(
+            "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite!_%' "
+            "ESCAPE '!'"
+        )
+        tables = {name for (name,) in cursor.fetchall()}
+        cursor.execute("PRAGMA table_info(messages)")
         ours = tables >= _OWN_TABLES and any(
-            column[1] == "client_msg_uuid"
-            for column in cursor.execute("PRAGMA table_info(messages)").fetchall()
+            column[1] == "client_msg_uuid" for column in cursor.fetchall()
         )
     except sqlite3.DatabaseError as exc:
         if exc.sqlite_errorcode & 0xFF != sqlite3.SQLITE_NOTADB:
