@@ -169,7 +169,11 @@ class SQLiteDialect(BackendDialect):
             raise ValueError(f"sqlite_synchronous: {synchronous!r} is not a SQLite level")
         read_only = bool(options.pop("read_only", False))
         path = None if url.database in (None, "", ":memory:") else Path(url.database)
-        if path is not None:
+        if path is not None and url.query.get("uri") in ("true", "1"):
+            # The caller's own SQLite URI (``file:…?…``): SQLite opens it as given.
+            if read_only:
+                url = url.update_query_dict({"mode": "ro"})
+        elif path is not None:
             url = _read_only_url(url, path) if read_only else _create_private(url, path)
         engine = make_engine(
             url.set(drivername="sqlite+aiosqlite") if asynchronous else url,
