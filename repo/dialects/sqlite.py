@@ -90,9 +90,7 @@ def _create_private(url: URL, path: Path) -> URL:
     except FileExistsError:
         pass  # there already (or a symlink, followed as SQLite follows it)
     except OSError as exc:
-        raise BackendUnavailable(
-            f"cannot create the SQLite file {path}: {exc.strerror}", code=None
-        ) from exc
+        raise BackendUnavailable(f"cannot create the SQLite file {path}: {exc.strerror}") from exc
     return url
 
 

@@ -6,7 +6,7 @@ at all (no file, no schema, an old revision, a separate outbox file), so it open
 itself and probes it low-level: the connection, the schema revision, the backend's
 settings (probed and judged by its dialect), the outbox and the search index. Every probe
 only reads, through databases opened read-only (a SQLite file ``mode=ro``, its journal mode
-left alone; PostgreSQL sessions ``default_transaction_read_only``): the doctor cannot
+left alone; on PostgreSQL, read-only transactions): the doctor cannot
 change what it examines, even by mistake.
 """
 

@@ -92,8 +92,8 @@ class Database:
         asynchronous: build the engine on the backend's asyncio driver (see below).
         read_only: open the database for reading only: a SQLite file read-only
             (``mode=ro``, ``query_only``: never created, its journal mode left as it
-            is), PostgreSQL sessions with ``default_transaction_read_only``; every
-            write is refused before it reaches the database.
+            is), on PostgreSQL every transaction ``READ ONLY``; every write is
+            refused before it reaches the database.
         **engine_options: the options of :data:`ENGINE_OPTIONS`.
 
     Raises:

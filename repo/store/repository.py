@@ -1289,8 +1289,8 @@ def open_repository(
             then marked stale, and search refuses until ``reindex``.
         read_only: open it for reading only (what the CLI's read commands and
             ``doctor`` do): never migrated, never created, a SQLite file opened
-            ``mode=ro`` with its journal mode left alone, PostgreSQL sessions
-            ``default_transaction_read_only``. Every call that writes raises
+            ``mode=ro`` with its journal mode left alone, every PostgreSQL
+            transaction ``READ ONLY``. Every call that writes raises
             :class:`RepoError`; ``search`` answers from the index as the last
             catch-up left it (it cannot index the backlog itself).
         **options: engine options: ``pool_size``, ``max_overflow``, ``busy_timeout``
