@@ -275,6 +275,29 @@ def test_read_commands_leave_an_empty_file_empty_and_migrate_adopts_it(tmp_path:
     assert fingerprint(empty).journal_mode == "wal"
 
 
+def test_read_commands_leave_a_store_as_they_found_it(tmp_path: Path) -> None:
+    store = tmp_path / "store.db"
+    with open_repository(str(store)) as repository:
+        repository.append("s", [Message(role="user", content="hello dog")])
+        repository.search("dog")  # index the backlog: nothing left for a reader to do
+    before = fingerprint(store)
+    for command in (
+        ["sessions", "list"],
+        ["sessions", "show", "s"],
+        ["export", str(tmp_path / "out.jsonl")],
+        ["outbox", "status"],
+        ["doctor"],
+        ["search", "dog"],
+    ):
+        _ok(_run("--url", str(store), *command))
+        after = fingerprint(store)
+        assert (after.digest, after.mtime_ns, after.tables) == (
+            before.digest,
+            before.mtime_ns,
+            before.tables,
+        ), command
+
+
 def test_read_commands_never_migrate_an_old_store(tmp_path: Path) -> None:
     store = tmp_path / "store.db"
     _ok(_run("--url", str(store), "migrate"))
@@ -449,12 +472,17 @@ def test_files_sessionrepo_creates_are_private(tmp_path: Path) -> None:
         with open_repository(str(primary)) as repository:
             writer = TranscriptWriter(repository, outbox_url=str(outbox))
             writer.write("s", [Message(role="user", content="private words")])
-            writer.close()
-            made = [primary, outbox]
-            made += [Path(f"{path}{suffix}") for path in made for suffix in ("-wal", "-shm")]
-            for path in made:
-                if path.exists():  # -wal/-shm while a connection has the file open
-                    assert _mode(path) == 0o600, path
+            try:
+                # While both are open, each has its -wal and -shm: SQLite gives them
+                # the main file's mode.
+                made = [
+                    Path(f"{path}{suffix}")
+                    for path in (primary, outbox)
+                    for suffix in ("", "-wal", "-shm")
+                ]
+                assert {path: _mode(path) for path in made} == dict.fromkeys(made, 0o600)
+            finally:
+                writer.close()
         migrated = tmp_path / "migrated.db"
         _ok(_run("--url", str(migrated), "migrate"))
         assert _mode(migrated) == 0o600
