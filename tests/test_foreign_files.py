@@ -30,6 +30,7 @@ from click.testing import CliRunner, Result
 from sqlalchemy import inspect, text
 
 from sessionrepo import (
+    AsyncTranscriptWriter,
     Message,
     NotARepository,
     RepoError,
@@ -448,6 +449,25 @@ def test_a_foreign_outbox_file_is_refused_by_the_writer(store: str, foreign: Pat
         TranscriptWriter(repository, outbox_url=str(foreign))
     with pytest.raises(NotARepository, match="is not a sessionrepo database"):
         open_outbox_database(str(foreign), read_only=True)
+    assert fingerprint(foreign) == before
+
+
+def test_the_async_writer_refuses_a_foreign_outbox_on_first_use(store: str, foreign: Path) -> None:
+    before = fingerprint(foreign)
+
+    async def scenario() -> None:
+        repository = await open_async_repository(store)
+        try:
+            # The asyncio writer opens its outbox where no I/O may happen: checked on
+            # the first call that reaches it, which raises (the caller keeps the batch).
+            writer = AsyncTranscriptWriter(repository, outbox_url=str(foreign))
+            with pytest.raises(NotARepository, match="is not a sessionrepo database"):
+                await writer.write("s", [Message(role="user", content="hi")])
+            await writer.close()
+        finally:
+            await repository.close()
+
+    asyncio.run(scenario())
     assert fingerprint(foreign) == before
 
 
