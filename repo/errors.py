@@ -14,6 +14,7 @@ Arguments are checked before any SQL runs, identically on every backend::
     ├── BackendUnavailable
     ├── WriteRejected                          (writes only: reads never raise it)
     ├── SchemaOutOfDate
+    ├── NotARepository                         a file that is not a sessionrepo store
     └── SearchIndexUnavailable
 
 Whatever the flavour, an argument error means that nothing was read or written, so one
@@ -113,6 +114,21 @@ class WriteRejected(RepoError):
 
 class SchemaOutOfDate(RepoError):
     """The database's schema revision is not the one this code was built for."""
+
+
+class NotARepository(RepoError):
+    """The URL names a SQLite file that is not a sessionrepo store (another application's
+    database, or not SQLite at all), or, opened read-only, no file at all. Nothing was
+    read or written: sessionrepo never adds its tables to, or changes the journal mode
+    of, a file holding tables of its own.
+
+    Attributes:
+        path: the file.
+    """
+
+    def __init__(self, message: str, *, path: str) -> None:
+        super().__init__(message)
+        self.path = path
 
 
 class SearchIndexUnavailable(RepoError):

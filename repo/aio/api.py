@@ -66,6 +66,7 @@ async def open_async_repository(
     auto_migrate: bool | None = None,
     require_connection: bool = True,
     search_index: bool | Literal["immediate"] = True,
+    read_only: bool = False,
     **options: Any,
 ) -> AsyncSessionRepository:
     """:func:`sessionrepo.open_repository` for asyncio: the same arguments and checks.
@@ -73,16 +74,22 @@ async def open_async_repository(
     Raises:
         SchemaOutOfDate: the database is not at this code's schema revision.
         BackendUnavailable: the database cannot be reached.
+        NotARepository: a SQLite file that is not a sessionrepo store, or, ``read_only``,
+            no file at all.
         InvalidArgument: an argument or option is invalid or unknown (nothing was
             opened; :class:`~sessionrepo.errors.ArgumentTypeError`: of the wrong type).
     """
     # Checked here, before a task is started: Database() checks the options too.
-    check_open_arguments(auto_migrate, require_connection, search_index)
+    check_open_arguments(auto_migrate, require_connection, search_index, read_only)
     calls = TaskPool()
 
     def open_() -> SessionRepository:
-        database = Database(url, asynchronous=True, **options)
-        check_schema(database, auto_migrate=auto_migrate, require_connection=require_connection)
+        database = Database(url, asynchronous=True, read_only=read_only, **options)
+        check_schema(
+            database,
+            auto_migrate=False if read_only else auto_migrate,
+            require_connection=require_connection,
+        )
         return SessionRepository(database, search_index=search_index)
 
     return AsyncSessionRepository(await calls.call(open_), calls)

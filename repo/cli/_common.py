@@ -94,14 +94,15 @@ def url_option(name: str, *, envvar: str, help: str) -> Callable[[F], F]:
 
 
 @contextmanager
-def open_store(url: str | None) -> Iterator[SessionRepository]:
-    """The repository at ``url``; a SQLite file must exist (opening would create it)."""
+def open_store(url: str | None, *, read_only: bool = False) -> Iterator[SessionRepository]:
+    """The repository at ``url``; a SQLite file must exist (opening would create it).
+    ``read_only``: for a command that only reads (never migrated, nothing written)."""
     missing = missing_sqlite_file(url)
     if missing is not None:
         raise click.ClickException(
             f"no database file at {missing}; check --url / SESSIONREPO_DATABASE_URL"
         )
-    repository = open_repository(url)
+    repository = open_repository(url, read_only=read_only)
     try:
         yield repository
     finally:

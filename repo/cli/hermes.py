@@ -21,6 +21,7 @@ from sessionrepo.cli._common import one_line, url_option
 from sessionrepo.errors import RepoError
 from sessionrepo.importers import hermes
 from sessionrepo.importers.hermes import HermesImportReport, HermesImportSummary, Problem
+from sessionrepo.ops.export import create_private_file
 from sessionrepo.store.repository import SessionRepository, open_repository
 
 #: The import finished, but something needs a person's look (see the help).
@@ -176,8 +177,8 @@ def _write_report(report: HermesImportReport, path: Path) -> None:
     path = path.expanduser().absolute()
     temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
-        with open(temporary, "w", encoding="utf-8") as handle:
-            handle.write(report.model_dump_json(indent=2) + "\n")
+        with create_private_file(temporary) as handle:  # 0600: it names sessions
+            handle.write((report.model_dump_json(indent=2) + "\n").encode())
         os.replace(temporary, path)
     except OSError as exc:
         temporary.unlink(missing_ok=True)

@@ -32,6 +32,7 @@ from sessionrepo.ops import (
     prune_sessions,
     run_doctor,
 )
+from sessionrepo.ops.export import create_private_file
 from sessionrepo.store import schema
 from sessionrepo.store.repository import SessionRepository, open_repository
 
@@ -239,7 +240,7 @@ def export_(
         status=status,
         ended_before=ended_before,
     )
-    with open_store(url) as repository:
+    with open_store(url, read_only=True) as repository:
         total = count_sessions(repository, selection)
         with progress(total, "exporting sessions") as advance:
             if output == "-":
@@ -279,7 +280,7 @@ def _export_to_file(
 
 def _create(path: Path, param: str) -> IO[bytes]:
     try:
-        return path.open("xb")
+        return create_private_file(path)
     except FileExistsError:
         raise click.BadParameter(
             f"{path} already exists; choose a new file", param_hint=repr(param)

@@ -79,17 +79,18 @@ def outbox(ctx: click.Context, outbox_url: str | None) -> None:
 
 
 @contextmanager
-def _open_outbox(target: _OutboxTarget) -> Iterator[Outbox]:
-    """The outbox alone: its own store, or the primary (schema checked) when it lives there."""
+def _open_outbox(target: _OutboxTarget, *, read_only: bool = False) -> Iterator[Outbox]:
+    """The outbox alone: its own store, or the primary (schema checked) when it lives there
+    (``read_only``: for ``status``, which writes nothing, never migrates)."""
     if target.outbox_url is not None:
         _require_outbox_file(target.outbox_url)
-        database = open_outbox_database(target.outbox_url)
+        database = open_outbox_database(target.outbox_url, read_only=read_only)
         try:
             yield Outbox(database)
         finally:
             database.dispose()
         return
-    repository = open_repository(target.url)
+    repository = open_repository(target.url, read_only=read_only)
     try:
         yield Outbox.of(repository)
     finally:
@@ -158,7 +159,7 @@ def status(ctx: click.Context, as_json: bool, max_age: float | None, limit: int)
         sessionrepo outbox status --json --max-age 600 || page-the-on-call
     """
     target: _OutboxTarget = ctx.obj
-    with _open_outbox(target) as box:
+    with _open_outbox(target, read_only=True) as box:
         where = box.display_url
         health = box.status(limit=limit)
     health = _masked_status(health, target)

@@ -70,7 +70,7 @@ def serve(
             from sessionrepo.outbox.table import Outbox
             from sessionrepo.outbox.writer import open_outbox_database
 
-            outbox = Outbox(open_outbox_database(outbox_url))
+            outbox = Outbox(open_outbox_database(outbox_url, read_only=not allow_writes))
         app = create_app(
             repository,
             url=url,

@@ -69,7 +69,7 @@ def list_(
         sessionrepo sessions list --source discord --status open --limit 50
         sessionrepo sessions list --json | jq -r '.sessions[].id'
     """
-    with open_store(url) as repository:
+    with open_store(url, read_only=True) as repository:
         page = repository.list_sessions(
             source=source, user_id=user_id, status=status, limit=limit, cursor=cursor
         )
@@ -164,7 +164,7 @@ def show(
     """
     if tail is not None and (after_seq is not None or limit is not None):
         raise click.UsageError("--tail cannot be combined with --after or --limit")
-    with open_store(url) as repository:
+    with open_store(url, read_only=True) as repository:
         if not as_json:
             _print_session_header(repository.get_session(session_id))
         wrap = width or shutil.get_terminal_size((100, 24)).columns

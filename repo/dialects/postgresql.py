@@ -19,7 +19,7 @@ from typing import Any, Final
 
 import psycopg
 import psycopg.errors
-from sqlalchemy import Column, Connection, Engine, Insert, Row, Table, text
+from sqlalchemy import Column, Connection, Engine, Insert, Row, Table, event, text
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.dialects.postgresql.base import PGDialect
@@ -288,6 +288,7 @@ class PostgresDialect(BackendDialect):
         options.pop("busy_timeout", None)
         options.pop("sqlite_synchronous", None)
         connect_args: dict[str, Any] = {"options": "-c timezone=UTC"}
+        read_only = bool(options.pop("read_only", False))
         connect_timeout = options.pop("connect_timeout", 10)
         server_timeout = options.pop("server_timeout", None)
         if server_timeout is not None:
@@ -304,7 +305,16 @@ class PostgresDialect(BackendDialect):
         # is detected on use and the transaction rerun (see Database._run).
         options.setdefault("pool_pre_ping", False)
         # psycopg 3 serves both: SQLAlchemy picks its async dialect for an async engine.
-        return make_engine(url, asynchronous, connect_args=connect_args, **options)
+        engine = make_engine(url, asynchronous, connect_args=connect_args, **options)
+        if read_only:
+            # Every transaction is BEGIN READ ONLY: the server itself refuses any write
+            # or DDL (the session's default_transaction_read_only, which doctor reports
+            # as the server's, is left alone).
+            @event.listens_for(engine, "connect")
+            def _read_only(dbapi_connection: Any, record: Any) -> None:
+                engine.dialect.set_readonly(dbapi_connection, True)  # type: ignore[attr-defined]
+
+        return engine
 
     def insert_ignoring(self, table: Table, conflict_columns: Sequence[str]) -> Insert:
         return postgresql.insert(table).on_conflict_do_nothing(

@@ -10,6 +10,7 @@ rowid is derived from the message time, so the newest matches come first without
 from __future__ import annotations
 
 import hashlib
+import os
 import sqlite3
 import uuid
 from collections.abc import Callable, Iterator, Sequence
@@ -43,7 +44,7 @@ from sessionrepo.dialects.base import (
     page_of_hits,
     run_search,
 )
-from sessionrepo.errors import BackendUnavailable, RepoError, WriteRejected
+from sessionrepo.errors import BackendUnavailable, NotARepository, RepoError, WriteRejected
 from sessionrepo.models.doctor import Check
 from sessionrepo.models.tables import (
     MESSAGE_COLUMNS,
@@ -64,6 +65,65 @@ _FTS_DDL = (
     "tokenize = 'unicode61 remove_diacritics 2')"
 )
 _FTS_SHADOWS = ("data", "idx", "content", "docsize", "config")
+
+
+#: Tables every sessionrepo store has, from its first revision on; a file with tables
+#: but not these is another application's.
+_OWN_TABLES: Final = frozenset({"alembic_version", "sessions", "messages"})
+
+
+def _read_only_url(url: URL, path: Path) -> URL:
+    """The URL that opens ``path`` read-only (``mode=ro``): SQLite then neither creates
+    the file nor writes to it, whatever a statement asks."""
+    if not path.exists():
+        raise NotARepository(f"no sessionrepo database at {path}", path=str(path))
+    query = {**url.query, "mode": "ro", "uri": "true"}
+    return url.set(database=path.absolute().as_uri(), query=query)
+
+
+def _create_private(url: URL, path: Path) -> URL:
+    """Create a missing store file (and its folder) readable by its owner only (it holds
+    private conversations); SQLite gives its ``-wal`` and ``-shm`` files the same mode."""
+    try:
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+    except FileExistsError:
+        pass  # there already (or a symlink, followed as SQLite follows it)
+    except OSError as exc:
+        raise BackendUnavailable(f"cannot create the SQLite file {path}: {exc.strerror}") from exc
+    return url
+
+
+def _refuse_foreign(dbapi_connection: Any, cursor: Any, path: Path) -> None:
+    """Raise :class:`NotARepository` (closing the connection) unless the file is empty or
+    a sessionrepo store: its tables are read, nothing is written."""
+    try:
+        # Statement, then fetch: aiosqlite's adapter returns no cursor from execute.
+        cursor.execute(
+            "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite!_%' "
+            "ESCAPE '!'"
+        )
+        tables = {name for (name,) in cursor.fetchall()}
+        cursor.execute("PRAGMA table_info(messages)")
+        ours = tables >= _OWN_TABLES and any(
+            column[1] == "client_msg_uuid" for column in cursor.fetchall()
+        )
+    except sqlite3.DatabaseError as exc:
+        if exc.sqlite_errorcode & 0xFF != sqlite3.SQLITE_NOTADB:
+            raise  # busy, I/O: the caller's error handling decides
+        reason = "not a SQLite database"
+    else:
+        if not tables or ours:
+            return
+        names = ", ".join(sorted(tables)[:5]) + (", ..." if len(tables) > 5 else "")
+        reason = f"its tables are another application's: {names}"
+    cursor.close()
+    dbapi_connection.close()
+    raise NotARepository(
+        f"{path} is not a sessionrepo database ({reason}); sessionrepo opens only its own "
+        "stores, or an empty file",
+        path=str(path),
+    )
 
 
 class SQLiteDialect(BackendDialect):
@@ -105,8 +165,14 @@ class SQLiteDialect(BackendDialect):
         synchronous = str(options.pop("sqlite_synchronous", "FULL")).upper()
         if synchronous not in ("OFF", "NORMAL", "FULL", "EXTRA"):
             raise ValueError(f"sqlite_synchronous: {synchronous!r} is not a SQLite level")
-        if url.database and url.database != ":memory:":
-            Path(url.database).parent.mkdir(parents=True, exist_ok=True)
+        read_only = bool(options.pop("read_only", False))
+        path = None if url.database in (None, "", ":memory:") else Path(url.database)
+        if path is not None and url.query.get("uri") in ("true", "1"):
+            # The caller's own SQLite URI (``file:…?…``): SQLite opens it as given.
+            if read_only:
+                url = url.update_query_dict({"mode": "ro"})
+        elif path is not None:
+            url = _read_only_url(url, path) if read_only else _create_private(url, path)
         engine = make_engine(
             url.set(drivername="sqlite+aiosqlite") if asynchronous else url,
             asynchronous,
@@ -119,10 +185,16 @@ class SQLiteDialect(BackendDialect):
             # Take transaction control from the driver: we issue BEGIN ourselves.
             dbapi_connection.isolation_level = None
             cursor = dbapi_connection.cursor()
-            cursor.execute("PRAGMA journal_mode=WAL")
+            cursor.execute(f"PRAGMA busy_timeout={int(busy_timeout * 1000)}")
+            if path is not None:
+                # Before anything that could change the file (the journal mode first).
+                _refuse_foreign(dbapi_connection, cursor, path)
+            if read_only:
+                cursor.execute("PRAGMA query_only=ON")
+            else:
+                cursor.execute("PRAGMA journal_mode=WAL")
             cursor.execute(f"PRAGMA synchronous={synchronous}")
             cursor.execute("PRAGMA foreign_keys=ON")
-            cursor.execute(f"PRAGMA busy_timeout={int(busy_timeout * 1000)}")
             cursor.close()
 
         @event.listens_for(engine, "begin")

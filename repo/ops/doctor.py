@@ -5,7 +5,9 @@ Unlike the rest of :mod:`sessionrepo.ops`, the doctor does not work through a
 at all (no file, no schema, an old revision, a separate outbox file), so it opens the URL
 itself and probes it low-level: the connection, the schema revision, the backend's
 settings (probed and judged by its dialect), the outbox and the search index. Every probe
-only reads.
+only reads, through databases opened read-only (a SQLite file ``mode=ro``, its journal mode
+left alone; on PostgreSQL, read-only transactions): the doctor cannot
+change what it examines, even by mistake.
 """
 
 from __future__ import annotations
@@ -89,7 +91,7 @@ def _check_connection(probe: _Probe) -> Iterator[Check]:
             "store there",
         )
         return
-    database = Database(probe.url)
+    database = Database(probe.url, read_only=True)
     probe.database = database
     started = time.perf_counter()
     version = database.read(database.dialect.server_version)
@@ -169,7 +171,7 @@ def _check_outbox(probe: _Probe) -> Iterator[Check]:
                 "creates the file when it starts)",
             )
             return
-        database = Database(probe.outbox_url)
+        database = Database(probe.outbox_url, read_only=True)
         probe.extra.append(database)
         if schema.current_revision(database) is None:
             yield Check(

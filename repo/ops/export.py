@@ -41,6 +41,7 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import IO, Any, Final
 
 from pydantic import BaseModel, ConfigDict
@@ -58,6 +59,19 @@ PAGE: Final = 500
 
 #: Which sessions to export: given ids, or those matching every filter set.
 Selection = SessionFilter
+
+
+def create_private_file(path: Path) -> IO[bytes]:
+    """A new file at ``path``, open for writing, readable by its owner only (mode 0600:
+    an export or a report holds private conversations). Never an existing file, nor one
+    reached through a symbolic link (``O_EXCL``).
+
+    Raises:
+        FileExistsError: something is at ``path`` already.
+        OSError: the file cannot be created.
+    """
+    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    return os.fdopen(descriptor, "wb")
 
 
 class BadExportFile(RepoError):

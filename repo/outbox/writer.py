@@ -34,6 +34,7 @@ from sessionrepo.errors import (
     ConflictError,
     InvalidArgument,
     InvalidMessage,
+    NotARepository,
     NotFound,
     QueuedBehindOutbox,
     RepoError,
@@ -73,10 +74,24 @@ log = logging.getLogger("sessionrepo.writer")
 T = TypeVar("T")
 
 
-def open_outbox_database(url: str | URL, *, asynchronous: bool = False) -> Database:
-    """A separate outbox store. A SQLite file is created private (mode 0600), kept
-    durable (WAL, ``synchronous=FULL``) and migrated by the same Alembic environment
-    (``asynchronous``: on its asyncio driver, checked and migrated on first use)."""
+def open_outbox_database(
+    url: str | URL, *, asynchronous: bool = False, read_only: bool = False
+) -> Database:
+    """A separate outbox store. A SQLite file is created private (mode 0600) where there
+    is none, kept durable (WAL, ``synchronous=FULL``) and migrated by the same Alembic
+    environment (``asynchronous``: on its asyncio driver, checked and migrated on first
+    use). With ``read_only`` (``sessionrepo outbox status``), it is neither created nor
+    migrated, and opened read-only.
+
+    A symbolic link at the file's path is refused, dangling or not: the outbox would be
+    made, or read, wherever the link points. So is a file that is not a sessionrepo
+    store (another application's database gets none of sessionrepo's tables).
+
+    Raises:
+        NotARepository: the path is a symbolic link, or names a file that is not a
+            sessionrepo store (``read_only``: or no file).
+        BackendUnavailable: the file, or its folder, cannot be created.
+    """
     if not isinstance(url, str | URL):
         raise ArgumentTypeError(
             "outbox_url", f"must be a string or a URL, got {type(url).__name__}"
@@ -87,12 +102,17 @@ def open_outbox_database(url: str | URL, *, asynchronous: bool = False) -> Datab
         options["sqlite_synchronous"] = "FULL"
         if parsed.database not in (None, "", ":memory:"):
             path = Path(parsed.database)
-            path.parent.mkdir(parents=True, exist_ok=True)
-            if not path.exists():
-                os.close(os.open(path, os.O_CREAT | os.O_WRONLY, 0o600))
-    database = Database(parsed, asynchronous=asynchronous, **options)
+            if path.is_symlink():
+                raise NotARepository(
+                    f"the outbox path {path} is a symbolic link; give the file's own path "
+                    "(an outbox is never made or read through a link)",
+                    path=str(path),
+                )
+    # The SQLite dialect creates a missing file 0600 (O_EXCL: never through a link made
+    # since the check above) and refuses another application's file before any write.
+    database = Database(parsed, asynchronous=asynchronous, read_only=read_only, **options)
     # Asynchronous: no I/O outside the event loop's calls, so on first use.
-    schema.check_schema(database, defer=asynchronous)
+    schema.check_schema(database, auto_migrate=False if read_only else None, defer=asynchronous)
     return database
 
 

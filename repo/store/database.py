@@ -90,11 +90,17 @@ class Database:
         url: see :func:`sessionrepo.open_repository`.
         attempts: how many times a transaction that lost a lock race is run.
         asynchronous: build the engine on the backend's asyncio driver (see below).
+        read_only: open the database for reading only: a SQLite file read-only
+            (``mode=ro``, ``query_only``: never created, its journal mode left as it
+            is), on PostgreSQL every transaction ``READ ONLY``; every write is
+            refused before it reaches the database.
         **engine_options: the options of :data:`ENGINE_OPTIONS`.
 
     Raises:
         InvalidArgument: an argument or option is out of range, or unknown
             (:class:`~sessionrepo.errors.ArgumentTypeError`: of the wrong type).
+        NotARepository: ``read_only`` and the SQLite file does not exist.
+        BackendUnavailable: the SQLite file to create (or its folder) cannot be.
     """
 
     def __init__(
@@ -103,6 +109,7 @@ class Database:
         *,
         attempts: int = DEFAULT_ATTEMPTS,
         asynchronous: bool = False,
+        read_only: bool = False,
         _server_timeout: float | None = None,
         **engine_options: Any,
     ) -> None:
@@ -110,6 +117,7 @@ class Database:
             raise ArgumentTypeError("url", f"must be a string or a URL, got {type(url).__name__}")
         attempts = check_int(attempts, "options.attempts", minimum=1)
         check_bool(asynchronous, "asynchronous")
+        check_bool(read_only, "read_only")
         engine_options = check_options(engine_options, ENGINE_OPTIONS)
         self.url = normalize_url(url)
         self.dialect: BackendDialect = dialect_for(self.url.get_backend_name())
@@ -118,12 +126,15 @@ class Database:
         #: :mod:`sessionrepo.store.bridge` runs for a coroutine, where each database wait
         #: yields to the event loop.
         self.asynchronous = asynchronous
+        self.read_only = read_only
         self._engine_options = dict(engine_options)
         self._bounded: dict[float, Database] = {}
         self._bounded_lock = threading.Lock()
         options = dict(engine_options)
         if _server_timeout is not None:
             options["server_timeout"] = _server_timeout
+        if read_only:
+            options["read_only"] = True
         self.engine: Engine = self.dialect.create_engine(
             self.url, options, asynchronous=asynchronous
         )
@@ -155,6 +166,7 @@ class Database:
                         self.url,
                         attempts=2,
                         asynchronous=self.asynchronous,
+                        read_only=self.read_only,
                         _server_timeout=seconds,
                         **self._engine_options,
                     )
@@ -185,7 +197,12 @@ class Database:
         return safe_url(self.url)
 
     def write(self, work: Callable[[Connection], T]) -> T:
-        """Run ``work`` in a write transaction (SQLite: ``BEGIN IMMEDIATE``)."""
+        """Run ``work`` in a write transaction (SQLite: ``BEGIN IMMEDIATE``).
+
+        Raises:
+            RepoError: the database was opened ``read_only`` (nothing was run).
+        """
+        self._refuse_if_read_only()
         return self._run(self.engine, work, reading=False)
 
     def write_direct(self, work: Callable[[Any], T]) -> T:
@@ -194,7 +211,12 @@ class Database:
         dialect's statements that manage their own (see
         :meth:`~sessionrepo.dialects.base.BackendDialect.append_direct`). Errors are
         translated, lost races and dropped connections rerun, as for :meth:`write`."""
+        self._refuse_if_read_only()
         return self._run(self.engine, work, reading=False, direct=True)
+
+    def _refuse_if_read_only(self) -> None:
+        if self.read_only:
+            raise RepoError(f"{self.display_url} was opened read-only; this call would write")
 
     def read_direct(self, work: Callable[[Any], T]) -> T:
         """:meth:`write_direct` for a read: one statement of the dialect's own, which is

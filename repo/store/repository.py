@@ -1262,6 +1262,7 @@ def open_repository(
     auto_migrate: bool | None = None,
     require_connection: bool = True,
     search_index: bool | Literal["immediate"] = True,
+    read_only: bool = False,
     **options: Any,
 ) -> SessionRepository:
     """Open the store at ``url``.
@@ -1286,6 +1287,12 @@ def open_repository(
             (the index is complete at every commit; appends are several times slower).
             ``False``: appends do not maintain the index (a bulk load); the index is
             then marked stale, and search refuses until ``reindex``.
+        read_only: open it for reading only (what the CLI's read commands and
+            ``doctor`` do): never migrated, never created, a SQLite file opened
+            ``mode=ro`` with its journal mode left alone, every PostgreSQL
+            transaction ``READ ONLY``. Every call that writes raises
+            :class:`RepoError`; ``search`` answers from the index as the last
+            catch-up left it (it cannot index the backlog itself).
         **options: engine options: ``pool_size``, ``max_overflow``, ``busy_timeout``
             (SQLite, seconds), ``sqlite_synchronous`` (default ``"FULL"``),
             ``connect_timeout`` (PostgreSQL, seconds), ``search_config`` (PostgreSQL
@@ -1295,21 +1302,33 @@ def open_repository(
     Raises:
         SchemaOutOfDate: the database is not at this code's schema revision.
         BackendUnavailable: the database cannot be reached.
+        NotARepository: a SQLite file that is not a sessionrepo store (another
+            application's database), or, ``read_only``, no file at all.
         InvalidArgument: an argument or option is invalid or unknown (nothing was
             opened; :class:`~sessionrepo.errors.ArgumentTypeError`: of the wrong type).
     """
-    check_open_arguments(auto_migrate, require_connection, search_index)
-    database = Database(url, **options)
-    schema.check_schema(database, auto_migrate=auto_migrate, require_connection=require_connection)
+    check_open_arguments(auto_migrate, require_connection, search_index, read_only)
+    database = Database(url, read_only=read_only, **options)
+    schema.check_schema(
+        database,
+        auto_migrate=False if read_only else auto_migrate,
+        require_connection=require_connection,
+    )
     return SessionRepository(database, search_index=search_index)
 
 
 def check_open_arguments(
-    auto_migrate: object, require_connection: object, search_index: object
+    auto_migrate: object,
+    require_connection: object,
+    search_index: object,
+    read_only: object = False,
 ) -> None:
     """The arguments :func:`open_repository` and ``open_async_repository`` share, checked
     before anything is opened."""
+    check_bool(read_only, "read_only")
     if auto_migrate is not None:
         check_bool(auto_migrate, "auto_migrate")
+        if auto_migrate and read_only:
+            raise InvalidArgument("auto_migrate", "a read-only repository is never migrated")
     check_bool(require_connection, "require_connection")
     check_choice(search_index, "search_index", _SEARCH_INDEX_MODES)

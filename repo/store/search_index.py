@@ -343,9 +343,10 @@ class SearchIndex:
         if not parsed.positive:
             return []  # nothing to look for (only exclusions, or no words at all)
         state, reason, behind = self.database.read(_state_and_backlog)
-        if behind and state == "ok":
+        if behind and state == "ok" and not self.database.read_only:
             # Complete answers: index what was committed before this call (waiting for
-            # catch-ups that hold some of it), then read the state that left.
+            # catch-ups that hold some of it), then read the state that left. (Read-only:
+            # the index as the last catch-up left it.)
             self._catch_up_for_search()
             state, reason = self.state()
         if state != "ok":
