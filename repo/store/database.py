@@ -124,14 +124,9 @@ class Database:
         options = dict(engine_options)
         if _server_timeout is not None:
             options["server_timeout"] = _server_timeout
-        try:
-            self.engine: Engine = self.dialect.create_engine(
-                self.url, options, asynchronous=asynchronous
-            )
-        except sa_exc.ArgumentError as exc:  # what normalize_url did not foresee
-            raise InvalidArgument(
-                "url", f"SQLAlchemy cannot use {safe_url(self.url)}: {type(exc).__name__}"
-            ) from None
+        self.engine: Engine = self.dialect.create_engine(
+            self.url, options, asynchronous=asynchronous
+        )
         #: Whether a transaction whose connection was lost may run again at once (a
         #: writer says no for a call its watchdog cut: the server did not answer).
         self.may_rerun: Callable[[], bool] = _always
@@ -181,6 +176,9 @@ class Database:
         it was opened where no I/O may happen)."""
         self._first_use = check
 
+    def __repr__(self) -> str:
+        return f"Database({self.display_url})"
+
     @property
     def backend(self) -> str:
         return self.dialect.name
@@ -188,9 +186,6 @@ class Database:
     @property
     def display_url(self) -> str:
         return safe_url(self.url)
-
-    def __repr__(self) -> str:
-        return f"Database({self.display_url})"
 
     def write(self, work: Callable[[Connection], T]) -> T:
         """Run ``work`` in a write transaction (SQLite: ``BEGIN IMMEDIATE``)."""
