@@ -268,7 +268,7 @@ def test_a_small_prune_and_a_dry_run_do_not_ask(three_ended: str) -> None:
 # -- --json on every command that reports, one timestamp format ----------------------
 
 #: Commands that print no report: the console serves until stopped.
-NO_REPORT = {("serve",), ("demo",)}
+NO_REPORT = {("serve",)}
 
 
 @pytest.mark.parametrize("path", [p for p in LEAVES if p not in NO_REPORT], ids=" ".join)
@@ -318,6 +318,45 @@ def test_json_reports_parse_and_their_times_are_rfc3339_utc_with_z(
     assert json.loads(outputs["migrate"].stdout)["after"] == head_revision()
     assert json.loads(outputs["reindex"].stdout)["indexed"] >= 4
     assert json.loads(outputs["retry-dead"].stdout) == {"retried": 0, "session_id": None}
+
+
+def test_demo_json_is_the_whole_result_and_its_verdict(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The demo's run itself (processes, outage, checks) is tested in test_cli.py; here,
+    # what --json makes of a result, failed check included.
+    from sessionrepo.cli import demo
+    from sessionrepo.demo import Check, DemoResult, GatewayReport, OutageReport
+
+    result = DemoResult(
+        path=tmp_path / "demo.db",
+        kept=True,
+        gateways=[GatewayReport(name="gw1", sent=4, inserted=3, flushes={"turn": 2})],
+        attempted=4,
+        made=3,
+        stored=3,
+        skipped=1,
+        sessions={"shared": 3},
+        alternations={},
+        overlap=0.5,
+        outage=OutageReport(locked_at=1.0, released_at=2.0),
+        parked_writes=0,
+        drained=0,
+        outbox_left=0,
+        outboxes={"gw1": tmp_path / "gw1.outbox.db"},
+        checks=[Check("no duplicates", True, "3 rows"), Check("counters", False, "2 != 3")],
+        seconds=1.5,
+    )
+    monkeypatch.setattr(demo, "run_demo", lambda path, turns: result)
+
+    ran = _run("demo", "--json")
+
+    assert ran.exit_code == 1  # a check failed
+    shown = json.loads(ran.stdout)
+    assert shown["ok"] is False
+    assert shown["path"] == str(tmp_path / "demo.db")
+    assert shown["gateways"][0]["flushes"] == {"turn": 2}
+    assert [check["ok"] for check in shown["checks"]] == [True, False]
 
 
 def test_an_export_with_offset_times_still_imports(tmp_path: Path) -> None:

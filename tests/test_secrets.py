@@ -84,8 +84,9 @@ LEAVES = list(_walk(main))
 NO_DATABASE = {("demo",)}
 
 
-def _arguments(path: tuple[str, ...], files: Path, n: int) -> list[str]:
-    """A call of each command that does real work on the store :func:`_store` made."""
+def _arguments(path: tuple[str, ...], files: Path, out: Path, n: int) -> list[str]:
+    """A call of each command that does real work on the store :func:`_store` made
+    (``out``: where a new file goes)."""
     arguments: dict[tuple[str, ...], list[str]] = {
         ("migrate",): [],
         ("doctor",): [],
@@ -100,7 +101,7 @@ def _arguments(path: tuple[str, ...], files: Path, n: int) -> list[str]:
         ("outbox", "status"): [],
         ("outbox", "drain"): [],
         ("outbox", "retry-dead"): [],
-        ("export",): [str(files / f"export-{n}.jsonl")],
+        ("export",): [str(out / f"export-{n}.jsonl")],
         ("import",): [str(files / "backup.jsonl")],
         ("prune",): ["--older-than", "1d"],
         ("import-hermes",): [str(files / "hermes" / "state.db")],
@@ -164,11 +165,26 @@ def _has_option(command: click.Command, name: str) -> bool:
     return any(name in getattr(param, "opts", ()) for param in command.params)
 
 
+@pytest.fixture(scope="module")
+def store(
+    postgres_server: PostgresServer, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[str, Path]]:
+    """One database and its files for every command (each call leaves it usable)."""
+    name = postgres_server.new_database()
+    files = tmp_path_factory.mktemp("secrets")
+    try:
+        url = postgres_server.url_for(name)
+        _store(url, files)
+        yield url, files
+    finally:
+        postgres_server.drop(name)
+
+
 @pytest.mark.postgres
 @pytest.mark.parametrize("path", LEAVES, ids=" ".join)
 def test_no_command_shows_the_password(
     path: tuple[str, ...],
-    postgres_server: PostgresServer,
+    store: tuple[str, Path],
     tmp_path: Path,
     caplog: pytest.LogCaptureFixture,
     no_server: list[dict[str, Any]],
@@ -176,32 +192,27 @@ def test_no_command_shows_the_password(
     if path in NO_DATABASE:
         pytest.skip("opens no database given to it")
     caplog.set_level(logging.DEBUG)
-    name = postgres_server.new_database()
-    try:
-        url = postgres_server.url_for(name)
-        _store(url, tmp_path)
-        command = _command(path)
-        outbox = ["--outbox-url"] if _has_option(command, "--outbox-url") else []
-        for n, form in enumerate(["userinfo", "query"]):
-            secret_url = with_password(url, form)
-            args = [*path, *_arguments(path, tmp_path, n)]
-            if form == "userinfo":  # before the command, as text
-                args = ["--url", secret_url, *args]
-            else:  # after it, as JSON where the command has it
-                args += ["--url", secret_url]
-                args += ["--json"] if _has_option(command, "--json") else []
-            if outbox:
-                args += [*outbox, secret_url]
-            if path == ("prune",):
-                args.append("--yes")
-            result = _invoke(args)
-            assert result.exit_code in (0, 3), f"{args}: {result.output}"  # 3: hermes notes
-            _check(result, f"{' '.join(path)} ({form})", caplog)
-            if path == ("serve",):
-                assert no_server, "serve did not get as far as serving"
-                assert "***" in result.stderr  # the startup line names the database
-    finally:
-        postgres_server.drop(name)
+    url, files = store
+    command = _command(path)
+    outbox = ["--outbox-url"] if _has_option(command, "--outbox-url") else []
+    for n, form in enumerate(["userinfo", "query"]):
+        secret_url = with_password(url, form)
+        args = [*path, *_arguments(path, files, tmp_path, n)]
+        if form == "userinfo":  # before the command, as text
+            args = ["--url", secret_url, *args]
+        else:  # after it, as JSON where the command has it
+            args += ["--url", secret_url]
+            args += ["--json"] if _has_option(command, "--json") else []
+        if outbox:
+            args += [*outbox, secret_url]
+        if path == ("prune",):
+            args.append("--yes")
+        result = _invoke(args)
+        assert result.exit_code in (0, 3), f"{args}: {result.output}"  # 3: hermes notes
+        _check(result, f"{' '.join(path)} ({form})", caplog)
+        if path == ("serve",):
+            assert no_server, "serve did not get as far as serving"
+            assert "***" in result.stderr  # the startup line names the database
 
 
 ERROR_COMMANDS = [
