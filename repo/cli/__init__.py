@@ -38,12 +38,14 @@ from sessionrepo.cli._common import Group, share_url_options, url_option
 def main(ctx: click.Context, url: str | None) -> None:
     """Idempotent, ordered storage of AI-agent chat transcripts on PostgreSQL or SQLite.
 
-    Conventions, on every command: --url (and the outbox commands' --outbox-url) may
-    be given before or after the command name; a password in a URL is never shown
-    (in the URL, ?password=, or $PGPASSWORD); --json prints what the command reports as
-    JSON, times in UTC as RFC 3339 with a Z (2025-01-31T12:00:00Z); long work (export,
-    import, prune, reindex, a search's index catch-up) reports progress on stderr, a bar
-    on a terminal, else a line every few seconds; `--` ends the options (search -- -x).
+    \b
+    Conventions, on every command:
+      --url URL, --outbox-url URL  before or after the command name (a later one wins)
+      passwords                    never shown (user:***@, ?password=***, $PGPASSWORD)
+      --json                       the report as JSON; times RFC 3339 UTC with Z
+      progress                     on stderr: a bar on a terminal, else a line every 5 s
+      --                           ends the options: search -- '-dog mochi'
+      prune --yes                  needed to delete more than 100 sessions unasked
 
     \b
     Example:

@@ -47,8 +47,9 @@ class Group(click.Group):
         except RepoError as exc:
             raise click.ClickException(one_line(str(exc), *_urls(ctx))) from exc
         except sa_exc.SQLAlchemyError as exc:
+            first = str(exc).split("\n", 1)[0]  # not the statement nor its parameters
             raise click.ClickException(
-                one_line(f"database error ({type(exc).__name__}): {exc}", *_urls(ctx))
+                one_line(f"database error ({type(exc).__name__}): {first}", *_urls(ctx))
             ) from exc
 
 

@@ -51,7 +51,8 @@ class _OutboxTarget:
     help=(
         "Where the gateways park messages: a SQLite file (sqlite:////var/lib/gw/outbox.db "
         "or a path) or a database URL. Default: $SESSIONREPO_OUTBOX_URL, else the "
-        "primary database (--url) itself."
+        "primary database (--url) itself. May also be given after the command "
+        "(outbox status --outbox-url URL)."
     ),
 )
 @click.pass_context
