@@ -215,12 +215,35 @@ def test_no_command_shows_the_password(
             assert "***" in result.stderr  # the startup line names the database
 
 
+OUTBOX_COMMANDS = [p for p in LEAVES if _has_option(_command(p), "--outbox-url")]
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize("path", OUTBOX_COMMANDS, ids=" ".join)
+def test_a_sqlite_store_with_a_postgresql_outbox_shows_no_password(
+    path: tuple[str, ...],
+    store: tuple[str, Path],
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+    no_server: list[dict[str, Any]],
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    outbox_url, _ = store
+    primary = f"sqlite:///{tmp_path / 'primary.db'}"
+    open_repository(primary).close()  # a new, migrated SQLite store
+    for form in ("userinfo", "query"):
+        args = ["--url", primary, *path, "--outbox-url", with_password(outbox_url, form)]
+        if form == "query" and _has_option(_command(path), "--json"):
+            args.append("--json")
+        result = _invoke(args)
+        assert result.exit_code == 0, f"{args}: {result.output}"
+        _check(result, f"{' '.join(path)} ({form})", caplog)
+
+
 ERROR_COMMANDS = [
     ["migrate"],
-    ["doctor"],
     ["doctor", "--json"],
     ["sessions", "list"],
-    ["search", "x"],
     ["outbox", "status", "--json"],
 ]
 
