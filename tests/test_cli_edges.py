@@ -17,7 +17,7 @@ import click
 import pytest
 from click.testing import CliRunner, Result
 
-from sessionrepo import InvalidArgument, SessionRepository, open_repository
+from sessionrepo import InvalidArgument, SessionRepository, open_async_repository, open_repository
 from sessionrepo.cli import _common, main, ops, search
 from sessionrepo.store.schema import head_revision
 
@@ -195,6 +195,21 @@ def test_a_sqlite_url_with_a_host_is_one_clear_line(tmp_path: Path) -> None:
     with pytest.raises(InvalidArgument, match="three slashes"):
         open_repository("sqlite://file.db")
     assert not Path("file.db").exists()
+
+
+def test_a_url_query_the_driver_cannot_take_is_a_clear_error(
+    tmp_path: Path, event_loop_thread: Any
+) -> None:
+    url = f"sqlite:///{tmp_path / 'x.db'}?timeout=abc"
+
+    line = _error_line(_run("migrate", "--url", url))
+    with pytest.raises(InvalidArgument, match="timeout=abc cannot be used"):
+        open_repository(url)
+    with pytest.raises(InvalidArgument, match="timeout=abc cannot be used"):
+        event_loop_thread.run(open_async_repository(url))
+
+    assert "could not convert string to float" in line
+    assert not (tmp_path / "x.db").exists()
 
 
 def test_an_unsupported_database_is_one_line_with_nothing_masked_wrongly() -> None:

@@ -55,7 +55,7 @@ def normalize_url(url: str | URL | None) -> URL:
             ) from None
     name = url.get_backend_name()
     if name in ("postgresql", "postgres"):
-        return _password_in_userinfo(url.set(drivername="postgresql+psycopg"))
+        return _connectable(_password_in_userinfo(url.set(drivername="postgresql+psycopg")))
     if name == "sqlite":
         if url.host or url.port or url.username or url.password:
             # sqlite://file.db names a host, which SQLite has no use for.
@@ -65,10 +65,22 @@ def normalize_url(url: str | URL | None) -> URL:
                 "(sqlite:///file.db) and four before an absolute one "
                 "(sqlite:////var/lib/file.db); or give the file path itself",
             )
-        return url.set(drivername="sqlite+pysqlite")
+        return _connectable(url.set(drivername="sqlite+pysqlite"))
     raise InvalidArgument(
         "url", f"unsupported database {name!r}: sessionrepo runs on SQLite and PostgreSQL"
     )
+
+
+def _connectable(url: URL) -> URL:
+    """``url``, once SQLAlchemy has turned it into the driver's arguments as an engine
+    would: a query value it cannot take (``?timeout=abc``) is an ``InvalidArgument``
+    here, not a ``ValueError`` from deep inside ``create_engine``. Nothing connects."""
+    try:
+        url.get_dialect()().create_connect_args(url)
+    except (sa_exc.ArgumentError, ValueError, TypeError) as exc:
+        reason = mask_secrets(str(exc).split("\n", 1)[0], url_secrets(url))
+        raise InvalidArgument("url", f"{safe_url(url)} cannot be used: {reason}") from None
+    return url
 
 
 def _password_in_userinfo(url: URL) -> URL:
