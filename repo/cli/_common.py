@@ -7,18 +7,20 @@ without importing one another.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import sys
-from collections.abc import Callable, Iterator
+import time
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import ExitStack, contextmanager
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any, TypeVar
-from urllib.parse import quote, quote_plus
 
 import click
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import make_url
 
+from sessionrepo.dialects.urls import mask_secrets, url_secrets
 from sessionrepo.errors import RepoError
 from sessionrepo.ops import missing_sqlite_file
 from sessionrepo.store.repository import SessionRepository, open_repository
@@ -26,10 +28,17 @@ from sessionrepo.store.repository import SessionRepository, open_repository
 F = TypeVar("F", bound=Callable[..., Any])
 
 
+#: Where the URL options record what they were given, for masking (``ctx.meta`` is
+#: one dict for a whole command line).
+_GIVEN_URLS = "sessionrepo.urls"
+
+
 class Group(click.Group):
     """Turns a library error raised by any subcommand into ``Error: <one line>``.
 
-    Each group that takes a URL of its own uses it, so that its URLs are masked too.
+    Each group that takes a URL of its own uses it, so that its URLs are masked too. A
+    SQLAlchemy error that escaped the library (a bug) is one line as well, never a
+    traceback that could quote a URL.
     """
 
     def invoke(self, ctx: click.Context) -> Any:
@@ -37,11 +46,18 @@ class Group(click.Group):
             return super().invoke(ctx)
         except RepoError as exc:
             raise click.ClickException(one_line(str(exc), *_urls(ctx))) from exc
+        except sa_exc.SQLAlchemyError as exc:
+            first = str(exc).split("\n", 1)[0]  # not the statement nor its parameters
+            raise click.ClickException(
+                one_line(f"database error ({type(exc).__name__}): {first}", *_urls(ctx))
+            ) from exc
 
 
 def _urls(ctx: click.Context | None) -> list[str | None]:
-    """The URLs given to this command and the groups above it (``--url``, ``--outbox-url``)."""
+    """The URLs given on this command line (``--url``, ``--outbox-url``, in any place)."""
     urls: list[str | None] = []
+    if ctx is not None:
+        urls += ctx.meta.get(_GIVEN_URLS, [])
     while ctx is not None:
         urls += [value for name, value in ctx.params.items() if name.endswith("url")]
         ctx = ctx.parent
@@ -54,28 +70,17 @@ def one_line(message: str, *urls: str | None) -> str:
 
 
 def masked(message: str, *urls: str | None) -> str:
-    """The message with the passwords of ``urls`` (in any quoting) replaced by ``***``."""
-    for url in urls:
-        password = _password(url)
-        if password:
-            for form in {password, quote(password, safe=""), quote_plus(password)}:
-                message = message.replace(form, "***")
-    return message
-
-
-def _password(url: str | None) -> str | None:
-    if not url or "://" not in url:
-        return None
-    try:
-        return make_url(url).password
-    except (sa_exc.ArgumentError, ValueError):
-        return None
+    """The message with the passwords of ``urls`` (in any place of the URL, in any
+    quoting) and ``$PGPASSWORD`` replaced by ``***``; URLs are shown with
+    :func:`sessionrepo.dialects.safe_url`, this is for text a driver wrote."""
+    return mask_secrets(message, url_secrets(*urls))
 
 
 def check_url(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
     """A click callback: a value with ``://`` must parse as a database URL."""
     if not value:
         return None  # the library's default: the embedded SQLite file
+    ctx.meta.setdefault(_GIVEN_URLS, []).append(value)
     if "://" in value:
         try:
             make_url(value)
@@ -91,6 +96,62 @@ def check_url(ctx: click.Context, param: click.Parameter, value: str | None) -> 
 def url_option(name: str, *, envvar: str, help: str) -> Callable[[F], F]:
     """A database URL option (``--url``, ``--outbox-url``): checked, read from ``envvar``."""
     return click.option(name, envvar=envvar, callback=check_url, metavar="URL", help=help)
+
+
+def share_url_options(group: click.Group, *, skip: Iterable[str] = ()) -> None:
+    """Let every URL option of a group (``--url``, ``outbox --outbox-url``) be given
+    after its subcommands too, at any depth: ``sessionrepo migrate --url X`` is
+    ``sessionrepo --url X migrate``. A later one wins. Commands that have such an
+    option of their own keep it; those in ``skip`` (which open no database) get none.
+
+    The copies have no environment variable (the group's option reads it) and are not
+    handed to the command: they replace the URL in the click context's object, which
+    is where every command reads it (a string, or a dataclass with such fields).
+    """
+    _share(group, [], set(skip))
+
+
+def _share(command: click.Command, inherited: list[click.Option], skip: set[str]) -> None:
+    own = {param.name for param in command.params}
+    for option in inherited:
+        if option.name not in own:
+            command.params.append(_pass_through(option))
+    if isinstance(command, click.Group):
+        names = {option.name for option in inherited}
+        below = [
+            *inherited,
+            *(
+                param
+                for param in command.params
+                if isinstance(param, click.Option)
+                and (param.name or "").endswith("url")
+                and param.name not in names
+            ),
+        ]
+        for name, sub in command.commands.items():
+            if name not in skip:
+                _share(sub, below, skip)
+
+
+def _pass_through(option: click.Option) -> click.Option:
+    name = option.name or ""
+
+    def given(ctx: click.Context, param: click.Parameter, value: str | None) -> None:
+        value = check_url(ctx, param, value)
+        if value is None:
+            return
+        if dataclasses.is_dataclass(ctx.obj) and not isinstance(ctx.obj, type):
+            ctx.obj = dataclasses.replace(ctx.obj, **{name: value})
+        else:
+            ctx.obj = value
+
+    return click.Option(
+        option.opts,
+        callback=given,
+        expose_value=False,
+        metavar="URL",
+        help=f"As {option.opts[0]} before the command (either place works; a later one wins).",
+    )
 
 
 @contextmanager
@@ -109,14 +170,41 @@ def open_store(url: str | None, *, read_only: bool = False) -> Iterator[SessionR
         repository.close()
 
 
+#: Seconds between two progress lines when stderr is not a terminal (a log, a pipe).
+PROGRESS_INTERVAL = 5.0
+
+
 @contextmanager
-def progress(length: int | None, label: str) -> Iterator[Callable[[int], None]]:
-    """A progress bar on stderr (only drawn on a terminal); yields its ``update``."""
-    if length is None or not sys.stderr.isatty():
-        yield lambda _: None
+def progress(length: int | None, label: str, *, unit: str = "") -> Iterator[Callable[[int], None]]:
+    """Progress on stderr; yields its ``update(amount)``. On a terminal, a bar. Else
+    (a log, a pipe, a cron job) one line every :data:`PROGRESS_INTERVAL` seconds,
+    ``label: 1,200 of 5,000 (24%)``, and a last one at the end if any was written:
+    work that ends sooner writes nothing."""
+    if length is not None and sys.stderr.isatty():
+        with click.progressbar(length=length, label=label, file=sys.stderr) as bar:
+            yield bar.update
         return
-    with click.progressbar(length=length, label=label, file=sys.stderr) as bar:
-        yield bar.update
+    suffix = f" {unit}" if unit else ""
+    done = 0
+    last = time.monotonic()
+    wrote = False
+
+    def line() -> str:
+        if length:
+            return f"{label}: {done:,} of {length:,}{suffix} ({min(100 * done // length, 100)}%)"
+        return f"{label}: {done:,}{suffix} so far"
+
+    def update(amount: int) -> None:
+        nonlocal done, last, wrote
+        done += amount
+        now = time.monotonic()
+        if now - last >= PROGRESS_INTERVAL:
+            click.echo(line(), err=True)
+            last, wrote = now, True
+
+    yield update
+    if wrote:
+        click.echo(f"{line()}, done", err=True)
 
 
 @contextmanager
@@ -135,6 +223,12 @@ def progress_to_total(label: str) -> Iterator[Callable[[int, int], None]]:
             shown = done
 
         yield update
+
+
+def rfc3339(value: datetime) -> str:
+    """A time as every ``--json`` shows it: RFC 3339 in UTC with a ``Z``, as Pydantic
+    writes the report models (``2025-01-31T12:00:00.123456Z``)."""
+    return value.astimezone(UTC).isoformat().replace("+00:00", "Z")
 
 
 def count(number: int, noun: str) -> str:

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import click
+from pydantic import TypeAdapter
 
 from sessionrepo.demo import (
     EXIT_PATHS,
@@ -29,8 +31,14 @@ from sessionrepo.demo import (
     show_default=True,
     help="Conversation turns per session and gateway.",
 )
+@click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    help='Print the whole DemoResult as JSON (with "ok"); the processes\' errors too.',
+)
 @click.pass_context
-def demo(ctx: click.Context, path: Path | None, turns: int) -> None:
+def demo(ctx: click.Context, path: Path | None, turns: int, as_json: bool) -> None:
     """Show that concurrent, repeated flushes and an outage store every message exactly once.
 
     Three gateway processes write one embedded SQLite file at the same time, re-flushing
@@ -50,7 +58,11 @@ def demo(ctx: click.Context, path: Path | None, turns: int) -> None:
         result = run_demo(path, turns=turns)
     except FileExistsError as exc:  # raised before anything runs
         raise click.BadParameter(str(exc), param_hint="'--path'") from None
-    _print_demo(result)
+    if as_json:
+        record = TypeAdapter(DemoResult).dump_python(result, mode="json")
+        click.echo(json.dumps({**record, "ok": result.ok}, indent=2))
+    else:
+        _print_demo(result)
     if not result.ok:
         ctx.exit(1)
 

@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import os
 import shlex
-import sys
 from collections.abc import Iterable
 from pathlib import Path
 
 import click
 from click.core import ParameterSource
 
-from sessionrepo.cli._common import one_line, url_option
+from sessionrepo.cli._common import one_line, progress, url_option
 from sessionrepo.errors import RepoError
 from sessionrepo.importers import hermes
 from sessionrepo.importers.hermes import HermesImportReport, HermesImportSummary, Problem
@@ -167,9 +166,9 @@ def _import_one(
 ) -> tuple[HermesImportSummary, list[str]]:
     with hermes.open_hermes(home) as source:
         ids = [row["id"] for row in source.sessions() if isinstance(row["id"], str)]
-        label = "" if quiet else f"Importing {source.total_messages:,} messages from {home}"
-        with click.progressbar(length=source.total_messages, label=label, file=sys.stderr) as bar:
-            summary = hermes.import_hermes(source, repository, progress=bar.update)
+        label = f"importing {source.total_messages:,} messages from {home}"
+        with progress(source.total_messages, label, unit="messages") as advance:
+            summary = hermes.import_hermes(source, repository, progress=advance)
         return summary, ids
 
 

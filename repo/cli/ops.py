@@ -7,8 +7,11 @@ report that function returns.
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import IO, Literal
@@ -16,12 +19,14 @@ from typing import IO, Literal
 import click
 
 from sessionrepo.cli._common import count, masked, open_store, printable, progress, url_option, when
+from sessionrepo.errors import RepoError
 from sessionrepo.models import Session
 from sessionrepo.models.message import utcnow
 from sessionrepo.ops import (
     MAX_BATCH,
     DoctorReport,
     ExportReport,
+    ImportReport,
     PruneReport,
     Selection,
     count_prunable,
@@ -44,8 +49,14 @@ from sessionrepo.store.repository import SessionRepository, open_repository
     help="Print the SQL that would upgrade an empty database instead of running it; "
     "the database is not touched (only its URL's dialect is used).",
 )
+@click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    help='Print what was done as JSON: {"url", "before", "after", "head", "changed"}.',
+)
 @click.pass_obj
-def migrate(url: str | None, sql: bool) -> None:
+def migrate(url: str | None, sql: bool, as_json: bool) -> None:
     """Upgrade the database to this sessionrepo's schema (Alembic head).
 
     Does nothing when the schema is already current, and is safe to run from several
@@ -57,9 +68,15 @@ def migrate(url: str | None, sql: bool) -> None:
         sessionrepo --url postgresql://app@db/chat migrate --sql > schema.sql
     """
     if sql:
+        if as_json:
+            raise click.UsageError("--json cannot be combined with --sql (stdout carries the SQL)")
         click.echo(schema.upgrade_script(url), nl=False)
         return
     done = schema.migrate(url)
+    if as_json:
+        record = {**dataclasses.asdict(done), "changed": done.changed}
+        click.echo(json.dumps(record, indent=2))
+        return
     head = "head" if done.after == done.head else f"head is {done.head}"
     at = f"{done.after} ({head})"
     if done.changed:
@@ -71,6 +88,9 @@ def migrate(url: str | None, sql: bool) -> None:
 
 
 # -- doctor ---------------------------------------------------------------------------
+
+#: ``prune`` asks (or, with no terminal, refuses) before deleting more sessions than this.
+PRUNE_CONFIRM_ABOVE = 100
 
 #: ``doctor``: a check failed (or, with ``--strict``, warned).
 EXIT_UNHEALTHY = 1
@@ -325,15 +345,22 @@ def import_(ctx: click.Context, source: str, batch_size: int, as_json: bool) -> 
         gunzip -c discord-1234.jsonl.gz | sessionrepo import -
     """
     url: str | None = ctx.obj
-    with open_repository(url) as repository:
-        if source == "-":
-            report = import_sessions(repository, sys.stdin.buffer, batch_size=batch_size)
-        else:
-            path = Path(source)
-            with path.open("rb") as stream, progress(path.stat().st_size, "importing") as advance:
-                report = import_sessions(
-                    repository, stream, batch_size=batch_size, on_progress=advance
-                )
+    where = "stdin" if source == "-" else source
+    size = None if source == "-" else Path(source).stat().st_size
+    with (
+        open_repository(url) as repository,
+        _import_position(where) as position,
+        click.open_file(source, "rb") as stream,
+        progress(size, "importing", unit="bytes") as advance,
+    ):
+
+        def read(length: int) -> None:
+            position.lines += 1
+            advance(length)
+
+        report = import_sessions(
+            repository, stream, batch_size=batch_size, on_progress=read, on_written=position.written
+        )
     if as_json:
         click.echo(report.model_dump_json(indent=2))
     else:
@@ -351,11 +378,49 @@ def import_(ctx: click.Context, source: str, batch_size: int, as_json: bool) -> 
             )
     if not report.complete:
         click.echo(
-            f"Error: {source} was cut short (it lacks the end record): what it held was "
-            "imported; import the complete file to finish",
+            f"Error: {where} was cut short after line {position.lines:,} (it lacks the end "
+            "record): what it held was imported; import the complete file to finish (what "
+            "is stored already is skipped)",
             err=True,
         )
         ctx.exit(1)
+
+
+class _ImportPosition:
+    """How far an import got: the lines read and the totals of its last committed batch."""
+
+    def __init__(self) -> None:
+        self.lines = 0
+        self.report = ImportReport()
+
+    def written(self, report: ImportReport) -> None:
+        self.report = report
+
+    def progress(self, where: str) -> str:
+        done = self.report
+        return (
+            f"{self.lines:,} of {where}: {count(done.messages_inserted, 'message')} inserted "
+            f"and {done.messages_present:,} already present, in "
+            f"{count(done.sessions, 'session')}, were committed before it; run the same "
+            "import again to finish (what is stored already is skipped)"
+        )
+
+
+@contextmanager
+def _import_position(where: str) -> Iterator[_ImportPosition]:
+    """Says how far an import got when it stops half-way (Ctrl-C, a damaged line, the
+    database gone), then lets the error go on: what was committed stays, and running
+    the same import again finishes it (what is stored already is skipped)."""
+    position = _ImportPosition()
+    try:
+        yield position
+    except KeyboardInterrupt:
+        click.echo(f"Error: import interrupted at line {position.progress(where)}", err=True)
+        raise click.exceptions.Exit(130) from None
+    except RepoError as exc:
+        if not position.report.sessions:
+            raise  # nothing was committed: the error is all there is to say
+        raise RepoError(f"{exc} (stopped at line {position.progress(where)})") from exc
 
 
 @click.command()
@@ -383,6 +448,12 @@ def import_(ctx: click.Context, source: str, batch_size: int, as_json: bool) -> 
     show_default=True,
     help="Sessions deleted per transaction.",
 )
+@click.option(
+    "--yes",
+    "-y",
+    is_flag=True,
+    help=f"Delete without asking, however many go (asked above {PRUNE_CONFIRM_ABOVE} sessions).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the PruneReport as JSON.")
 @click.pass_obj
 def prune(
@@ -392,6 +463,7 @@ def prune(
     dry_run: bool,
     export_path: Path | None,
     batch_size: int,
+    yes: bool,
     as_json: bool,
 ) -> None:
     """Delete ended sessions, with their messages, once they are old enough.
@@ -403,17 +475,29 @@ def prune(
     deleted (with --dry-run too, then nothing is deleted). Messages a pruned session
     still has waiting in this database's pending_outbox are left there and reported.
 
+    A prune that would delete more than 100 sessions asks first; without a terminal
+    to ask on (a script, cron) it refuses, exit 1, deleting nothing, unless --yes is
+    given. Progress goes to stderr.
+
     \b
     Example:
         sessionrepo prune --older-than 90d --dry-run
-        sessionrepo prune --older-than 90d --export pruned-2025-06.jsonl
+        sessionrepo prune --older-than 90d --export pruned-2025-06.jsonl --yes
     """
     cutoff = utcnow() - older_than
     with open_store(url) as repository:
+        total = None if dry_run else count_prunable(repository, cutoff)
+        if total is not None and total > PRUNE_CONFIRM_ABOVE and not yes:
+            _confirm_prune(total)
         out = _create(export_path, "--export") if export_path is not None else None
         try:
             report = _prune(
-                repository, cutoff, dry_run=dry_run, out=out, batch_size=batch_size, as_json=as_json
+                repository,
+                cutoff,
+                total,
+                out=out,
+                batch_size=batch_size,
+                as_json=as_json,
             )
         finally:
             if out is not None:
@@ -424,11 +508,27 @@ def prune(
     _print_prune(report, export_path)
 
 
+def _confirm_prune(total: int) -> None:
+    what = f"this deletes {count(total, 'ended session')} with their messages"
+    if not stdin_is_terminal():
+        raise click.ClickException(
+            f"{what} (more than {PRUNE_CONFIRM_ABOVE}): nothing was deleted; run it again "
+            "with --yes to confirm, or with --dry-run to list them"
+        )
+    if not click.confirm(f"{what.capitalize()}. Continue?", err=True):
+        raise click.ClickException("nothing was deleted")
+
+
+def stdin_is_terminal() -> bool:
+    """Whether a person can answer a question (stdin is a terminal)."""
+    return sys.stdin.isatty()
+
+
 def _prune(
     repository: SessionRepository,
     cutoff: datetime,
+    total: int | None,
     *,
-    dry_run: bool,
     out: IO[bytes] | None,
     batch_size: int,
     as_json: bool,
@@ -442,7 +542,7 @@ def _prune(
                 f"{count(session.message_count, 'message')}"
             )
 
-    if dry_run:
+    if total is None:  # a dry run
         return prune_sessions(
             repository,
             cutoff=cutoff,
@@ -451,7 +551,7 @@ def _prune(
             batch_size=batch_size,
             on_batch=None if as_json else listed,
         )
-    with progress(count_prunable(repository, cutoff), "pruning") as advance:
+    with progress(total, "pruning", unit="sessions") as advance:
         return prune_sessions(
             repository,
             cutoff=cutoff,

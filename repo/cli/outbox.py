@@ -8,6 +8,7 @@ the exit statuses a monitoring script acts on.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -50,7 +51,8 @@ class _OutboxTarget:
     help=(
         "Where the gateways park messages: a SQLite file (sqlite:////var/lib/gw/outbox.db "
         "or a path) or a database URL. Default: $SESSIONREPO_OUTBOX_URL, else the "
-        "primary database (--url) itself."
+        "primary database (--url) itself. May also be given after the command "
+        "(outbox status --outbox-url URL)."
     ),
 )
 @click.pass_context
@@ -319,8 +321,11 @@ def _print_drain(report: DrainReport, left: int, session_id: str | None) -> None
 
 @outbox.command("retry-dead")
 @click.option("--session", "session_id", metavar="ID", help="Only this session's dead rows.")
+@click.option(
+    "--json", "as_json", is_flag=True, help='Print {"retried": N, "session_id": ...} as JSON.'
+)
 @click.pass_obj
-def retry_dead(target: _OutboxTarget, session_id: str | None) -> None:
+def retry_dead(target: _OutboxTarget, session_id: str | None, as_json: bool) -> None:
     """Put dead rows back in line, with their attempts reset.
 
     Rows go dead when the primary kept rejecting them; fix the cause first. The next
@@ -334,6 +339,9 @@ def retry_dead(target: _OutboxTarget, session_id: str | None) -> None:
     """
     with _open_outbox(target) as box:
         count = box.retry_dead(session_id)
+    if as_json:
+        click.echo(json.dumps({"retried": count, "session_id": session_id}))
+        return
     scope = f" of session {session_id!r}" if session_id is not None else ""
     click.echo(f"{_rows(count, 'dead ')}{scope} put back in line")
 

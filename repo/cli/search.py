@@ -3,13 +3,59 @@ messages, and the rebuild of its index."""
 
 from __future__ import annotations
 
+import json
+from typing import Final
+
 import click
 
-from sessionrepo.cli._common import count, open_store, printable, progress_to_total, when
+from sessionrepo.cli._common import (
+    count,
+    open_store,
+    printable,
+    progress,
+    progress_to_total,
+    when,
+)
+from sessionrepo.store.repository import SessionRepository
+
+#: A search that finds at least this many messages waiting for the index indexes them
+#: first with a progress report (on stderr); fewer are the search's own short work.
+CATCH_UP_NOTICE: Final = 2000
+#: Messages indexed per catch-up call between two progress reports.
+CATCH_UP_STEP: Final = 2000
 
 
-@click.command("search")
-@click.argument("query")
+class _QueryCommand(click.Command):
+    """A command whose words that start with a single ``-`` are query text, not
+    options: ``-dog`` excludes a word, and the command has no short options, so
+    ``search '-dog mochi'`` means what it says (``--`` works as well, as everywhere).
+    Long options (``--json``) stay options, and an option's value stays its value."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        valued = {
+            opt
+            for param in self.params
+            if isinstance(param, click.Option) and not param.is_flag
+            for opt in param.opts
+        }
+        options: list[str] = []
+        words: list[str] = []
+        rest = iter(args)
+        for arg in rest:
+            if arg == "--":
+                words += rest
+            elif arg.startswith("--"):
+                options.append(arg)
+                value = next(rest, None) if arg in valued else None
+                if value is not None:  # --source VALUE: the value may start with -
+                    options.append(value)
+            else:
+                words.append(arg)
+        return super().parse_args(ctx, [*options, "--", *words] if words else options)
+
+
+@click.command("search", cls=_QueryCommand)
+@click.argument("query", nargs=-1, required=True)
 @click.option("--session", "session_id", metavar="ID", help="Only this session.")
 @click.option("--source", help="Only sessions from this platform.")
 @click.option("--role", type=click.Choice(["system", "user", "assistant", "tool"]))
@@ -23,7 +69,7 @@ from sessionrepo.cli._common import count, open_store, printable, progress_to_to
 def search_(
     url: str | None,
     *,
-    query: str,
+    query: tuple[str, ...],
     session_id: str | None,
     source: str | None,
     role: str | None,
@@ -35,16 +81,20 @@ def search_(
     """Find messages by what they say.
 
     QUERY is words (all must occur), "quoted phrases", prefix* and -excluded words;
-    any other character is plain text. Exit 1 if the index is stale (run reindex).
+    any other character is plain text. It may be one argument or several (joined by
+    spaces), and may start with -: `search '-dog mochi'` and `search -- '-dog mochi'`
+    are the same query. Exit 1 if the index is stale (run reindex).
 
     \b
     Example:
         sessionrepo search 'mochi "vet visit" -dog'
+        sessionrepo search -- '-dog mochi'
         sessionrepo search 'deploy*' --source slack --role user --newest --json
     """
     with open_store(url) as repository:
+        _catch_up(repository)
         hits = repository.search(
-            query,
+            " ".join(query),
             session_id=session_id,
             source=source,
             role=role,
@@ -64,9 +114,29 @@ def search_(
         click.echo(f"{count(len(hits), 'hit')}", err=True)
 
 
+def _catch_up(repository: SessionRepository) -> None:
+    """Index the messages waiting for the index before searching, saying so when they
+    are many: a search answers for every message committed before it, and would
+    otherwise do this work in silence (seconds for a large backlog)."""
+    waiting = repository.search_index_backlog()
+    if waiting < CATCH_UP_NOTICE:
+        return  # the search's own catch-up: one short transaction
+    label = f"indexing {count(waiting, 'message')} appended since the index last caught up"
+    with progress(waiting, label) as advance:
+        left = waiting
+        while left:
+            repository.catch_up_search_index(limit=CATCH_UP_STEP)
+            now = repository.search_index_backlog()
+            if now >= left:
+                break  # held by another catch-up, or appends keep coming: search waits
+            advance(left - now)
+            left = now
+
+
 @click.command()
+@click.option("--json", "as_json", is_flag=True, help='Print {"indexed": N} as JSON.')
 @click.pass_obj
-def reindex(url: str | None) -> None:
+def reindex(url: str | None, as_json: bool) -> None:
     """Rebuild the full-text search index from the messages.
 
     After `doctor` reports a stale or broken index, or after upgrading a populated store.
@@ -79,4 +149,7 @@ def reindex(url: str | None) -> None:
     """
     with open_store(url) as repository, progress_to_total("reindexing") as update:
         indexed = repository.reindex(progress=update)
-    click.echo(f"indexed {count(indexed, 'message')}; search is available")
+    if as_json:
+        click.echo(json.dumps({"indexed": indexed}))
+    else:
+        click.echo(f"indexed {count(indexed, 'message')}; search is available")

@@ -16,7 +16,7 @@ from typing import Any, Literal
 
 import click
 
-from sessionrepo.cli._common import Group, count, open_store, printable, when
+from sessionrepo.cli._common import Group, count, open_store, printable, rfc3339, when
 from sessionrepo.models import EditResult, Session, StoredMessage
 from sessionrepo.store.repository import SessionRepository
 
@@ -175,7 +175,7 @@ def show(
             if as_json:
                 record: dict[str, Any] = {
                     "seq": message.seq,
-                    "timestamp": message.timestamp.isoformat().replace("+00:00", "Z"),
+                    "timestamp": rfc3339(message.timestamp),
                     "message": message.to_openai(include_key=True),
                 }
                 if include_retracted:
@@ -322,7 +322,7 @@ def end(url: str | None, session_id: str, reason: str, as_json: bool) -> None:
                 {
                     "session_id": session.id,
                     "ended": ended,
-                    "ended_at": session.ended_at.isoformat() if session.ended_at else None,
+                    "ended_at": rfc3339(session.ended_at) if session.ended_at else None,
                     "end_reason": session.end_reason,
                 }
             )

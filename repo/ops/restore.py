@@ -76,14 +76,24 @@ class _Pending:
 
 
 class _Importer:
-    def __init__(self, repository: SessionRepository) -> None:
+    def __init__(
+        self,
+        repository: SessionRepository,
+        on_written: Callable[[ImportReport], None] | None = None,
+    ) -> None:
         self._repository = repository
+        self._on_written = on_written
         self.counts: dict[str, int] = {}
 
     def _add(self, name: str, amount: int = 1) -> None:
         self.counts[name] = self.counts.get(name, 0) + amount
 
     def flush(self, pending: _Pending) -> None:
+        self._flush(pending)
+        if self._on_written is not None:
+            self._on_written(ImportReport(**self.counts))
+
+    def _flush(self, pending: _Pending) -> None:
         batch, pending.batch = pending.batch, []
         if pending.outcome != "merged":
             restored = self._repository.restore_session(pending.snapshot, batch)
@@ -112,6 +122,7 @@ def import_sessions(
     *,
     batch_size: int = MAX_BATCH,
     on_progress: Callable[[int], None] | None = None,
+    on_written: Callable[[ImportReport], None] | None = None,
 ) -> ImportReport:
     """Import an export (see the module docstring). Idempotent: a second import of the
     same file inserts nothing.
@@ -123,13 +134,15 @@ def import_sessions(
         stream: the export, as bytes.
         batch_size: messages per transaction, at most :data:`MAX_BATCH`.
         on_progress: called with the number of bytes of each line read.
+        on_written: called after each committed batch with the totals so far (what an
+            interrupted import can say it got through).
 
     Raises:
         BadExportFile: the stream is not an export, or a line is damaged.
         InvalidArgument: ``batch_size`` is out of range.
     """
     check_limit(batch_size, "batch_size", maximum=MAX_BATCH)
-    importer = _Importer(repository)
+    importer = _Importer(repository, on_written)
     pending: _Pending | None = None
     seen_sessions = seen_messages = 0
     complete = False

@@ -719,6 +719,10 @@ class TranscriptWriter(ResilientWriter):
     def __exit__(self, *exc_info: object) -> None:
         self.close()
 
+    def __repr__(self) -> str:
+        where = "its own" if self._outbox_on_primary else self._outbox.display_url
+        return f"TranscriptWriter({self._repository.display_url}, outbox {where})"
+
 
 class _Breaker:
     """Whether the primary is known to be down.

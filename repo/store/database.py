@@ -188,6 +188,9 @@ class Database:
         it was opened where no I/O may happen)."""
         self._first_use = check
 
+    def __repr__(self) -> str:
+        return f"Database({self.display_url})"
+
     @property
     def backend(self) -> str:
         return self.dialect.name
