@@ -43,9 +43,12 @@ def main(argv: list[str] | None = None) -> int:
         url = cluster.url_for(name)
         outbox = Path(tempfile.mkdtemp()) / "outbox.db"
         sent: list[dict[str, object]] = [_message(0)]
-        with open_repository(url) as repository, TranscriptWriter(
-            repository, outbox_url=f"sqlite:///{outbox}", deadline=args.deadline
-        ) as writer:
+        with (
+            open_repository(url) as repository,
+            TranscriptWriter(
+                repository, outbox_url=f"sqlite:///{outbox}", deadline=args.deadline
+            ) as writer,
+        ):
             assert writer.write("frozen", sent).status == "stored"
             cluster.freeze()
             latencies = []
