@@ -48,7 +48,8 @@ class AdkUserStateRow(Base):
 class AdkSessionRow(Base):
     """An ADK session: its names, its own state, and its ``last_update_time`` (epoch
     seconds as ADK has them: the newest event's timestamp). Its events are the
-    messages of the sessionrepo session ``session_id``."""
+    messages of the sessionrepo session ``session_id``; the state is what their deltas
+    made of it, up to ``applied_seq``."""
 
     __tablename__ = "adk_sessions"
     __table_args__ = (PrimaryKeyConstraint("session_id"),)
@@ -60,6 +61,10 @@ class AdkSessionRow(Base):
     adk_session_id: Mapped[str] = mapped_column(String(255))
     state: Mapped[dict[str, Any]]
     update_time: Mapped[float] = mapped_column(Double())
+    #: The ``seq`` of the newest event whose state delta is in the three states: events
+    #: stored after it (replayed from an outbox) have theirs applied by the next
+    #: ``get_session`` or ``append_event``, in ``seq`` order, exactly once.
+    applied_seq: Mapped[int]
 
 
 adk_app_states_table: Table = AdkAppStateRow.__table__  # type: ignore[assignment]

@@ -3,8 +3,10 @@
 - ``adk_app_states`` (``app:`` keys per app) and ``adk_user_states`` (``user:`` keys per
   app and user): global, reference tables on Citus.
 - ``adk_sessions``: an ADK session's names (app, user, its own id), its session-scoped
-  state and ``last_update_time``, one row per sessionrepo session (``session_id``, which
-  it goes with: ``ON DELETE CASCADE``), distributed with it on Citus.
+  state, ``last_update_time`` and ``applied_seq`` (the newest event whose state delta
+  the states hold: events replayed from an outbox later are applied after it); one row
+  per sessionrepo session (``session_id``, which it goes with: ``ON DELETE CASCADE``),
+  distributed with it on Citus.
 
 State values are compact JSON text, as every JSON column here; times are epoch seconds
 (``DOUBLE PRECISION``), exactly the floats ADK hands over.
@@ -57,6 +59,7 @@ def upgrade() -> None:
         sa.Column("adk_session_id", ident, nullable=False),
         sa.Column("state", text, nullable=False),
         sa.Column("update_time", time, nullable=False),
+        sa.Column("applied_seq", sa.BigInteger(), nullable=False),
         sa.ForeignKeyConstraint(
             ["session_id"],
             ["sessions.id"],

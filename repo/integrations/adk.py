@@ -35,10 +35,12 @@ what a rewind hides.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from functools import partial
 from typing import Any, Final, TypeVar
 
 from google.adk.errors import StaleSessionError
@@ -58,13 +60,20 @@ from pydantic_core import to_jsonable_python
 from sqlalchemy import Connection, Table, and_, delete, select, update
 from typing_extensions import override
 
-from sessionrepo.aio.api import AsyncSessionRepository, open_async_repository
-from sessionrepo.errors import ArgumentTypeError, InvalidArgument, InvalidMessage, NotFound
+from sessionrepo.aio.api import AsyncSessionRepository, AsyncTranscriptWriter, open_async_repository
+from sessionrepo.errors import (
+    ArgumentTypeError,
+    BackendUnavailable,
+    InvalidArgument,
+    InvalidMessage,
+    NotFound,
+)
 from sessionrepo.models import Message, StoredMessage
 from sessionrepo.models.adk import adk_app_states_table, adk_sessions_table, adk_user_states_table
 from sessionrepo.models.tables import dump_json, messages_table, sessions_table
 from sessionrepo.store import codec as _codec
-from sessionrepo.store.repository import SessionRepository
+from sessionrepo.store.arguments import check_seconds
+from sessionrepo.store.repository import PreparedBatch, SessionRepository
 
 __all__ = ["SessionRepoListSessionsResponse", "SessionRepoSessionService"]
 
@@ -184,6 +193,7 @@ class _Loaded:
     update_time: float
     state: dict[str, Any]
     next_seq: int
+    applied_seq: int
 
 
 class SessionRepoSessionService(BaseSessionService):
@@ -202,7 +212,12 @@ class SessionRepoSessionService(BaseSessionService):
     """
 
     def __init__(
-        self, *, url: str | None = None, repository: AsyncSessionRepository | None = None
+        self,
+        *,
+        url: str | None = None,
+        repository: AsyncSessionRepository | None = None,
+        outbox: bool | str = False,
+        deadline: float = 5.0,
     ) -> None:
         if url is not None and repository is not None:
             raise InvalidArgument("repository", "give a url or a repository, not both")
@@ -213,19 +228,42 @@ class SessionRepoSessionService(BaseSessionService):
                 "repository",
                 "must be an AsyncSessionRepository (open_async_repository()): ADK is asyncio",
             )
+        if not isinstance(outbox, bool | str):
+            raise ArgumentTypeError(
+                "outbox", f"must be a bool or a URL, got {type(outbox).__name__}"
+            )
         self._url = url
         self._repository = repository
         self._owns_repository = repository is None
+        self._outbox = outbox
+        self._deadline = check_seconds(deadline, "deadline")
+        self._writer: AsyncTranscriptWriter | None = None
         self._opening = asyncio.Lock()
 
     # -- plumbing -----------------------------------------------------------------
 
     async def _repo(self) -> AsyncSessionRepository:
-        if self._repository is None:
+        if self._repository is None or (self._outbox is not False and self._writer is None):
             async with self._opening:
                 if self._repository is None:
-                    self._repository = await open_async_repository(self._url)
+                    # An outbox is for starting while the primary is down, too.
+                    self._repository = await open_async_repository(
+                        self._url, require_connection=self._outbox is False
+                    )
+                if self._outbox is not False and self._writer is None:
+                    outbox_url = self._outbox if isinstance(self._outbox, str) else None
+                    writer = AsyncTranscriptWriter(
+                        self._repository, outbox_url=outbox_url, deadline=self._deadline
+                    )
+                    writer.start()  # startup recovery first: what an earlier run parked
+                    self._writer = writer
         return self._repository
+
+    @property
+    def writer(self) -> AsyncTranscriptWriter | None:
+        """The write path events take with ``outbox`` (its ``drain``, ``pending``,
+        ``status``); ``None`` without, or before first use."""
+        return self._writer
 
     async def _run(self, work: Callable[[SessionRepository], T]) -> T:
         """``work(repository)`` with the sync repository's database waits awaited,
@@ -237,7 +275,11 @@ class SessionRepoSessionService(BaseSessionService):
         return await repo._calls.call(work, repo._sync)
 
     async def close(self) -> None:
-        """Close the repository this service opened (one handed in stays open)."""
+        """Stop the outbox's drainer and close the repository this service opened (one
+        handed in stays open)."""
+        writer, self._writer = self._writer, None
+        if writer is not None:
+            await writer.close()
         repository, self._repository = self._repository, None
         if repository is not None and self._owns_repository:
             await repository.close()
@@ -269,6 +311,7 @@ class SessionRepoSessionService(BaseSessionService):
         def work(sync: SessionRepository) -> tuple[dict[str, Any], int] | None:
             def created(conn: Connection) -> tuple[dict[str, Any], int] | None:
                 dialect = sync.database.dialect
+                next_seq = conn.execute(select(S.next_seq).where(S.id == sid)).scalar_one()
                 inserted = conn.execute(
                     dialect.insert_ignoring(adk_sessions_table, ["session_id"])
                     .values(
@@ -278,6 +321,7 @@ class SessionRepoSessionService(BaseSessionService):
                         adk_session_id=session_id,
                         state=deltas.session,
                         update_time=now,
+                        applied_seq=next_seq - 1,
                     )
                     .returning(A.session_id)
                 ).first()
@@ -285,7 +329,6 @@ class SessionRepoSessionService(BaseSessionService):
                     return None
                 app = _merge_state(conn, sync, _app_scope(app_name), deltas.app, now)
                 user = _merge_state(conn, sync, _user_scope(app_name, user_id), deltas.user, now)
-                next_seq = conn.execute(select(S.next_seq).where(S.id == sid)).scalar_one()
                 return _merged(app, user, deltas.session), int(next_seq)
 
             return sync.database.write(created)
@@ -315,6 +358,10 @@ class SessionRepoSessionService(BaseSessionService):
     ) -> AdkSession | None:
         sid = session_key(app_name, user_id, session_id)
         loaded = await self._load(sid, app_name, user_id)
+        if loaded is not None and loaded.applied_seq < loaded.next_seq - 1:
+            # Events replayed from an outbox since: their deltas first, then read again.
+            await self._run(lambda sync: sync.database.write(partial(_catch_up_in, sync, sid)))
+            loaded = await self._load(sid, app_name, user_id)
         if loaded is None:
             return None
         events = await self._events(sid, loaded.next_seq, config or GetSessionConfig())
@@ -329,11 +376,13 @@ class SessionRepoSessionService(BaseSessionService):
         session._storage_update_marker = str(loaded.next_seq)
         return session
 
-    async def _load(self, sid: str, app_name: str, user_id: str) -> _Loaded | None:
+    async def _load(
+        self, sid: str, app_name: str, user_id: str, *, bounded: bool = False
+    ) -> _Loaded | None:
         def work(sync: SessionRepository) -> _Loaded | None:
             def read(conn: Connection) -> _Loaded | None:
                 row = conn.execute(
-                    select(A.state, A.update_time, S.next_seq)
+                    select(A.state, A.update_time, A.applied_seq, S.next_seq)
                     .join(sessions_table, S.id == A.session_id)
                     .where(A.session_id == sid)
                 ).first()
@@ -341,9 +390,15 @@ class SessionRepoSessionService(BaseSessionService):
                     return None
                 app = _read_state(conn, _app_scope(app_name))
                 user = _read_state(conn, _user_scope(app_name, user_id))
-                return _Loaded(row.update_time, _merged(app, user, row.state), int(row.next_seq))
+                return _Loaded(
+                    row.update_time,
+                    _merged(app, user, row.state),
+                    int(row.next_seq),
+                    int(row.applied_seq),
+                )
 
-            return sync.database.read(read)
+            database = sync.bounded_database(self._deadline) if bounded else sync.database
+            return database.read(read)
 
         return await self._run(work)
 
@@ -500,6 +555,10 @@ class SessionRepoSessionService(BaseSessionService):
         first attempt committed) is a no-op: nothing is written, the delta is not
         applied twice, and the event is added to ``session`` only if it is not there.
 
+        With ``outbox``, the event takes the write path instead: stored, or parked while
+        the primary cannot take it (then its state delta is applied once it is
+        replayed, by the next ``get_session`` or ``append_event`` of the session).
+
         Raises:
             SessionNotFoundError: no such session.
             StaleSessionError: the session was appended to since ``session`` was loaded.
@@ -510,73 +569,196 @@ class SessionRepoSessionService(BaseSessionService):
         self._apply_temp_state(session, event)
         event = self._trim_temp_delta_state(event)
         sid = session_key(session.app_name, session.user_id, session.id)
-        deltas = _Deltas.of(event.actions.state_delta if event.actions else None, "state_delta")
-        key = event_key(sid, event.id)
-        rewound = _rewound_keys(sid, session, event)
-        expected = session._storage_update_marker
         repo = await self._repo()
-        batch = repo.prepare(sid, [event_message(sid, event)])
-        new_session = _codec.session_row(batch.session)
-        last_known = event_key(sid, session.events[-1].id) if session.events else None
-
-        def work(sync: SessionRepository) -> int | str:
-            dialect = sync.database.dialect
-
-            def append(conn: Connection) -> int | str:
-                next_seq = dialect.lock_session(conn, sid)
-                row = conn.execute(
-                    select(A.update_time).where(A.session_id == sid).with_for_update()
-                ).first()
-                if next_seq is None or row is None:
-                    return "missing"
-                stored = conn.execute(
-                    select(M.seq).where(M.session_id == sid, M.client_msg_uuid == key)
-                ).first()
-                if stored is not None:
-                    return next_seq  # a retry: stored already, its delta applied with it
-                if expected is not None:
-                    if expected != str(next_seq):
-                        return "stale"
-                elif row.update_time > session.last_update_time:
-                    # A session object without a marker (made by hand): stale unless
-                    # what is stored last is what it holds last, as ADK decides.
-                    last = conn.execute(
-                        select(M.client_msg_uuid).where(M.session_id == sid, M.seq == next_seq - 1)
-                    ).scalar()
-                    if last != last_known:
-                        return "stale"
-                result = sync._append(conn, sid, batch.rows, new_session)
-                sync._index_inserted(conn, result, batch.messages)
-                _merge_state(conn, sync, _app_scope(session.app_name), deltas.app, event.timestamp)
-                _merge_state(
-                    conn,
-                    sync,
-                    _user_scope(session.app_name, session.user_id),
-                    deltas.user,
-                    event.timestamp,
-                )
-                own = conn.execute(select(A.state).where(A.session_id == sid)).scalar_one()
-                conn.execute(
-                    update(adk_sessions_table)
-                    .where(A.session_id == sid)
-                    .values(state={**own, **deltas.session}, update_time=event.timestamp)
-                )
-                if rewound:
-                    sync._supersede(conn, sid, M.client_msg_uuid.in_(rewound), "retracted")
-                return next_seq + len(result.inserted)
-
-            return sync.database.write(append)
-
-        outcome = await self._run(work)
+        pending = _Pending(
+            sid=sid,
+            session=session,
+            event=event,
+            deltas=_Deltas.of(event.actions.state_delta if event.actions else None, "state_delta"),
+            batch=repo.prepare(sid, [event_message(sid, event)]),
+            rewound=_rewound_keys(sid, session, event),
+        )
+        outcome: int | str | None
+        if self._writer is None:
+            outcome = await self._run(
+                lambda sync: sync.database.write(partial(_append_in, sync, pending))
+            )
+        else:
+            outcome = await self._write_through(self._writer, pending)
         if outcome == "missing":
             raise SessionNotFoundError(f"Session {session.id} not found.")
         if outcome == "stale":
             raise StaleSessionError(_STALE)
-        session._storage_update_marker = str(outcome)
+        session._storage_update_marker = None if outcome is None else str(outcome)
         session.last_update_time = event.timestamp
         if any(known.id == event.id for known in session.events):
             return event
         return self._commit_event_to_session(session, event)
+
+    async def _write_through(
+        self, writer: AsyncTranscriptWriter, pending: _Pending
+    ) -> int | str | None:
+        """``append_event`` on the write path: the stale check where the primary
+        answers (a read, so it is not atomic with the write), the event through the
+        writer, then the state deltas of what is stored (a transaction of its own, which
+        the next read repeats if it fails now: nothing is applied twice)."""
+        sid, session = pending.sid, pending.session
+        marker = session._storage_update_marker
+        known = marker is not None and marker.isdigit()
+        expected = int(marker) + 1 if marker is not None and known else None
+        try:
+            # With messages of the session queued, the primary's view is behind them:
+            # nothing to check against until they are replayed.
+            if await writer.pending(sid) == 0:
+                loaded = await self._load(sid, session.app_name, session.user_id, bounded=True)
+                if loaded is None:
+                    return "missing"
+                if known and marker != str(loaded.next_seq):
+                    stored = await self._run(
+                        lambda sync: sync.bounded_database(self._deadline).read(
+                            partial(_stored_in, sid, pending.key)
+                        )
+                    )
+                    if not stored:
+                        return "stale"
+                    expected = loaded.next_seq
+        except BackendUnavailable:
+            pass  # the primary is away: the writer parks, behind what it parked before
+        result = await writer.write(sid, pending.batch.messages)
+        if pending.rewound:
+            await writer.retract(sid, pending.rewound)
+        if result.status == "stored":
+            with contextlib.suppress(BackendUnavailable):
+                await self._run(
+                    lambda sync: sync.bounded_database(self._deadline).write(
+                        partial(_catch_up_in, sync, sid)
+                    )
+                )
+        return expected
+
+
+@dataclass(frozen=True)
+class _Pending:
+    """An event on its way into the store."""
+
+    sid: str
+    session: AdkSession
+    event: Event
+    deltas: _Deltas
+    batch: PreparedBatch
+    rewound: list[uuid.UUID]
+
+    @property
+    def key(self) -> uuid.UUID:
+        return event_key(self.sid, self.event.id)
+
+
+def _stored_in(sid: str, key: uuid.UUID, conn: Connection) -> bool:
+    found = conn.execute(select(M.seq).where(M.session_id == sid, M.client_msg_uuid == key))
+    return found.first() is not None
+
+
+def _append_in(sync: SessionRepository, pending: _Pending, conn: Connection) -> int | str:
+    """``append_event``'s transaction: the session locked as an append locks it, the
+    stale check, the event, the states, a rewind; the ``next_seq`` after it, or
+    ``"missing"`` / ``"stale"`` (nothing written)."""
+    sid, session, event = pending.sid, pending.session, pending.event
+    next_seq = sync.database.dialect.lock_session(conn, sid)
+    row = conn.execute(
+        select(A.update_time, A.applied_seq).where(A.session_id == sid).with_for_update()
+    ).first()
+    if next_seq is None or row is None:
+        return "missing"
+    if _stored_in(sid, pending.key, conn):
+        return next_seq  # a retry: stored already, its delta applied with it
+    marker = session._storage_update_marker
+    if marker is not None:
+        if marker != str(next_seq):
+            return "stale"
+    elif row.update_time > session.last_update_time:
+        # A session object without a marker (made by hand): stale unless what is
+        # stored last is what it holds last, as ADK's DatabaseSessionService decides.
+        last = conn.execute(
+            select(M.client_msg_uuid).where(M.session_id == sid, M.seq == next_seq - 1)
+        ).scalar()
+        known = event_key(sid, session.events[-1].id) if session.events else None
+        if last != known:
+            return "stale"
+    if row.applied_seq < next_seq - 1:
+        _catch_up_in(sync, sid, conn)  # events replayed from an outbox first
+    new_session = _codec.session_row(pending.batch.session)
+    result = sync._append(conn, sid, pending.batch.rows, new_session)
+    sync._index_inserted(conn, result, pending.batch.messages)
+    _apply(
+        conn,
+        sync,
+        sid,
+        app_name=session.app_name,
+        user_id=session.user_id,
+        events=[event],
+        through_seq=next_seq,
+    )
+    if pending.rewound:
+        sync._supersede(conn, sid, M.client_msg_uuid.in_(pending.rewound), "retracted")
+    return next_seq + 1
+
+
+def _catch_up_in(sync: SessionRepository, sid: str, conn: Connection) -> None:
+    """Apply the state deltas of the session's events stored after ``applied_seq``
+    (replayed from an outbox), in ``seq`` order, under the session's lock."""
+    if sync.database.dialect.lock_session(conn, sid) is None:
+        return
+    row = conn.execute(
+        select(A.app_name, A.user_id, A.applied_seq).where(A.session_id == sid).with_for_update()
+    ).first()
+    if row is None:
+        return
+    stored = conn.execute(
+        select(M.seq, M.extra).where(M.session_id == sid, M.seq > row.applied_seq).order_by(M.seq)
+    ).all()
+    if not stored:
+        return
+    events = [
+        Event.model_validate(message.extra[EVENT_FIELD])
+        for message in stored
+        if isinstance(message.extra, dict) and EVENT_FIELD in message.extra
+    ]
+    _apply(
+        conn,
+        sync,
+        sid,
+        app_name=row.app_name,
+        user_id=row.user_id,
+        events=events,
+        through_seq=int(stored[-1].seq),
+    )
+
+
+def _apply(
+    conn: Connection,
+    sync: SessionRepository,
+    sid: str,
+    *,
+    app_name: str,
+    user_id: str,
+    events: Sequence[Event],
+    through_seq: int,
+) -> None:
+    """Merge the events' state deltas into the three states, in order, and record that
+    the session's state holds every delta up to ``through_seq``."""
+    own = conn.execute(select(A.state, A.update_time).where(A.session_id == sid)).one()
+    state, update_time = dict(own.state), own.update_time
+    for event in events:
+        deltas = _Deltas.of(event.actions.state_delta if event.actions else None, "state_delta")
+        _merge_state(conn, sync, _app_scope(app_name), deltas.app, event.timestamp)
+        _merge_state(conn, sync, _user_scope(app_name, user_id), deltas.user, event.timestamp)
+        state.update(deltas.session)
+        update_time = event.timestamp
+    conn.execute(
+        update(adk_sessions_table)
+        .where(A.session_id == sid)
+        .values(state=state, update_time=update_time, applied_seq=through_seq)
+    )
 
 
 def _rewound_keys(sid: str, session: AdkSession, event: Event) -> list[uuid.UUID]:

@@ -13,8 +13,10 @@ ADK is asyncio: each test runs its scenario with ``asyncio.run``.
 from __future__ import annotations
 
 import asyncio
+import sys
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -34,6 +36,11 @@ from pydantic import Field
 
 from sessionrepo import InvalidArgument, open_async_repository
 from sessionrepo.integrations.adk import SessionRepoSessionService, session_key
+
+_TESTS_DIR = str(Path(__file__).resolve().parent.parent)
+if _TESTS_DIR not in sys.path:
+    sys.path.insert(0, _TESTS_DIR)
+from _harness import holding_the_write_lock  # noqa: E402
 
 Scenario = Callable[[SessionRepoSessionService], Awaitable[None]]
 
@@ -578,6 +585,74 @@ def test_runner_resumes_after_a_restart(database_url: str) -> None:
             repo = await service._repo()
             stored = await repo.load_transcript(session_key("e2e", "alice", session_id))
             assert [m.role for m in stored] == ["user", "assistant"] * 3
+
+    session_id = asyncio.run(first_process())
+    asyncio.run(second_process(session_id))
+
+
+def test_runner_resumes_after_an_outage_parked_in_the_outbox(
+    database_url: str, backend: str, tmp_path: Path
+) -> None:
+    """With ``outbox=``, events take sessionrepo's write path: while another connection
+    holds what an append needs (a real outage of the primary for this session), the
+    Runner's turn goes on and its events park in the outbox file; the process stops
+    with them parked. A new process on the same outbox replays them (its drain), their
+    state deltas are applied once, and the conversation resumes with the whole
+    history."""
+    outbox = f"sqlite:///{tmp_path / 'outbox.db'}"
+
+    async def first_process() -> str:
+        service = SessionRepoSessionService(url=database_url, outbox=outbox, deadline=0.5)
+        async with service:
+            model = ScriptedModel(model="scripted", replies=["hello", "noted: Mochi"])
+            runner = _runner(service, model)
+            session = await service.create_session(app_name="e2e", user_id="alice")
+            assert await _turn(runner, session.id, "hi") == ["hello"]
+            writer = service.writer
+            assert writer is not None
+            sid = session_key("e2e", "alice", session.id)
+            with holding_the_write_lock(database_url, backend, sid):
+                assert await _turn(runner, session.id, "my cat is Mochi") == ["noted: Mochi"]
+                # The fault happened: both events of the turn are parked, not stored.
+                assert await writer.pending(sid) == 2
+                assert writer.primary_down is not None
+                await writer.stop()  # the process goes away with them parked
+            repo = await service._repo()
+            stored = [m.content for m in await repo.load_transcript(sid)]
+            # The attempt that missed its deadline may still commit once the lock goes
+            # (PostgreSQL: it was queued on the row lock); its replay is then a no-op.
+            assert stored in (["hi", "hello"], ["hi", "hello", "my cat is Mochi"])
+            return session.id
+
+    async def second_process(session_id: str) -> None:
+        service = SessionRepoSessionService(url=database_url, outbox=outbox, deadline=0.5)
+        async with service:
+            assert await service.get_user_state(app_name="e2e", user_id="alice") == {}
+            writer = service.writer
+            assert writer is not None
+            await writer.drain(ignore_backoff=True)
+            assert await writer.pending() == 0
+            resumed = await service.get_session(
+                app_name="e2e", user_id="alice", session_id=session_id
+            )
+            assert resumed is not None
+            assert resumed.state["last"] == "noted: Mochi"  # the parked delta, applied
+            model = ScriptedModel(model="scripted", replies=["your cat is Mochi"])
+            runner = _runner(service, model)
+            assert await _turn(runner, session_id, "what is my cat called?") == [
+                "your cat is Mochi"
+            ]
+            assert model.seen == [5]
+            repo = await service._repo()
+            stored = await repo.load_transcript(session_key("e2e", "alice", session_id))
+            assert [m.content for m in stored] == [
+                "hi",
+                "hello",
+                "my cat is Mochi",
+                "noted: Mochi",
+                "what is my cat called?",
+                "your cat is Mochi",
+            ]
 
     session_id = asyncio.run(first_process())
     asyncio.run(second_process(session_id))
