@@ -22,6 +22,7 @@ CONTENDERS: Final = {
     "openai": ("bench.contenders._openai", "OpenAIAgents", "openai-agents"),
     "openai-sqlite": ("bench.contenders._openai", "OpenAISQLite", "openai-agents"),
     "adk": ("bench.contenders._adk", "GoogleADK", "google-adk"),
+    "sessionrepo-adk": ("bench.contenders._adk", "SessionRepoADK", "google-adk"),
     "langchain": ("bench.contenders._langchain", "LangChain", "langchain-community"),
 }
 
@@ -41,6 +42,7 @@ LABELS: Final = {
     "openai": "OpenAI Agents SQLAlchemySession",
     "openai-sqlite": "OpenAI Agents SQLiteSession",
     "adk": "Google ADK DatabaseSessionService",
+    "sessionrepo-adk": "sessionrepo ADK SessionRepoSessionService",
     "langchain": "LangChain SQLChatMessageHistory",
 }
 

@@ -73,6 +73,7 @@ from sessionrepo.models.adk import adk_app_states_table, adk_sessions_table, adk
 from sessionrepo.models.tables import dump_json, messages_table, sessions_table
 from sessionrepo.store import codec as _codec
 from sessionrepo.store.arguments import check_seconds
+from sessionrepo.store.codec import check_session_id
 from sessionrepo.store.repository import PreparedBatch, SessionRepository
 
 __all__ = ["SessionRepoListSessionsResponse", "SessionRepoSessionService"]
@@ -305,12 +306,18 @@ class SessionRepoSessionService(BaseSessionService):
         sid = session_key(app_name, user_id, session_id)
         deltas = _Deltas.of(state, "state")
         now = platform_time.get_time()
-        repo = await self._repo()
-        await repo.create_session(sid, source=f"adk:{app_name}", user_id=user_id)
+        # Checked before anything is written (an id sessionrepo cannot store raises).
+        check_session_id(sid)
+        row = _codec.session_row(
+            _codec.build_session(sid, {"source": f"adk:{app_name}", "user_id": user_id}, "session")
+        )
 
         def work(sync: SessionRepository) -> tuple[dict[str, Any], int] | None:
             def created(conn: Connection) -> tuple[dict[str, Any], int] | None:
                 dialect = sync.database.dialect
+                # The sessionrepo session, if new (as create_session makes it), in the
+                # same transaction as its ADK row: one commit for both.
+                conn.execute(dialect.insert_ignoring(sessions_table, ["id"]).values(**row))
                 next_seq = conn.execute(select(S.next_seq).where(S.id == sid)).scalar_one()
                 inserted = conn.execute(
                     dialect.insert_ignoring(adk_sessions_table, ["session_id"])
@@ -578,7 +585,7 @@ class SessionRepoSessionService(BaseSessionService):
             batch=repo.prepare(sid, [event_message(sid, event)]),
             rewound=_rewound_keys(sid, session, event),
         )
-        outcome: int | str | None
+        outcome: int | str | _Duplicate | None
         if self._writer is None:
             outcome = await self._run(
                 lambda sync: sync.database.write(partial(_append_in, sync, pending))
@@ -589,15 +596,17 @@ class SessionRepoSessionService(BaseSessionService):
             raise SessionNotFoundError(f"Session {session.id} not found.")
         if outcome == "stale":
             raise StaleSessionError(_STALE)
-        session._storage_update_marker = None if outcome is None else str(outcome)
+        duplicate = isinstance(outcome, _Duplicate)
+        seq = outcome.next_seq if isinstance(outcome, _Duplicate) else outcome
+        session._storage_update_marker = None if seq is None else str(seq)
         session.last_update_time = event.timestamp
-        if any(known.id == event.id for known in session.events):
-            return event
+        if duplicate and any(known.id == event.id for known in reversed(session.events)):
+            return event  # a retry of what this object holds already
         return self._commit_event_to_session(session, event)
 
     async def _write_through(
         self, writer: AsyncTranscriptWriter, pending: _Pending
-    ) -> int | str | None:
+    ) -> int | str | _Duplicate | None:
         """``append_event`` on the write path: the stale check where the primary
         answers (a read, so it is not atomic with the write), the event through the
         writer, then the state deltas of what is stored (a transaction of its own, which
@@ -621,7 +630,7 @@ class SessionRepoSessionService(BaseSessionService):
                     )
                     if not stored:
                         return "stale"
-                    expected = loaded.next_seq
+                    return _Duplicate(loaded.next_seq)  # a retry: the writer has it
         except BackendUnavailable:
             pass  # the primary is away: the writer parks, behind what it parked before
         result = await writer.write(sid, pending.batch.messages)
@@ -635,6 +644,13 @@ class SessionRepoSessionService(BaseSessionService):
                     )
                 )
         return expected
+
+
+@dataclass(frozen=True)
+class _Duplicate:
+    """``append_event``'s outcome for an event stored already: nothing written."""
+
+    next_seq: int | None
 
 
 @dataclass(frozen=True)
@@ -658,7 +674,9 @@ def _stored_in(sid: str, key: uuid.UUID, conn: Connection) -> bool:
     return found.first() is not None
 
 
-def _append_in(sync: SessionRepository, pending: _Pending, conn: Connection) -> int | str:
+def _append_in(
+    sync: SessionRepository, pending: _Pending, conn: Connection
+) -> int | str | _Duplicate:
     """``append_event``'s transaction: the session locked as an append locks it, the
     stale check, the event, the states, a rewind; the ``next_seq`` after it, or
     ``"missing"`` / ``"stale"`` (nothing written)."""
@@ -670,7 +688,7 @@ def _append_in(sync: SessionRepository, pending: _Pending, conn: Connection) -> 
     if next_seq is None or row is None:
         return "missing"
     if _stored_in(sid, pending.key, conn):
-        return next_seq  # a retry: stored already, its delta applied with it
+        return _Duplicate(next_seq)  # a retry: stored already, its delta applied with it
     marker = session._storage_update_marker
     if marker is not None:
         if marker != str(next_seq):
@@ -750,8 +768,12 @@ def _apply(
     state, update_time = dict(own.state), own.update_time
     for event in events:
         deltas = _Deltas.of(event.actions.state_delta if event.actions else None, "state_delta")
-        _merge_state(conn, sync, _app_scope(app_name), deltas.app, event.timestamp)
-        _merge_state(conn, sync, _user_scope(app_name, user_id), deltas.user, event.timestamp)
+        # Only what changes is touched: an event without app or user keys takes no lock
+        # on the rows every session of the app (or the user) shares.
+        if deltas.app:
+            _merge_state(conn, sync, _app_scope(app_name), deltas.app, event.timestamp)
+        if deltas.user:
+            _merge_state(conn, sync, _user_scope(app_name, user_id), deltas.user, event.timestamp)
         state.update(deltas.session)
         update_time = event.timestamp
     conn.execute(
