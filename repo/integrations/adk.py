@@ -634,6 +634,11 @@ class SessionRepoSessionService(BaseSessionService):
         except BackendUnavailable:
             pass  # the primary is away: the writer parks, behind what it parked before
         result = await writer.write(sid, pending.batch.messages)
+        if result.duplicates or result.conflicts:
+            # Stored already (a retry), or parked already with the same key: a no-op.
+            return _Duplicate(None if expected is None else expected - 1)
+        if result.status == "parked" and result.parked == 0:
+            return _Duplicate(None if expected is None else expected - 1)
         if pending.rewound:
             await writer.retract(sid, pending.rewound)
         if result.status == "stored":

@@ -45,12 +45,21 @@ from _harness import holding_the_write_lock  # noqa: E402
 Scenario = Callable[[SessionRepoSessionService], Awaitable[None]]
 
 
-def run(database_url: str, scenario: Scenario) -> None:
+def run(database_url: str, scenario: Scenario, **options: Any) -> None:
     async def main() -> None:
-        async with SessionRepoSessionService(url=database_url) as service:
+        async with SessionRepoSessionService(url=database_url, **options) as service:
             await scenario(service)
 
     asyncio.run(main())
+
+
+@pytest.fixture(params=["direct", "outbox"])
+def options(request: pytest.FixtureRequest, tmp_path: Path) -> dict[str, Any]:
+    """The service's two write paths: its own transaction per event, or sessionrepo's
+    write path (``outbox=``, a local SQLite outbox file) with the primary healthy."""
+    if request.param == "direct":
+        return {}
+    return {"outbox": f"sqlite:///{tmp_path / 'outbox.db'}"}
 
 
 def user_event(text: str, **fields: Any) -> Event:
@@ -156,7 +165,7 @@ def test_list_sessions_pages(database_url: str) -> None:
     run(database_url, scenario)
 
 
-def test_app_user_and_session_state_scopes(database_url: str) -> None:
+def test_app_user_and_session_state_scopes(database_url: str, options: dict[str, Any]) -> None:
     """Upstream: ``test_app_state_is_shared_by_all_users_of_app``,
     ``test_user_state_is_shared_only_by_user_sessions``,
     ``test_session_state_is_not_shared``; and ``get_user_state``."""
@@ -192,7 +201,7 @@ def test_app_user_and_session_state_scopes(database_url: str) -> None:
         }
         assert await service.get_user_state(app_name="my_app", user_id="nobody") == {}
 
-    run(database_url, scenario)
+    run(database_url, scenario, **options)
 
 
 def test_temp_state_is_not_persisted_in_state_or_events(database_url: str) -> None:
@@ -310,7 +319,7 @@ def test_session_last_update_time_updates_on_event(database_url: str) -> None:
     run(database_url, scenario)
 
 
-def test_append_event_to_stale_session(database_url: str) -> None:
+def test_append_event_to_stale_session(database_url: str, options: dict[str, Any]) -> None:
     """Upstream: ``test_append_event_to_stale_session`` (``DatabaseSessionService``'s
     stale-writer check): a session object loaded before another append is refused, and
     nothing of its event is stored."""
@@ -362,13 +371,15 @@ def test_append_event_to_stale_session(database_url: str) -> None:
         with pytest.raises(SessionNotFoundError):
             await service.append_event(gone, Event(invocation_id="x", author="user"))
 
-    run(database_url, scenario)
+    run(database_url, scenario, **options)
 
 
 def test_append_event_concurrent_stale_sessions_reject_stale_writer(database_url: str) -> None:
     """Upstream: ``test_append_event_concurrent_stale_sessions_reject_stale_writer``: of
     two copies of one session appending at once, exactly one wins (the session's row
-    lock decides, across processes too)."""
+    lock decides, across processes too). Not with ``outbox=``: there the check is a read
+    before the write (the writer may park the event), so two racing copies can both
+    pass it; the README says so."""
 
     async def scenario(service: SessionRepoSessionService) -> None:
         session = await service.create_session(app_name="my_app", user_id="user")
@@ -406,7 +417,7 @@ def test_append_event_concurrent_stale_sessions_reject_stale_writer(database_url
     run(database_url, scenario)
 
 
-def test_retried_append_event_is_a_no_op(database_url: str) -> None:
+def test_retried_append_event_is_a_no_op(database_url: str, options: dict[str, Any]) -> None:
     """sessionrepo differs on purpose: ADK's ``DatabaseSessionService`` raises an
     ``IntegrityError`` when an event is appended again (the retry of a call whose commit
     the caller never heard of); here the event's key makes it a no-op: stored once, its
@@ -430,7 +441,7 @@ def test_retried_append_event_is_a_no_op(database_url: str) -> None:
         stored = await repo.load_transcript(session_key("app", "u", session.id))
         assert [m.content for m in stored] == ["once", "next"]
 
-    run(database_url, scenario)
+    run(database_url, scenario, **options)
 
 
 def test_get_session_with_config(database_url: str) -> None:
@@ -465,7 +476,9 @@ def test_get_session_with_config(database_url: str) -> None:
     run(database_url, scenario)
 
 
-def test_events_are_searchable_and_rewind_maps_to_sessionrepo_rewind(database_url: str) -> None:
+def test_events_are_searchable_and_rewind_maps_to_sessionrepo_rewind(
+    database_url: str, options: dict[str, Any]
+) -> None:
     """Not upstream: the event text is sessionrepo content (search finds it), and an ADK
     rewind event takes the invocations it undoes out of sessionrepo's live transcript,
     while ``get_session`` still returns every event, as ADK's own services do."""
@@ -489,7 +502,7 @@ def test_events_are_searchable_and_rewind_maps_to_sessionrepo_rewind(database_ur
         assert got is not None
         assert [e.invocation_id for e in got.events] == ["inv1", "inv2", "inv3"]
 
-    run(database_url, scenario)
+    run(database_url, scenario, **options)
 
 
 def test_constructor_arguments(database_url: str) -> None:
