@@ -34,7 +34,7 @@ from google.adk.sessions.base_session_service import GetSessionConfig
 from google.genai import types
 from pydantic import Field
 
-from sessionrepo import InvalidArgument, open_async_repository
+from sessionrepo import InvalidArgument, InvalidMessage, open_async_repository
 from sessionrepo.integrations.adk import SessionRepoSessionService, session_key
 
 _TESTS_DIR = str(Path(__file__).resolve().parent.parent)
@@ -503,6 +503,33 @@ def test_events_are_searchable_and_rewind_maps_to_sessionrepo_rewind(
         assert [e.invocation_id for e in got.events] == ["inv1", "inv2", "inv3"]
 
     run(database_url, scenario, **options)
+
+
+def test_bad_input_is_refused_before_anything_is_written(database_url: str) -> None:
+    """An id sessionrepo cannot store (a control character) and state that is not JSON
+    (NaN) raise ``InvalidMessage`` naming the field; nothing of the call is stored."""
+
+    async def scenario(service: SessionRepoSessionService) -> None:
+        with pytest.raises(InvalidMessage):
+            await service.create_session(app_name="app", user_id="u\x00", session_id="s")
+        with pytest.raises(InvalidMessage, match="state"):
+            await service.create_session(
+                app_name="app", user_id="u", session_id="s", state={"x": float("nan")}
+            )
+        assert (await service.list_sessions(app_name="app")).sessions == []
+        session = await service.create_session(app_name="app", user_id="u", session_id="s")
+        bad = Event(
+            author="user",
+            invocation_id="i",
+            actions=EventActions(state_delta={"app:k": float("inf")}),
+        )
+        with pytest.raises(InvalidMessage, match="state_delta"):
+            await service.append_event(session, bad)
+        got = await service.get_session(app_name="app", user_id="u", session_id="s")
+        assert got is not None
+        assert (got.events, got.state) == ([], {})
+
+    run(database_url, scenario)
 
 
 def test_constructor_arguments(database_url: str) -> None:
