@@ -30,6 +30,23 @@ sessionrepo's rewind: the events it undoes leave sessionrepo's live transcript (
 counters, the console) and stay stored. ``get_session`` returns every stored event, the
 rewound ones and the rewind event included, as ADK's own services do: ADK itself decides
 what a rewind hides.
+
+With ``outbox=`` the events take sessionrepo's write path instead
+(:class:`~sessionrepo.AsyncTranscriptWriter`): an event the primary cannot take now
+(down, frozen, locked) is parked in the outbox and replayed later, in order, and the turn
+goes on. State then follows the events: ``adk_sessions.applied_seq`` records the newest
+event whose delta the states hold, and the deltas of events stored after it (replayed
+from an outbox, by this process or another) are applied by the next ``get_session`` or
+``append_event`` of the session, in ``seq`` order, exactly once. On that path the stale
+check is a read before the write (skipped while the session has events parked, or the
+primary does not answer), so two copies of one session racing each other can both pass.
+
+``list_sessions`` reads sessionrepo's keyset-paged listing (a page costs the same at any
+depth), and takes ``page_size`` / ``page_token`` as well.
+
+The transactions that do several things at once use the store's own building blocks
+(the append under the session lock, the editing primitive), which the public API only
+offers one call at a time.
 """
 
 from __future__ import annotations
@@ -67,6 +84,7 @@ from sessionrepo.errors import (
     InvalidArgument,
     InvalidMessage,
     NotFound,
+    RepoError,
 )
 from sessionrepo.models import Message, StoredMessage
 from sessionrepo.models.adk import adk_app_states_table, adk_sessions_table, adk_user_states_table
@@ -206,6 +224,12 @@ class SessionRepoSessionService(BaseSessionService):
             Opened on first use and closed by :meth:`close`.
         repository: an opened :class:`~sessionrepo.AsyncSessionRepository` instead
             (it stays the caller's: :meth:`close` leaves it open).
+        outbox: write events through an :class:`~sessionrepo.AsyncTranscriptWriter`
+            (see the module's docstring): a SQLite URL for its outbox file (what the
+            README recommends), or ``True`` for ``SESSIONREPO_OUTBOX_URL``, else a table
+            in the primary. Its drainer runs while the service is open (:attr:`writer`).
+        deadline: with ``outbox``, the seconds an append may wait for the primary
+            before its event is parked (the writer's ``deadline``).
 
     Raises:
         InvalidArgument: both ``url`` and ``repository`` given.
@@ -240,10 +264,13 @@ class SessionRepoSessionService(BaseSessionService):
         self._deadline = check_seconds(deadline, "deadline")
         self._writer: AsyncTranscriptWriter | None = None
         self._opening = asyncio.Lock()
+        self._closed = False
 
     # -- plumbing -----------------------------------------------------------------
 
     async def _repo(self) -> AsyncSessionRepository:
+        if self._closed:
+            raise RepoError("this SessionRepoSessionService is closed")
         if self._repository is None or (self._outbox is not False and self._writer is None):
             async with self._opening:
                 if self._repository is None:
@@ -277,7 +304,8 @@ class SessionRepoSessionService(BaseSessionService):
 
     async def close(self) -> None:
         """Stop the outbox's drainer and close the repository this service opened (one
-        handed in stays open)."""
+        handed in stays open). The service is unusable afterwards."""
+        self._closed = True
         writer, self._writer = self._writer, None
         if writer is not None:
             await writer.close()
