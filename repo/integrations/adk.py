@@ -716,29 +716,35 @@ def _append_in(
     sid, session, event = pending.sid, pending.session, pending.event
     next_seq = sync.database.dialect.lock_session(conn, sid)
     row = conn.execute(
-        select(A.update_time, A.applied_seq).where(A.session_id == sid).with_for_update()
+        select(A.update_time, A.applied_seq, A.state).where(A.session_id == sid).with_for_update()
     ).first()
     if next_seq is None or row is None:
         return "missing"
-    if _stored_in(sid, pending.key, conn):
-        return _Duplicate(next_seq)  # a retry: stored already, its delta applied with it
     marker = session._storage_update_marker
-    if marker is not None:
-        if marker != str(next_seq):
-            return "stale"
-    elif row.update_time > session.last_update_time:
+    if marker is not None and marker != str(next_seq):
+        # Appended to since this object was loaded: by this very event (a retry whose
+        # first attempt committed: a no-op), or by someone else (stale).
+        return _Duplicate(next_seq) if _stored_in(sid, pending.key, conn) else "stale"
+    if marker is None and row.update_time > session.last_update_time:
         # A session object without a marker (made by hand): stale unless what is
         # stored last is what it holds last, as ADK's DatabaseSessionService decides.
+        if _stored_in(sid, pending.key, conn):
+            return _Duplicate(next_seq)
         last = conn.execute(
             select(M.client_msg_uuid).where(M.session_id == sid, M.seq == next_seq - 1)
         ).scalar()
         known = event_key(sid, session.events[-1].id) if session.events else None
         if last != known:
             return "stale"
+    current = None
     if row.applied_seq < next_seq - 1:
         _catch_up_in(sync, sid, conn)  # events replayed from an outbox first
+    else:
+        current = (dict(row.state), row.update_time)
     new_session = _codec.session_row(pending.batch.session)
     result = sync._append(conn, sid, pending.batch.rows, new_session)
+    if not result.inserted:
+        return _Duplicate(next_seq)  # stored before this object was loaded: a retry
     sync._index_inserted(conn, result, pending.batch.messages)
     _apply(
         conn,
@@ -748,6 +754,7 @@ def _append_in(
         user_id=session.user_id,
         events=[event],
         through_seq=next_seq,
+        current=current,
     )
     if pending.rewound:
         sync._supersede(conn, sid, M.client_msg_uuid.in_(pending.rewound), "retracted")
@@ -794,11 +801,15 @@ def _apply(
     user_id: str,
     events: Sequence[Event],
     through_seq: int,
+    current: tuple[dict[str, Any], float] | None = None,
 ) -> None:
     """Merge the events' state deltas into the three states, in order, and record that
-    the session's state holds every delta up to ``through_seq``."""
-    own = conn.execute(select(A.state, A.update_time).where(A.session_id == sid)).one()
-    state, update_time = dict(own.state), own.update_time
+    the session's state holds every delta up to ``through_seq``. ``current``: the
+    session's state and update time as the caller read them under the lock."""
+    if current is None:
+        own = conn.execute(select(A.state, A.update_time).where(A.session_id == sid)).one()
+        current = (dict(own.state), own.update_time)
+    state, update_time = current
     for event in events:
         deltas = _Deltas.of(event.actions.state_delta if event.actions else None, "state_delta")
         # Only what changes is touched: an event without app or user keys takes no lock
