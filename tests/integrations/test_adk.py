@@ -696,3 +696,33 @@ def test_runner_resumes_after_an_outage_parked_in_the_outbox(
 
     session_id = asyncio.run(first_process())
     asyncio.run(second_process(session_id))
+
+
+def test_runner_rewind_maps_to_sessionrepo_rewind(database_url: str) -> None:
+    """``Runner.rewind_async`` (ADK's rewind: an event that undoes the invocations from
+    the one named on) takes those invocations out of sessionrepo's live transcript and
+    restores the state they changed; the next turn sees only what was before them."""
+
+    async def scenario(service: SessionRepoSessionService) -> None:
+        model = ScriptedModel(model="scripted", replies=["hello", "21C", "hello again"])
+        runner = _runner(service, model)
+        session = await service.create_session(app_name="e2e", user_id="alice")
+        await _turn(runner, session.id, "hi")
+        await _turn(runner, session.id, "weather?")
+        loaded = await service.get_session(app_name="e2e", user_id="alice", session_id=session.id)
+        assert loaded is not None
+        second = loaded.events[2].invocation_id
+        await runner.rewind_async(
+            user_id="alice", session_id=session.id, rewind_before_invocation_id=second
+        )
+        repo = await service._repo()
+        sid = session_key("e2e", "alice", session.id)
+        assert [m.content for m in await repo.load_transcript(sid)] == ["hi", "hello"]
+        assert len(await repo.load_transcript(sid, include_retracted=True)) == 5
+        rewound = await service.get_session(app_name="e2e", user_id="alice", session_id=session.id)
+        assert rewound is not None
+        assert rewound.state["last"] == "hello"
+        assert await _turn(runner, session.id, "hi again") == ["hello again"]
+        assert model.seen == [1, 3, 3]  # the rewound turn is not sent to the model
+
+    run(database_url, scenario)
