@@ -34,7 +34,7 @@ from google.adk.sessions.base_session_service import GetSessionConfig
 from google.genai import types
 from pydantic import Field
 
-from sessionrepo import InvalidArgument, InvalidMessage, open_async_repository
+from sessionrepo import InvalidArgument, InvalidMessage, RepoError, open_async_repository
 from sessionrepo.integrations.adk import SessionRepoSessionService, session_key
 
 _TESTS_DIR = str(Path(__file__).resolve().parent.parent)
@@ -413,6 +413,82 @@ def test_append_event_concurrent_stale_sessions_reject_stale_writer(database_url
             values = {final.state.get(f"sk{i}-1"), final.state.get(f"sk{i}-2")}
             assert None in values
             assert values & {f"v{i}-1", f"v{i}-2"}
+
+    run(database_url, scenario)
+
+
+def test_append_event_allows_markerless_current_session(database_url: str) -> None:
+    """Upstream: ``test_append_event_allows_markerless_current_session`` and
+    ``test_append_event_allows_timestamp_drift_for_current_session``: a session object
+    without the storage marker (or with a drifted time) that holds what is stored last
+    is current, not stale; ``test_partial_events_are_not_persisted``."""
+
+    async def scenario(service: SessionRepoSessionService) -> None:
+        session = await service.create_session(app_name="my_app", user_id="user", session_id="s1")
+        first = Event(invocation_id="inv1", author="user", timestamp=session.last_update_time + 10)
+        await service.append_event(session, first)
+        session.last_update_time -= 0.0001
+        await service.append_event(
+            session, Event(invocation_id="inv2", author="user", timestamp=first.timestamp + 10)
+        )
+        session._storage_update_marker = None
+        session.last_update_time -= 0.0001
+        await service.append_event(
+            session, Event(invocation_id="inv3", author="user", timestamp=first.timestamp + 20)
+        )
+        await service.append_event(session, Event(author="user", partial=True))
+        assert len(session.events) == 3
+        got = await service.get_session(app_name="my_app", user_id="user", session_id="s1")
+        assert got is not None
+        assert [e.invocation_id for e in got.events] == ["inv1", "inv2", "inv3"]
+
+    run(database_url, scenario)
+
+
+def test_append_event_is_one_transaction(
+    database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Upstream: ``test_append_event_calls_rollback_on_commit_failure`` and
+    ``test_service_recovers_after_multiple_failures``: a failure after the event was
+    inserted (here injected into the state update, the transaction's last step) rolls
+    the whole append back, event and state, and the service goes on working."""
+    from sessionrepo.integrations import adk
+
+    original = adk._apply
+    failures: list[str] = []
+
+    def failing_apply(*args: Any, **kwargs: Any) -> None:
+        original(*args, **kwargs)
+        failures.append("applied, then failed")
+        raise RuntimeError("simulated failure inside the transaction")
+
+    async def scenario(service: SessionRepoSessionService) -> None:
+        session = await service.create_session(app_name="app", user_id="user", session_id="s1")
+        delta = {"key1": "value1", "app:k": 1}
+        await service.append_event(
+            session,
+            Event(invocation_id="inv1", author="user", actions=EventActions(state_delta=delta)),
+        )
+        monkeypatch.setattr(adk, "_apply", failing_apply)
+        for attempt in range(3):
+            with pytest.raises(RepoError):
+                await service.append_event(
+                    session,
+                    Event(
+                        invocation_id=f"inv2-{attempt}",
+                        author="user",
+                        actions=EventActions(state_delta={"key2": "value2", "app:k": 2}),
+                    ),
+                )
+        assert len(failures) == 3  # the fault happened, after the insert, each time
+        monkeypatch.setattr(adk, "_apply", original)
+        got = await service.get_session(app_name="app", user_id="user", session_id="s1")
+        assert got is not None
+        assert [e.invocation_id for e in got.events] == ["inv1"]
+        assert got.state == {"key1": "value1", "app:k": 1}
+        repo = await service._repo()
+        assert len(await repo.load_transcript(session_key("app", "user", "s1"))) == 1
+        await service.append_event(got, Event(invocation_id="inv3", author="user"))
 
     run(database_url, scenario)
 
