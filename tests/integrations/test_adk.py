@@ -204,6 +204,51 @@ def test_app_user_and_session_state_scopes(database_url: str, options: dict[str,
     run(database_url, scenario, **options)
 
 
+def test_get_user_state(database_url: str) -> None:
+    """Upstream: ``test_get_user_state_returns_empty_dict_when_no_state_exists``,
+    ``..._returns_state_written_via_append_event``, ``..._is_not_visible_across_users``,
+    ``..._is_not_visible_across_apps``, ``..._reflects_latest_write``."""
+
+    async def scenario(service: SessionRepoSessionService) -> None:
+        assert await service.get_user_state(app_name="my_app", user_id="u1") == {}
+        session = await service.create_session(app_name="my_app", user_id="u1")
+        for delta in (
+            {"user:profile": {"name": "Alice"}, "session_key": 1, "user:counter": 1},
+            {"user:counter": 2},
+        ):
+            await service.append_event(
+                session, Event(author="system", actions=EventActions(state_delta=delta))
+            )
+        assert await service.get_user_state(app_name="my_app", user_id="u1") == {
+            "profile": {"name": "Alice"},
+            "counter": 2,
+        }
+        assert await service.get_user_state(app_name="my_app", user_id="u2") == {}
+        assert await service.get_user_state(app_name="other_app", user_id="u1") == {}
+
+    run(database_url, scenario)
+
+
+def test_concurrent_first_calls(database_url: str) -> None:
+    """Upstream: ``test_concurrent_prepare_tables_no_race_condition``: the first calls of
+    a fresh service, at once, all succeed (it opens its repository once)."""
+
+    async def scenario(service: SessionRepoSessionService) -> None:
+        created = await asyncio.gather(
+            *(
+                service.create_session(app_name=f"app_{i}", user_id="user", session_id=f"s_{i}")
+                for i in range(5)
+            )
+        )
+        assert [s.id for s in created] == [f"s_{i}" for i in range(5)]
+        for i in range(5):
+            assert await service.get_session(
+                app_name=f"app_{i}", user_id="user", session_id=f"s_{i}"
+            )
+
+    run(database_url, scenario)
+
+
 def test_temp_state_is_not_persisted_in_state_or_events(database_url: str) -> None:
     """Upstream: ``test_temp_state_is_not_persisted_in_state_or_events`` and
     ``test_temp_state_visible_across_sequential_events``; here also read back."""
