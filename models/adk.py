@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import Double, ForeignKey, PrimaryKeyConstraint, String, Table
+from sqlalchemy import Double, ForeignKey, Index, PrimaryKeyConstraint, String, Table
 from sqlalchemy.orm import Mapped, mapped_column
 
 from sessionrepo.models.tables import Base
@@ -52,7 +52,11 @@ class AdkSessionRow(Base):
     made of it, up to ``applied_seq``."""
 
     __tablename__ = "adk_sessions"
-    __table_args__ = (PrimaryKeyConstraint("session_id"),)
+    __table_args__ = (
+        PrimaryKeyConstraint("session_id"),
+        # list_sessions without a page: an app's (or a user's) sessions.
+        Index("ix_adk_sessions_app_name_user_id", "app_name", "user_id"),
+    )
 
     # Goes with its session: a pruned session leaves no state behind.
     session_id: Mapped[str] = mapped_column(ForeignKey("sessions.id", ondelete="CASCADE"))

@@ -68,6 +68,7 @@ def upgrade() -> None:
         ),
         sa.PrimaryKeyConstraint("session_id", name="pk_adk_sessions"),
     )
+    op.create_index("ix_adk_sessions_app_name_user_id", "adk_sessions", ["app_name", "user_id"])
     # Citus (see 0007): the new session-scoped table is distributed by session id,
     # co-located with sessions; the two global ones become reference tables. A no-op
     # without the citus extension.
@@ -76,5 +77,6 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
+    op.drop_index("ix_adk_sessions_app_name_user_id", table_name="adk_sessions")
     for table in _TABLES:
         op.drop_table(table)

@@ -41,8 +41,9 @@ from an outbox, by this process or another) are applied by the next ``get_sessio
 check is a read before the write (skipped while the session has events parked, or the
 primary does not answer), so two copies of one session racing each other can both pass.
 
-``list_sessions`` reads sessionrepo's keyset-paged listing (a page costs the same at any
-depth), and takes ``page_size`` / ``page_token`` as well.
+``list_sessions`` lists every session of the app in one statement (ADK's order), or, with
+``page_size`` / ``page_token``, a page of sessionrepo's keyset-paged listing (a page
+costs the same at any depth).
 
 The transactions that do several things at once use the store's own building blocks
 (the append under the session lock, the editing primitive), which the public API only
@@ -102,8 +103,6 @@ T = TypeVar("T")
 EVENT_KEYS: Final = uuid.UUID("5b0c6a0e-7d1f-5d43-9a4e-0a6b1d2c3e4f")
 #: The key of ``Message.extra`` that holds the event.
 EVENT_FIELD: Final = "adk_event"
-#: ``list_sessions`` pages read from sessionrepo (its maximum).
-_PAGE: Final = 1000
 #: How far back ``get_session`` reads at a time looking for ``after_timestamp``.
 _BACKWARD_PAGE: Final = 200
 #: ``delete_session`` prunes the session it has just ended: any later instant will do.
@@ -483,31 +482,53 @@ class SessionRepoSessionService(BaseSessionService):
         """The app's sessions (a user's, with ``user_id``), without events, with state.
 
         Without ``page_size``: every session, oldest update first, as ADK's services
-        list them (read from sessionrepo's keyset-paged listing, 1,000 at a time). With
-        ``page_size`` (1 to 1000): one page, *newest* activity first (sessionrepo's
-        order, the one that pages in constant time), and ``next_page_token`` for the
-        next (``page_token``); ``None`` on the last page.
+        list them (one statement on ``adk_sessions``, by its ``(app_name, user_id)``
+        index). With ``page_size`` (1 to 1000): one page of sessionrepo's keyset-paged
+        listing, *newest* activity first (a page costs the same at any depth), and
+        ``next_page_token`` for the next (``page_token``); ``None`` on the last page.
         """
-        repo = await self._repo()
-        source = f"adk:{app_name}"
-        if page_size is None and page_token is not None:
-            raise InvalidArgument("page_token", "is given with page_size")
-        limit = _PAGE if page_size is None else page_size
-        sessions: list[AdkSession] = []
-        cursor = page_token
-        while True:
-            page = await repo.list_sessions(
-                source=source, user_id=user_id, limit=limit, cursor=cursor
-            )
-            sessions += await self._listed(app_name, [summary.id for summary in page.sessions])
-            cursor = page.next_cursor
-            if page_size is not None or cursor is None:
-                break
         if page_size is None:
-            sessions.sort(key=lambda s: (s.last_update_time, s.user_id, s.id))
-        return SessionRepoListSessionsResponse(
-            sessions=sessions, next_page_token=cursor if page_size is not None else None
+            if page_token is not None:
+                raise InvalidArgument("page_token", "is given with page_size")
+            return SessionRepoListSessionsResponse(sessions=await self._list_all(app_name, user_id))
+        repo = await self._repo()
+        page = await repo.list_sessions(
+            source=f"adk:{app_name}", user_id=user_id, limit=page_size, cursor=page_token
         )
+        sessions = await self._listed(app_name, [summary.id for summary in page.sessions])
+        return SessionRepoListSessionsResponse(sessions=sessions, next_page_token=page.next_cursor)
+
+    async def _list_all(self, app_name: str, user_id: str | None) -> list[AdkSession]:
+        def work(sync: SessionRepository) -> list[AdkSession]:
+            def read(conn: Connection) -> list[AdkSession]:
+                query = select(A.user_id, A.adk_session_id, A.state, A.update_time).where(
+                    A.app_name == app_name
+                )
+                users = select(adk_user_states_table).where(
+                    adk_user_states_table.c.app_name == app_name
+                )
+                if user_id is not None:
+                    query = query.where(A.user_id == user_id)
+                    users = users.where(adk_user_states_table.c.user_id == user_id)
+                rows = conn.execute(query).all()
+                app = _read_state(conn, _app_scope(app_name))
+                user_states = {row.user_id: row.state for row in conn.execute(users)}
+                listed = [
+                    AdkSession(
+                        id=row.adk_session_id,
+                        app_name=app_name,
+                        user_id=row.user_id,
+                        state=_merged(app, user_states.get(row.user_id, {}), row.state),
+                        last_update_time=row.update_time,
+                    )
+                    for row in rows
+                ]
+                listed.sort(key=lambda s: (s.last_update_time, s.user_id, s.id))
+                return listed
+
+            return sync.database.read(read)
+
+        return await self._run(work)
 
     async def _listed(self, app_name: str, sids: list[str]) -> list[AdkSession]:
         if not sids:
