@@ -95,7 +95,14 @@ from sessionrepo.store.arguments import check_seconds
 from sessionrepo.store.codec import check_session_id
 from sessionrepo.store.repository import PreparedBatch, SessionRepository
 
-__all__ = ["SessionRepoListSessionsResponse", "SessionRepoSessionService"]
+__all__ = [
+    "SessionRepoListSessionsResponse",
+    "SessionRepoSessionService",
+    "event_key",
+    "event_message",
+    "session_key",
+    "stored_event",
+]
 
 T = TypeVar("T")
 
@@ -194,9 +201,13 @@ def event_message(session: str, event: Event) -> Message:
     )
 
 
-def stored_event(message: StoredMessage) -> Event:
-    """The event a message holds."""
-    return Event.model_validate(message.extra[EVENT_FIELD])
+def stored_event(message: StoredMessage) -> Event | None:
+    """The event a message holds (``None``: a message appended to the session by other
+    means than this service, which ADK is not shown)."""
+    extra = message.extra
+    if not isinstance(extra, dict) or not isinstance(extra.get(EVENT_FIELD), dict):
+        return None
+    return Event.model_validate(extra[EVENT_FIELD])
 
 
 class SessionRepoListSessionsResponse(ListSessionsResponse):
@@ -448,7 +459,7 @@ class SessionRepoSessionService(BaseSessionService):
             messages = await repo.load_transcript(
                 sid, before_seq=next_seq, limit=limit, include_retracted=True
             )
-            return [stored_event(message) for message in messages]
+            return [event for event in map(stored_event, messages) if event is not None]
         # Newest first until an event older than after_timestamp: the suffix of events
         # at or after it (as the in-memory service cuts it), read a page at a time.
         newest_first: list[Event] = []
@@ -461,6 +472,8 @@ class SessionRepoSessionService(BaseSessionService):
                 break
             for message in reversed(page):
                 event = stored_event(message)
+                if event is None:
+                    continue
                 if event.timestamp < after or (limit is not None and len(newest_first) >= limit):
                     before = 0
                     break

@@ -622,6 +622,13 @@ def test_events_are_searchable_and_rewind_maps_to_sessionrepo_rewind(
         got = await service.get_session(app_name="app", user_id="u", session_id="s")
         assert got is not None
         assert [e.invocation_id for e in got.events] == ["inv1", "inv2", "inv3"]
+        # A message a gateway appends to the session directly is not an event: ADK is
+        # not shown it, and the session goes on.
+        await repo.append(sid, [{"role": "user", "content": "from elsewhere"}])
+        got = await service.get_session(app_name="app", user_id="u", session_id="s")
+        assert got is not None
+        assert [e.invocation_id for e in got.events] == ["inv1", "inv2", "inv3"]
+        await service.append_event(got, user_event("after", invocation_id="inv4"))
 
     run(database_url, scenario, **options)
 
