@@ -12,6 +12,7 @@ from alembic import context
 from sqlalchemy import Connection
 
 from sessionrepo.dialects import dialect_for, normalize_url
+from sessionrepo.models import adk as _adk_tables  # noqa: F401 - registers its tables on Base
 from sessionrepo.models.tables import Base
 from sessionrepo.store.database import Database
 

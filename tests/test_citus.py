@@ -43,6 +43,10 @@ EXPECTED = {
     "message_search": "session_id",
     "pending_outbox": "session_id",
     "search_index_state": None,
+    # Migration 0008 (sessionrepo.integrations.adk's state).
+    "adk_sessions": "session_id",
+    "adk_app_states": None,
+    "adk_user_states": None,
 }
 
 

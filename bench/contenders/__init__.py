@@ -27,6 +27,7 @@ CONTENDERS: Final = {
         "openai-agents",
     ),
     "adk": ("bench.contenders._adk", "GoogleADK", "google-adk"),
+    "sessionrepo-adk": ("bench.contenders._adk", "SessionRepoADK", "google-adk"),
     "langchain": ("bench.contenders._langchain", "LangChain", "langchain-community"),
     "sessionrepo-langchain": (
         "bench.contenders._langchain",
@@ -52,6 +53,7 @@ LABELS: Final = {
     "openai-sqlite": "OpenAI Agents SQLiteSession",
     "sessionrepo-openai-agents": "sessionrepo SessionRepoSession (OpenAI Agents)",
     "adk": "Google ADK DatabaseSessionService",
+    "sessionrepo-adk": "sessionrepo ADK SessionRepoSessionService",
     "langchain": "LangChain SQLChatMessageHistory",
     "sessionrepo-langchain": "sessionrepo SessionRepoChatMessageHistory (LangChain)",
 }

@@ -242,3 +242,183 @@ class GoogleADK(AsyncContender):
     def close(self) -> None:
         self.run(self.service.close())
         super().close()
+
+
+_REPO_ADK_PG_SEED = [
+    """
+    INSERT INTO sessions (id, source, user_id, started_at, last_active_at, next_seq)
+    SELECT 'adk:bench:user-' || (g %% 1000) || ':listed-' || g, 'adk:bench',
+        'user-' || (g %% 1000), now() - g * interval '1 second',
+        now() - g * interval '1 second', 1
+    FROM generate_series(1, %(count)s) AS g
+    """,
+    """
+    INSERT INTO adk_sessions (session_id, app_name, user_id, adk_session_id, state,
+        update_time, applied_seq)
+    SELECT 'adk:bench:user-' || (g %% 1000) || ':listed-' || g, 'bench',
+        'user-' || (g %% 1000), 'listed-' || g, '{}',
+        extract(epoch FROM now()) - g, 0
+    FROM generate_series(1, %(count)s) AS g
+    """,
+    """
+    INSERT INTO adk_user_states (app_name, user_id, state, update_time)
+    SELECT 'bench', 'user-' || u, '{}', extract(epoch FROM now())
+    FROM generate_series(0, 999) AS u
+    ON CONFLICT DO NOTHING
+    """,
+    "ANALYZE sessions",
+    "ANALYZE adk_sessions",
+]
+
+_REPO_ADK_SQLITE_SEED = """
+WITH RECURSIVE g(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM g WHERE n < {count})
+INSERT INTO sessions (id, source, user_id, started_at, last_active_at, next_seq)
+SELECT 'adk:bench:user-' || (n % 1000) || ':listed-' || n, 'adk:bench', 'user-' || (n % 1000),
+    strftime('%Y-%m-%d %H:%M:%S', 'now', '-' || n || ' seconds') || '.000000',
+    strftime('%Y-%m-%d %H:%M:%S', 'now', '-' || n || ' seconds') || '.000000', 1
+FROM g;
+WITH RECURSIVE g(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM g WHERE n < {count})
+INSERT INTO adk_sessions (session_id, app_name, user_id, adk_session_id, state, update_time,
+    applied_seq)
+SELECT 'adk:bench:user-' || (n % 1000) || ':listed-' || n, 'bench', 'user-' || (n % 1000),
+    'listed-' || n, '{{}}', CAST(strftime('%s', 'now') AS REAL) - n, 0
+FROM g;
+WITH RECURSIVE u(n) AS (SELECT 0 UNION ALL SELECT n + 1 FROM u WHERE n < 999)
+INSERT OR IGNORE INTO adk_user_states (app_name, user_id, state, update_time)
+SELECT 'bench', 'user-' || n, '{{}}', CAST(strftime('%s', 'now') AS REAL) FROM u;
+ANALYZE;
+"""
+
+
+class SessionRepoADK(GoogleADK):
+    """sessionrepo's ADK session service (``sessionrepo.integrations.adk``), on the same
+    workload as ``GoogleADK``: the same ``Event`` objects, ``append_event`` one at a
+    time (ADK's interface has no batch call), ``get_session``. Its re-appended events
+    are no-ops, so it has the turn flush ADK's own service lacks. The newest 50 sessions
+    are one page of ``list_sessions(app_name, page_size=50)`` (its keyset-paged listing),
+    where ``DatabaseSessionService`` returns every session. Next to ``sessionrepo-async``
+    the rows show what the adapter adds (an ADK event per message, its state, one
+    transaction per event)."""
+
+    key = "sessionrepo-adk"
+    label = "sessionrepo ADK SessionRepoSessionService"
+    packages = ("google-adk", "google-genai", "sessionrepo", "sqlalchemy", "psycopg", "aiosqlite")
+    usage = (
+        "`SessionRepoSessionService(url=...)`; `create_session` per conversation (untimed); "
+        "`await append_event(session, Event)` per message, the same `Event`s as ADK's; "
+        "`get_session` loads; `list_sessions(app_name, page_size=50)` lists; SQLite "
+        "`synchronous=FULL` (sessionrepo's default)"
+    )
+
+    def open(self) -> None:
+        from google.adk.events import Event
+        from google.genai import types
+
+        from sessionrepo import open_async_repository
+        from sessionrepo.integrations.adk import SessionRepoSessionService
+
+        self._event = Event
+        self._types = types
+        self.arepo = self.run(open_async_repository(self.target.location, auto_migrate=True))
+        self.service = SessionRepoSessionService(repository=self.arepo)  # type: ignore[assignment]
+        self.sessions = {}
+        self._tool_names = {}
+        self._invocation = 0
+
+    def settings(self) -> dict[str, Any]:
+        def read(connection: Any) -> dict[str, Any]:
+            if self.target.backend == "sqlite":
+                names = {0: "OFF", 1: "NORMAL", 2: "FULL", 3: "EXTRA"}
+                level = connection.exec_driver_sql("PRAGMA synchronous").scalar()
+                mode = connection.exec_driver_sql("PRAGMA journal_mode").scalar()
+                return {"synchronous": names.get(int(level), str(level)), "journal_mode": mode}
+            return {
+                "synchronous_commit": connection.exec_driver_sql("SHOW synchronous_commit").scalar()
+            }
+
+        database = self.arepo.database
+        values = self.run(self.arepo._calls.call(database.read, read))
+        return values | {"driver": database.engine.dialect.driver}
+
+    def keys_query(self) -> str | None:
+        event_id = (
+            "json_extract(extra, '$.adk_event.id')"
+            if self.target.backend == "sqlite"
+            else "(extra::jsonb -> 'adk_event' ->> 'id')"
+        )
+        return (
+            f"SELECT session_id, {event_id} FROM messages WHERE session_id IN ({{sessions}}) "
+            "ORDER BY session_id, seq"
+        )
+
+    def stored_keys(self, session_ids: Sequence[str]) -> dict[str, list[str]]:
+        from sessionrepo.integrations.adk import session_key
+
+        names = {session_key(APP, USER, session_id): session_id for session_id in session_ids}
+        found = super().stored_keys(list(names))
+        return {names[name]: keys for name, keys in found.items()}
+
+    def _bulk(self, session_id: str, messages: list[Message]) -> None:
+        """Store events as the service stores them (its own ``event_message``), 1,000 a
+        transaction, then let the service catch their (empty) state deltas up, untimed:
+        appending 10,000 events one by one would take minutes."""
+        from sessionrepo.integrations.adk import event_message, session_key
+
+        sid = session_key(APP, USER, session_id)
+        events = [self.to_event(message) for message in messages]
+        for start in range(0, len(events), 1000):
+            chunk = events[start : start + 1000]
+            self.run(self.arepo.append(sid, [event_message(sid, event) for event in chunk]))
+        from google.adk.sessions.base_session_service import GetSessionConfig
+
+        self.sessions[session_id] = self.run(
+            self.service.get_session(
+                app_name=APP,
+                user_id=USER,
+                session_id=session_id,
+                config=GetSessionConfig(num_recent_events=0),
+            )
+        )
+
+    def seed_transcript(self, session_id: str, messages: list[Message]) -> None:
+        self._bulk(session_id, messages)
+
+    def seed_turn(self, session_id: str, items: list[Any]) -> None:
+        from sessionrepo.integrations.adk import event_message, session_key
+
+        sid = session_key(APP, USER, session_id)
+        for start in range(0, len(items), 1000):
+            chunk = items[start : start + 1000]
+            self.run(self.arepo.append(sid, [event_message(sid, event) for event in chunk]))
+        session = self.run(
+            self.service.get_session(app_name=APP, user_id=USER, session_id=session_id)
+        )
+        self.sessions[session_id] = session
+
+    def seed_listing(self, total: int) -> int:
+        count = seed_count(self.target, "adk_sessions", total)
+        if not count:
+            return 0
+        connection = self.target.connect()
+        try:
+            if self.target.backend == "sqlite":
+                connection.executescript(_REPO_ADK_SQLITE_SEED.format(count=int(count)))
+            else:
+                for statement in _REPO_ADK_PG_SEED:
+                    connection.execute(statement, {"count": count})
+        finally:
+            connection.close()
+        return count
+
+    def list_newest(self, limit: int) -> dict[str, Any]:
+        async def newest() -> list[Any]:
+            response = await self.service.list_sessions(app_name=APP, page_size=limit)
+            return list(response.sessions)
+
+        sessions, seconds = self.run(atimed(newest()))
+        return {"sessions": len(sessions), "seconds": seconds}
+
+    def close(self) -> None:
+        self.run(self.service.close())
+        self.run(self.arepo.close())
+        AsyncContender.close(self)
