@@ -33,7 +33,7 @@ def _columns(database: Database) -> set[str]:
 def test_the_rename_keeps_the_stored_settings_both_ways(
     empty_database: Database, empty_database_url: str
 ) -> None:
-    upgrade(empty_database, "0007")
+    upgrade(empty_database, "0008")
     empty_database.write(
         lambda conn: conn.execute(
             text(
@@ -48,7 +48,7 @@ def test_the_rename_keeps_the_stored_settings_both_ways(
     assert "model_config" not in _columns(empty_database)
     with open_repository(empty_database_url) as repo:
         assert repo.get_session("s1").model_settings == SETTINGS
-    downgrade(empty_database, "0007")
+    downgrade(empty_database, "0008")
     assert "model_config" in _columns(empty_database)
     stored = empty_database.read(
         lambda conn: conn.execute(text("SELECT model_config FROM sessions")).scalar_one()

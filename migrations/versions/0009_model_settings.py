@@ -7,7 +7,7 @@ three agree. ``ALTER TABLE ... RENAME COLUMN`` runs as it is on PostgreSQL, on S
 propagates the rename of a distributed table's column to its shards.
 
 Revision ID: 0009
-Revises: 0007
+Revises: 0008
 Create Date: 2026-12-01
 """
 
@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from alembic import op
 
 revision: str = "0009"
-down_revision: str | None = "0007"
+down_revision: str | None = "0008"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
