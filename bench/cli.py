@@ -32,8 +32,11 @@ DEFAULT_CONTENDERS = (
     "writer-drainer",
     "openai",
     "openai-sqlite",
+    "sessionrepo-openai-agents",
     "adk",
+    "sessionrepo-adk",
     "langchain",
+    "sessionrepo-langchain",
 )
 #: Left out of a --quick run unless named: its imports and its one-call-per-message
 #: appends take most of a smoke run's minute.
