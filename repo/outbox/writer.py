@@ -390,7 +390,10 @@ class TranscriptWriter(ResilientWriter):
     def _lost(self, reason: str, code: str | None) -> None:
         if not self._breaker.trip(reason, code):
             return
-        log.warning("primary unavailable: %s; writes park in the outbox until it answers", reason)
+        log.warning(
+            "primary unavailable: %s; writes park in the outbox until it answers",
+            _first_line(reason),
+        )
         interval = self._breaker.interval
 
         def ask() -> None:
@@ -520,7 +523,7 @@ class TranscriptWriter(ResilientWriter):
         log.debug(
             "session %r: parked %d messages: %s", batch.session_id, len(batch.messages), reason
         )
-        self._parking.event(f"{batch.session_id!r}: {_first_line(reason)}")
+        self._parking.event(f"{batch.session_id!r}: {reason}")
         self.notify_drainer()
         return WriteResult(
             session_id=batch.session_id,
@@ -561,7 +564,8 @@ class TranscriptWriter(ResilientWriter):
             while self._drain_one(totals, done, holding, session_id, ignore_backoff):
                 pass
         remaining = self._outbox.count()
-        self._drained(totals["replayed"], remaining)
+        # What left the outbox: a duplicate is a replay an abandoned attempt had made.
+        self._drained(totals["replayed"] + totals["duplicates"] + totals["conflicts"], remaining)
         return DrainReport(**totals, remaining=remaining)
 
     def _drain_one(
@@ -1095,6 +1099,7 @@ class _Episode:
                 line = None
             seconds = now - self._since
         if line is not None:
+            detail = _first_line(detail)
             self._log.log(self._level, line.format(detail=detail, count=count, seconds=seconds))
         if exc is not None:
             self._log.debug("the failure in full", exc_info=exc)
