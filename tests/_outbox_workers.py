@@ -150,8 +150,8 @@ def kill_point_writer(
     primary = FlakyRepository.open(url)
     primary.down = step in ("after_primary_failure", "after_park", "drain_after_primary_commit")
     draining = step == "drain_after_primary_commit"
-    # A short lease (at least twice the deadline) when this process will die holding
-    # claims: the parent's recovery waits for it to end.
+    # A short lease when this process will die holding claims (its heartbeat renews
+    # them while it lives): the parent's recovery waits for it to end.
     deadline = 1.0 if draining else 10.0
     writer = TranscriptWriter(primary, outbox_url=outbox_url, deadline=deadline, lease=2.0)
     if not draining:

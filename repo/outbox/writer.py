@@ -651,8 +651,10 @@ class TranscriptWriter(ResilientWriter):
         )
         if replayed is None:
             return False
+        claimed, stored = replayed
+        if failure or not stored:  # (nothing readable: left for a drain with space)
+            done.add(claimed.session_id)
         if failure:
-            done.add(replayed[0].session_id)
             self._replay_failures.event(_describe(failure[0]), failure[0])
         return True
 
@@ -677,7 +679,7 @@ class TranscriptWriter(ResilientWriter):
                 elif done.wait(period):
                     return
                 try:
-                    self._outbox.renew(self._owner, sorted(holding), lease=self.lease)
+                    self._outbox.renew(self._owner, sorted(holding.copy()), lease=self.lease)
                 except Exception:  # the next beat tries again; the lease is longer
                     drainer_log.debug("could not renew the outbox claims", exc_info=True)
 
