@@ -49,7 +49,7 @@ ONCE = {
     "drained": r"^outbox drained: (\d+) parked messages replayed, none left$",
 }
 #: Lines that summarise repeats: at most one per doubling interval (5 s, 10 s, ...).
-REPEATS = r"still parking|still failing"
+REPEATS = r"still parking|still failing|still unavailable"
 #: The first line of a failure that repeats, and its end.
 EPISODES = r"failed: .+; retrying|works again \(failures: \d+, over"
 

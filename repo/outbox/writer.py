@@ -13,10 +13,13 @@ minutes); tracebacks are logged at DEBUG only. The loggers (:data:`LOGGERS`):
 
 ``sessionrepo.writer``
     The primary and the outbox as a gateway sees them. WARNING ``primary unavailable:
-    <reason>; writes park in the outbox until it answers``; INFO ``writes park in the
-    outbox (first: session 's': <reason>)``, then ``still parking: N batches in 40s``
-    at doubling intervals; INFO ``primary answers again after 12.3s: writes go to it``;
-    INFO ``outbox drained: N parked messages replayed, none left``. Each parked batch:
+    <reason>; writes park in the outbox until it answers`` (then, should it fail again
+    after a probe's answer, ``primary still unavailable (N times in 40s): <reason>`` at
+    doubling intervals); INFO ``writes park in the outbox (first: session 's':
+    <reason>)``, then ``still parking: N batches in 40s (last: ...)``; INFO ``primary
+    answers again after 12.3s: writes go to it`` once a write or a replay has gone
+    through (a probe's answer alone lets writes try it, at DEBUG); INFO ``outbox drained:
+    N parked messages replayed, none left`` once the outbox is empty. Each parked batch:
     DEBUG. ERROR for parked messages whose key the primary holds with other content.
 ``sessionrepo.writer.drainer``
     Replays and drain rounds that fail: WARNING ``replay of parked messages failed:
@@ -24,8 +27,10 @@ minutes); tracebacks are logged at DEBUG only. The loggers (:data:`LOGGERS`):
     ``... works again``. ERROR for a replay that fails for a reason that is not the
     primary's availability (a bug, or content: it needs a person).
 ``sessionrepo.writer.index``
-    The drainer's search index catch-up, the same way (and, while it fails, it is tried
-    again with the same doubling backoff; not at all while the primary is known down).
+    The drainer's search index catch-up, the same way: ``search index catch-up failed:
+    <error>; retrying with backoff``. While it fails it is tried again after a backoff
+    that doubles from the drainer's interval up to ``backoff_cap``; while the primary is
+    known down, not at all.
 """
 
 from __future__ import annotations
@@ -239,6 +244,16 @@ class TranscriptWriter(ResilientWriter):
         if self._watchdog is not None:
             bounded.may_rerun = self._watchdog.not_severed
         self._breaker = _Breaker(probe_interval)
+        # From the first failure to the first write or replay that goes through again: a
+        # probe's answer lets writes try, but only stored data ends the outage (else a
+        # primary that answers probes and refuses writes would log both, each second).
+        self._outage = _Episode(
+            log,
+            logging.WARNING,
+            start="primary unavailable: {detail}; writes park in the outbox until it answers",
+            repeat="primary still unavailable ({count} times in {seconds:.0f}s): {detail}",
+            end="primary answers again after {seconds:.1f}s: writes go to it",
+        )
         self._parking = _Episode(
             log,
             logging.INFO,
@@ -332,6 +347,7 @@ class TranscriptWriter(ResilientWriter):
             self._lost(reason, code)
         else:
             if result is not None:
+                self._outage.end()
                 self._checkpoint("after_primary_commit")
                 return result
             reason, code = _QUEUED, None
@@ -390,10 +406,7 @@ class TranscriptWriter(ResilientWriter):
     def _lost(self, reason: str, code: str | None) -> None:
         if not self._breaker.trip(reason, code):
             return
-        log.warning(
-            "primary unavailable: %s; writes park in the outbox until it answers",
-            _first_line(reason),
-        )
+        self._outage.event(reason)
         interval = self._breaker.interval
 
         def ask() -> None:
@@ -436,9 +449,8 @@ class TranscriptWriter(ResilientWriter):
         return None if down is None else down[0]
 
     def _back(self) -> None:
-        down_for = self._breaker.close()
-        if down_for is not None:
-            log.info("primary answers again after %.1fs: writes go to it", down_for)
+        if self._breaker.close():
+            log.debug("the primary answers: writes try it again")
 
     # -- edits through the outbox (see sessionrepo.outbox.edits) ----------------------
 
@@ -494,9 +506,10 @@ class TranscriptWriter(ResilientWriter):
             reason, code = str(exc), exc.code
         else:
             if result is not None:
+                self._outage.end()
                 self._checkpoint("after_primary_commit")
                 return result
-            reason, code = "queued behind this session's parked messages", None
+            reason, code = _QUEUED, None
         self._checkpoint("after_primary_failure")
         remaining = max(self._park_reserve, self.deadline - (time.monotonic() - started))
         return self._park(batch, reason, code, timeout=remaining)
@@ -778,6 +791,7 @@ class TranscriptWriter(ResilientWriter):
             timeout=self.deadline,
         )
         self._back()
+        self._outage.end()
         self._replay_failures.end()
         self._checkpoint("drain_after_primary_commit")
         if complete:
@@ -935,7 +949,6 @@ class _Breaker:
         self.interval = interval
         self._lock = threading.Lock()
         self._down: tuple[str, str | None] | None = None
-        self._since = 0.0
 
     def down(self) -> tuple[str, str | None] | None:
         """``(reason, code)`` while tripped, else ``None`` (read without the lock)."""
@@ -946,16 +959,14 @@ class _Breaker:
         with self._lock:
             was_closed = self._down is None
             self._down = (f"the primary is unavailable ({reason})", code)
-            if was_closed:
-                self._since = time.monotonic()
             return was_closed
 
-    def close(self) -> float | None:
-        """Close it; when it was tripped, the seconds since (else ``None``)."""
+    def close(self) -> bool:
+        """Close it; ``True`` when it was tripped."""
         with self._lock:
             was_down = self._down is not None
             self._down = None
-            return time.monotonic() - self._since if was_down else None
+            return was_down
 
 
 class _Guard:
@@ -1109,6 +1120,8 @@ class _Episode:
 
     def end(self) -> None:
         """The episode is over (a no-op when none is going on)."""
+        if not self._count:  # the common case, on the write path: no lock taken
+            return
         with self._lock:
             count, self._count = self._count, 0
             seconds = time.monotonic() - self._since
