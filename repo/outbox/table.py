@@ -11,10 +11,11 @@ first locks the session's head row ``FOR UPDATE SKIP LOCKED``, so concurrent dra
 skip a session being claimed instead of waiting; on SQLite the write lock serialises
 claims. The lease is short (seconds) and the live drainer renews it while it replays
 (:meth:`Outbox.renew`, from a heartbeat of its own), so a drainer that dies, however it
-dies, lets go of its sessions within one lease: nothing of the holder has to survive for
-that, unlike a lock file or an advisory lock, and it is the same on both backends and for
-any number of processes. Its rows are replayed again, and the message key makes that
-replay a no-op.
+dies, lets go of its sessions within one lease. A lock that dies with its holder (an
+advisory lock, a lock file) would do that too, but differently on each backend, with a
+file or a connection held for every claim; the lease is the same on both, kept in the
+rows themselves. A dead drainer's rows are replayed again, and the message key makes
+that replay a no-op.
 
 A full disk: a claim is an ``UPDATE`` that makes rows longer, and so may need a new page
 the file cannot get (``SQLITE_FULL``), while a ``DELETE`` never does. So when a claim is
@@ -202,7 +203,7 @@ class Outbox:
         (``ignore_backoff``: rows waiting for their next retry count as due)."""
         now = utcnow()
         due_by = now + timedelta(days=36500) if ignore_backoff else now
-        candidates = self._candidates(due_by, limit=len(skip) + 16, session_id=session_id)
+        candidates = self._candidates(now, due_by, limit=len(skip) + 16, session_id=session_id)
 
         def work(conn: Connection) -> ClaimedBatch | None:
             return self._claim_first(
@@ -243,7 +244,7 @@ class Outbox:
         """
         now = utcnow()
         due_by = now + timedelta(days=36500) if ignore_backoff else now
-        candidates = self._candidates(due_by, limit=len(skip) + 16, session_id=session_id)
+        candidates = self._candidates(now, due_by, limit=len(skip) + 16, session_id=session_id)
 
         def work(conn: Connection) -> tuple[ClaimedBatch, list[uuid.UUID]] | None:
             claimed = self._claim_first(
@@ -280,9 +281,10 @@ class Outbox:
         )
         return int(self.database.write(lambda conn: conn.execute(query).rowcount))
 
-    def _candidates(self, due_by: datetime, *, limit: int, session_id: str | None) -> Select[Any]:
-        """Sessions with due pending rows that nobody holds, oldest first."""
-        now = utcnow()
+    def _candidates(
+        self, now: datetime, due_by: datetime, *, limit: int, session_id: str | None
+    ) -> Select[Any]:
+        """Sessions with due pending rows that nobody holds (at ``now``), oldest first."""
         leased_now = func.max(case((O.claimed_until > now, 1), else_=0))
         candidates = (
             select(O.session_id)

@@ -677,7 +677,7 @@ class TranscriptWriter(ResilientWriter):
         every second (a third of the lease, if shorter): a heartbeat on a thread (or a
         task) of its own, so that a replay step that takes long keeps its claim, and a
         drainer that dies loses it within one lease."""
-        period = min(_RENEW_EVERY, self.lease / 3)
+        period = max(_WATCH_TICK, min(_RENEW_EVERY, self.lease / 3))
         done = threading.Event()
 
         def beat() -> None:
