@@ -14,6 +14,7 @@ outbox's disk is full.
 
 from __future__ import annotations
 
+import asyncio
 import multiprocessing
 import signal
 import sys
@@ -27,10 +28,12 @@ import pytest
 from sqlalchemy import event, select
 
 from sessionrepo import (
+    AsyncTranscriptWriter,
     BackendUnavailable,
     NotFound,
     SessionRepository,
     TranscriptWriter,
+    open_async_repository,
     open_repository,
 )
 from sessionrepo.models.message import utcnow
@@ -40,7 +43,7 @@ _TESTS_DIR = str(Path(__file__).resolve().parent)
 if _TESTS_DIR not in sys.path:
     sys.path.insert(0, _TESTS_DIR)
 import _outbox_workers as workers  # noqa: E402
-from _harness import until_primary_back  # noqa: E402
+from _harness import holding_the_write_lock, until_primary_back  # noqa: E402
 from _outbox_workers import FlakyRepository, keys_of, make_message  # noqa: E402
 
 SPAWN = multiprocessing.get_context("spawn")
@@ -149,14 +152,53 @@ def test_a_killed_drainers_claim_ends_within_seconds(
                 child.join()
 
 
-def test_the_default_lease_is_a_few_seconds(database_url: str) -> None:
-    """What bounds a dead drainer's hold on its sessions when nobody chose a lease."""
-    with open_repository(database_url) as repository:
-        writer = TranscriptWriter(repository)
-        try:
-            assert 1.0 <= writer.lease <= 10.0
-        finally:
-            writer.close()
+def test_an_async_drainer_renews_its_claim_while_its_replay_waits(
+    database_url: str, backend: str, tmp_path: Path
+) -> None:
+    """The asyncio writer's heartbeat is a task: a replay held up by the primary (a held
+    lock) for longer than the lease keeps its claim, and no other drainer takes the
+    session meanwhile."""
+    outbox_url = f"sqlite:///{tmp_path / 'outbox.db'}"
+    lease = 0.6
+
+    async def main() -> None:
+        async with (
+            await open_async_repository(database_url) as repository,
+            AsyncTranscriptWriter(
+                repository, outbox_url=outbox_url, deadline=2.0, lease=lease
+            ) as writer,
+        ):
+            assert (await writer.write("s", [make_message("s", 0)])).status == "stored"
+            later = [make_message("s", 1)]
+            with open_repository(database_url) as other_primary:
+                other = TranscriptWriter(other_primary, outbox_url=outbox_url)
+                try:
+                    with holding_the_write_lock(database_url, backend, "s"):
+                        assert (await writer.write("s", later)).status == "parked"
+                        replay = asyncio.ensure_future(writer.drain(ignore_backoff=True))
+                        give_up = time.monotonic() + CHILD_TIMEOUT
+                        while not (claims := _claims(other, "s")) or None in dict(claims):
+                            assert time.monotonic() < give_up, "never claimed"
+                            await asyncio.sleep(0.02)
+                        ((owner, first_until),) = claims
+                        assert first_until is not None
+                        while utcnow() < first_until + timedelta(seconds=0.2):
+                            await asyncio.sleep(0.02)
+                        ((by, until),) = _claims(other, "s")
+                        assert by == owner
+                        assert until is not None
+                        assert until > utcnow()  # renewed past the lease it first took
+                        taken = other.drain()
+                        assert (taken.replayed, taken.duplicates, taken.failed) == (0, 0, 0)
+                    report = await replay
+                    # (A duplicate: the write abandoned at its deadline committed first.)
+                    assert (report.replayed + report.duplicates, report.remaining) == (1, 0)
+                finally:
+                    other.close()
+            stored = [str(m.client_msg_uuid) for m in await repository.load_transcript("s")]
+            assert stored[1:] == keys_of(later)
+
+    asyncio.run(main())
 
 
 # -- a full outbox disk ---------------------------------------------------------------
