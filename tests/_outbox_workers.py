@@ -150,8 +150,8 @@ def kill_point_writer(
     primary = FlakyRepository.open(url)
     primary.down = step in ("after_primary_failure", "after_park", "drain_after_primary_commit")
     draining = step == "drain_after_primary_commit"
-    # A short lease (at least twice the deadline) when this process will die holding
-    # claims: the parent's recovery waits for it to end.
+    # A short lease when this process will die holding claims (its heartbeat renews
+    # them while it lives): the parent's recovery waits for it to end.
     deadline = 1.0 if draining else 10.0
     writer = TranscriptWriter(primary, outbox_url=outbox_url, deadline=deadline, lease=2.0)
     if not draining:
@@ -243,3 +243,30 @@ def park_batch(*, outbox_url: str, session_id: str, batch: list[dict[str, Any]])
         assert result.status == "parked", result
     finally:
         writer.close()
+
+
+class _HangingPrimary(SessionRepository):
+    """A primary whose appends say so through ``conn`` and then never return: a drainer
+    stuck in a replay, holding its claim, until it is killed."""
+
+    def __init__(self, repository: SessionRepository, conn: Any) -> None:
+        super().__init__(repository.database)
+        self._conn = conn
+
+    def append_prepared(
+        self, batch: PreparedBatch, *, timeout: float | None = None, **options: Any
+    ) -> Any:
+        self._conn.send(("replaying", batch.session_id))
+        threading.Event().wait()  # until SIGKILL
+
+
+def drain_until_killed(*, url: str, outbox_url: str, lease: float, conn: Any) -> None:
+    """Drain the shared outbox through a primary that never answers, with a deadline far
+    beyond the test, so that this process holds its claim (``lease``, renewed) until it
+    is killed. Sends the claim's owner, then word once the replay has begun."""
+    _quiet()
+    primary = _HangingPrimary(open_repository(url), conn)
+    writer = TranscriptWriter(primary, outbox_url=outbox_url, deadline=600.0, lease=lease)
+    conn.send(("owner", writer._owner))
+    writer.drain()
+    conn.send(("survived", None))

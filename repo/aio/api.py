@@ -212,7 +212,7 @@ class AsyncTranscriptWriter(AsyncFacade[TranscriptWriter]):
         deadline: float = 5.0,
         max_attempts: int = 5,
         batch_size: int = 500,
-        lease: float = 60.0,
+        lease: float = 5.0,
         backoff_base: float = 0.5,
         backoff_cap: float = 30.0,
         probe_interval: float = 1.0,

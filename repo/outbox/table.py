@@ -9,8 +9,20 @@ Claims: a drainer takes a session's oldest rows under a lease (``claimed_by``,
 ``claimed_until``) set in a short write transaction. On PostgreSQL that transaction
 first locks the session's head row ``FOR UPDATE SKIP LOCKED``, so concurrent drainers
 skip a session being claimed instead of waiting; on SQLite the write lock serialises
-claims. A crashed drainer's lease simply expires; its rows are replayed again, and the
-message key makes that replay a no-op.
+claims. The lease is short (seconds) and the live drainer renews it while it replays
+(:meth:`Outbox.renew`, from a heartbeat of its own), so a drainer that dies, however it
+dies, lets go of its sessions within one lease. A lock that dies with its holder (an
+advisory lock, a lock file) would do that too, but differently on each backend, with a
+file or a connection held for every claim; the lease is the same on both, kept in the
+rows themselves. A dead drainer's rows are replayed again, and the message key makes
+that replay a no-op.
+
+A full disk: a claim is an ``UPDATE`` that makes rows longer, and so may need a new page
+the file cannot get (``SQLITE_FULL``), while a ``DELETE`` never does. So when a claim is
+refused for a full disk, :meth:`Outbox.replay_holding_lock` claims without writing: it
+reads the rows inside a write transaction, whose lock (SQLite's write lock, or the head
+row's ``FOR UPDATE`` on PostgreSQL) is the claim and ends with its holder, has them
+replayed, and deletes them in the same transaction, which frees space.
 """
 
 from __future__ import annotations
@@ -20,14 +32,14 @@ import socket
 import sqlite3
 import threading
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any, Final
 
 from pydantic import ValidationError
-from sqlalchemy import Connection, case, delete, func, select, update
+from sqlalchemy import Connection, Select, case, delete, func, select, update
 
 from sessionrepo.errors import BackendUnavailable, RepoError
 from sessionrepo.models import Message, Session
@@ -191,6 +203,88 @@ class Outbox:
         (``ignore_backoff``: rows waiting for their next retry count as due)."""
         now = utcnow()
         due_by = now + timedelta(days=36500) if ignore_backoff else now
+        candidates = self._candidates(now, due_by, limit=len(skip) + 16, session_id=session_id)
+
+        def work(conn: Connection) -> ClaimedBatch | None:
+            return self._claim_first(
+                conn,
+                candidates,
+                skip,
+                owner=owner,
+                now=now,
+                due_by=due_by,
+                limit=limit,
+                lease=lease,
+            )
+
+        return self.database.write(work)
+
+    def replay_holding_lock(
+        self,
+        replay: Callable[[ClaimedBatch], Sequence[uuid.UUID]],
+        *,
+        limit: int,
+        session_id: str | None = None,
+        skip: frozenset[str] = frozenset(),
+        ignore_backoff: bool = False,
+    ) -> tuple[ClaimedBatch, list[uuid.UUID]] | None:
+        """:meth:`claim` for an outbox whose disk is full: the oldest rows of one due
+        session, read in a write transaction and never marked, handed to ``replay``
+        (which stores them in the primary, in order, and returns the keys it stored),
+        then those rows deleted, in the same transaction. The transaction's lock is the
+        claim, so nobody else replays the session meanwhile, and it ends with its holder.
+
+        ``replay`` must not use the outbox itself: on SQLite this transaction holds the
+        file's write lock until it returns. A replay that stops part way returns the keys
+        it stored so far; should it raise, nothing is deleted (the rows are replayed
+        again later, and their keys make that a no-op).
+
+        Returns:
+            The batch and the keys deleted, or ``None`` when no session was due.
+        """
+        now = utcnow()
+        due_by = now + timedelta(days=36500) if ignore_backoff else now
+        candidates = self._candidates(now, due_by, limit=len(skip) + 16, session_id=session_id)
+
+        def work(conn: Connection) -> tuple[ClaimedBatch, list[uuid.UUID]] | None:
+            claimed = self._claim_first(
+                conn, candidates, skip, owner=None, now=now, due_by=due_by, limit=limit, lease=0
+            )
+            if claimed is None:
+                return None
+            stored = list(replay(claimed))
+            if stored:
+                conn.execute(
+                    delete(outbox_table).where(
+                        O.session_id == claimed.session_id, O.client_msg_uuid.in_(stored)
+                    )
+                )
+            return claimed, stored
+
+        return self.database.write(work)
+
+    def renew(self, owner: str, session_ids: Sequence[str], *, lease: float) -> int:
+        """Extend ``owner``'s claims on ``session_ids`` by ``lease`` seconds from now: the
+        heartbeat of a live drainer. A claim that has expired already is not renewed (it
+        may have been taken over). Returns how many rows were renewed."""
+        if not session_ids:
+            return 0
+        now = utcnow()
+        query = (
+            update(outbox_table)
+            .where(
+                O.session_id.in_(list(session_ids)),
+                O.claimed_by == owner,
+                O.claimed_until > now,
+            )
+            .values(claimed_until=now + timedelta(seconds=lease))
+        )
+        return int(self.database.write(lambda conn: conn.execute(query).rowcount))
+
+    def _candidates(
+        self, now: datetime, due_by: datetime, *, limit: int, session_id: str | None
+    ) -> Select[Any]:
+        """Sessions with due pending rows that nobody holds (at ``now``), oldest first."""
         leased_now = func.max(case((O.claimed_until > now, 1), else_=0))
         candidates = (
             select(O.session_id)
@@ -199,35 +293,46 @@ class Outbox:
             .having(leased_now == 0)
             .having(func.min(O.next_attempt_at) <= due_by)
             .order_by(func.min(O.created_at))
-            .limit(len(skip) + 16)
+            .limit(limit)
         )
         if session_id is not None:
             candidates = candidates.where(O.session_id == session_id)
+        return candidates
 
-        def work(conn: Connection) -> ClaimedBatch | None:
-            for sid in conn.execute(candidates).scalars():
-                if sid in skip:
-                    continue
-                claimed = self._claim_session(
-                    conn, sid, owner=owner, now=now, due_by=due_by, limit=limit, lease=lease
-                )
-                if claimed is not None:
-                    return claimed
-            return None
-
-        return self.database.write(work)
+    def _claim_first(
+        self,
+        conn: Connection,
+        candidates: Select[Any],
+        skip: frozenset[str],
+        *,
+        owner: str | None,
+        now: datetime,
+        due_by: datetime,
+        limit: int,
+        lease: float,
+    ) -> ClaimedBatch | None:
+        for sid in conn.execute(candidates).scalars():
+            if sid in skip:
+                continue
+            claimed = self._claim_session(
+                conn, sid, owner=owner, now=now, due_by=due_by, limit=limit, lease=lease
+            )
+            if claimed is not None:
+                return claimed
+        return None
 
     def _claim_session(
         self,
         conn: Connection,
         sid: str,
         *,
-        owner: str,
+        owner: str | None,
         now: datetime,
         due_by: datetime,
         limit: int,
         lease: float,
     ) -> ClaimedBatch | None:
+        # ``owner`` None: read only, the caller's transaction is the claim.
         # Every claimer of a session locks its head row first: SKIP LOCKED makes a
         # concurrent claimer move on to another session instead of queueing here. The
         # head is named exactly: "the first pending row I can lock" would let a second
@@ -257,12 +362,12 @@ class Outbox:
             .order_by(O.position)
             .limit(limit)
         ).all()
-        positions = [row.position for row in rows]
-        conn.execute(
-            update(outbox_table)
-            .where(O.session_id == sid, O.position.in_(positions))
-            .values(claimed_by=owner, claimed_until=now + timedelta(seconds=lease))
-        )
+        if owner is not None:
+            conn.execute(
+                update(outbox_table)
+                .where(O.session_id == sid, O.position.in_([row.position for row in rows]))
+                .values(claimed_by=owner, claimed_until=now + timedelta(seconds=lease))
+            )
         messages: list[Message] = []
         unreadable: list[int] = []
         for row in rows:

@@ -5,6 +5,32 @@ operational reason (down, locked, full, read-only, frozen past the deadline), pa
 the pending outbox and returns normally, saying so. ``drain`` replays parked batches in
 their original order, per session, exactly once in effect: a row leaves the outbox only
 after the primary has committed it, and the message key makes any repeat a no-op.
+
+Logging (the standard :mod:`logging`; no handler is installed): an outage reads as a few
+lines, one per change of state, never one per write or per retry. Repeats of a failure
+are counted and summarised in one line at doubling intervals (5 s, 10 s, ... up to 5
+minutes); tracebacks are logged at DEBUG only. The loggers (:data:`LOGGERS`):
+
+``sessionrepo.writer``
+    The primary and the outbox as a gateway sees them. WARNING ``primary unavailable:
+    <reason>; writes park in the outbox until it answers`` (then, should it fail again
+    after a probe's answer, ``primary still unavailable (N times in 40s): <reason>`` at
+    doubling intervals); INFO ``writes park in the outbox (first: session 's':
+    <reason>)``, then ``still parking: N batches in 40s (last: ...)``; INFO ``primary
+    answers again after 12.3s: writes go to it`` once a write or a replay has gone
+    through (a probe's answer alone lets writes try it, at DEBUG); INFO ``outbox drained:
+    N parked messages replayed, none left`` once the outbox is empty. Each parked batch:
+    DEBUG. ERROR for parked messages whose key the primary holds with other content.
+``sessionrepo.writer.drainer``
+    Replays and drain rounds that fail: WARNING ``replay of parked messages failed:
+    <error>; retrying with backoff``, then ``... still failing (N times in 40s)``, INFO
+    ``... works again``. ERROR for a replay that fails for a reason that is not the
+    primary's availability (a bug, or content: it needs a person).
+``sessionrepo.writer.index``
+    The drainer's search index catch-up, the same way: ``search index catch-up failed:
+    <error>; retrying with backoff``. While it fails it is tried again after a backoff
+    that doubles from the drainer's interval up to ``backoff_cap``; while the primary is
+    known down, not at all.
 """
 
 from __future__ import annotations
@@ -16,6 +42,7 @@ import queue
 import random
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import Future
 from datetime import timedelta
@@ -70,6 +97,18 @@ __all__ = [
 ]
 
 log = logging.getLogger("sessionrepo.writer")
+drainer_log = logging.getLogger("sessionrepo.writer.drainer")
+index_log = logging.getLogger("sessionrepo.writer.index")
+
+#: Every logger sessionrepo writes to, with what it reports (see the module docstring
+#: for the lines of the writer's three).
+LOGGERS: Final = {
+    "sessionrepo.writer": "the primary lost and back, writes parking, the outbox drained",
+    "sessionrepo.writer.drainer": "failed replays and drain rounds, rate-limited",
+    "sessionrepo.writer.index": "the drainer's search index catch-up failing, rate-limited",
+    "sessionrepo": "the asyncio API: calls still running at close",
+    "sessionrepo.web": "the web console: a request that failed (with its traceback)",
+}
 
 T = TypeVar("T")
 
@@ -134,8 +173,10 @@ class TranscriptWriter(ResilientWriter):
         max_attempts: failed replays of a message the primary *rejects* (not
             unavailable) before it is set aside as dead.
         batch_size: parked messages replayed per primary transaction.
-        lease: seconds a drainer's claim on a session's rows lasts (it is released at
-            once when the replay ends; the lease matters only if the drainer dies).
+        lease: seconds a drainer's claim on a session's rows lasts unless renewed. The
+            live drainer renews it every second (every third of it, if shorter) while
+            it replays, and releases it when the replay ends; so a drainer that dies
+            holding a claim stalls its sessions for at most this long.
         workers: threads that carry primary writes (a write past its deadline keeps
             one busy until the database answers).
         backoff_base: seconds of the first retry's backoff after a failed replay
@@ -164,7 +205,7 @@ class TranscriptWriter(ResilientWriter):
         deadline: float = 5.0,
         max_attempts: int = 5,
         batch_size: int = 500,
-        lease: float = 60.0,
+        lease: float = 5.0,
         workers: int = 4,
         backoff_base: float = 0.5,
         backoff_cap: float = 30.0,
@@ -209,7 +250,7 @@ class TranscriptWriter(ResilientWriter):
         self.deadline = deadline
         self.max_attempts = max_attempts
         self.batch_size = batch_size
-        self.lease = max(lease, 2 * deadline)
+        self.lease = lease
         self._backoff = (backoff_base, backoff_cap)
         # Of the deadline, this much is kept for parking after the primary gave up.
         self._park_reserve = min(1.0, deadline / 4)
@@ -223,6 +264,48 @@ class TranscriptWriter(ResilientWriter):
         if self._watchdog is not None:
             bounded.may_rerun = self._watchdog.not_severed
         self._breaker = _Breaker(probe_interval)
+        # From the first failure to the first write or replay that goes through again: a
+        # probe's answer lets writes try, but only stored data ends the outage (else a
+        # primary that answers probes and refuses writes would log both, each second).
+        self._outage = _Episode(
+            log,
+            logging.WARNING,
+            start="primary unavailable: {detail}; writes park in the outbox until it answers",
+            repeat="primary still unavailable ({count} times in {seconds:.0f}s): {detail}",
+            end="primary answers again after {seconds:.1f}s: writes go to it",
+        )
+        self._parking = _Episode(
+            log,
+            logging.INFO,
+            start="writes park in the outbox (first: session {detail})",
+            repeat="still parking: {count} batches in {seconds:.0f}s (last: session {detail})",
+        )
+        self._replayed = 0  # since the outbox was last found empty
+        self._replayed_lock = threading.Lock()
+        self._replay_failures = _Episode(
+            drainer_log,
+            logging.WARNING,
+            start="replay of parked messages failed: {detail}; retrying with backoff",
+            repeat="replay of parked messages still failing ({count} times in {seconds:.0f}s): "
+            "{detail}",
+            end="replay of parked messages works again (failures: {count}, over {seconds:.1f}s)",
+        )
+        self._drain_failures = _Episode(
+            drainer_log,
+            logging.WARNING,
+            start="outbox drain failed: {detail}; retrying every round",
+            repeat="outbox drain still failing ({count} times in {seconds:.0f}s): {detail}",
+            end="outbox drain works again (failures: {count}, over {seconds:.1f}s)",
+        )
+        self._index_failures = _Episode(
+            index_log,
+            logging.WARNING,
+            start="search index catch-up failed: {detail}; retrying with backoff",
+            repeat="search index catch-up still failing ({count} times in {seconds:.0f}s): "
+            "{detail}",
+            end="search index catch-up works again (failures: {count}, over {seconds:.1f}s)",
+        )
+        self._index_retry_at = 0.0
         self._primary_pool: _Pool
         self._outbox_pool: _Pool
         if asynchronous:
@@ -284,12 +367,26 @@ class TranscriptWriter(ResilientWriter):
             self._lost(reason, code)
         else:
             if result is not None:
+                self._outage.end()
                 self._checkpoint("after_primary_commit")
                 return result
-            reason, code = "queued behind this session's parked messages", None
+            reason, code = _QUEUED, None
         self._checkpoint("after_primary_failure")
         remaining = max(self._park_reserve, self.deadline - (time.monotonic() - started))
-        return self._park(batch, reason, code, timeout=remaining)
+        try:
+            return self._park(batch, reason, code, timeout=remaining)
+        except BackendUnavailable as exc:
+            if reason is not _QUEUED or not _disk_full(exc.__cause__):
+                raise
+            # Queued behind parked messages, with the primary answering, and the outbox
+            # cannot take the batch for lack of space: replay what the session has parked
+            # (that frees space and needs none), then the batch goes to the primary.
+            self.drain(session_id=batch.session_id, ignore_backoff=True)
+            result = self._attempt(batch)
+            if result is None:
+                raise
+            self._checkpoint("after_primary_commit")
+            return result
 
     def _attempt(self, batch: PreparedBatch) -> WriteResult | None:
         """The batch into the primary, or ``None`` when it must queue behind the
@@ -329,11 +426,13 @@ class TranscriptWriter(ResilientWriter):
     def _lost(self, reason: str, code: str | None) -> None:
         if not self._breaker.trip(reason, code):
             return
-        log.warning("primary unavailable: %s; writes park until it answers again", reason)
+        self._outage.event(reason)
         interval = self._breaker.interval
 
         def ask() -> None:
-            self._repository.bounded_database(self._budget).read(
+            # In a write transaction: on SQLite, reading answers while another
+            # connection holds the write lock, and writes would find it down again.
+            self._repository.bounded_database(self._budget).write(
                 lambda conn: conn.exec_driver_sql("SELECT 1")
             )
 
@@ -371,7 +470,7 @@ class TranscriptWriter(ResilientWriter):
 
     def _back(self) -> None:
         if self._breaker.close():
-            log.warning("primary answers again: writes go to it")
+            log.debug("the primary answers: writes try it again")
 
     # -- edits through the outbox (see sessionrepo.outbox.edits) ----------------------
 
@@ -427,9 +526,10 @@ class TranscriptWriter(ResilientWriter):
             reason, code = str(exc), exc.code
         else:
             if result is not None:
+                self._outage.end()
                 self._checkpoint("after_primary_commit")
                 return result
-            reason, code = "queued behind this session's parked messages", None
+            reason, code = _QUEUED, None
         self._checkpoint("after_primary_failure")
         remaining = max(self._park_reserve, self.deadline - (time.monotonic() - started))
         return self._park(batch, reason, code, timeout=remaining)
@@ -453,13 +553,10 @@ class TranscriptWriter(ResilientWriter):
                 code=code,
             ) from exc
         self._checkpoint("after_park")
-        log.log(
-            logging.DEBUG if self._breaker.down() is not None else logging.INFO,
-            "session %r: parked %d messages: %s",
-            batch.session_id,
-            len(batch.messages),
-            reason,
+        log.debug(
+            "session %r: parked %d messages: %s", batch.session_id, len(batch.messages), reason
         )
+        self._parking.event(f"{batch.session_id!r}: {reason}")
         self.notify_drainer()
         return WriteResult(
             session_id=batch.session_id,
@@ -491,9 +588,29 @@ class TranscriptWriter(ResilientWriter):
         check_bool(ignore_backoff, "ignore_backoff")
         totals = {"replayed": 0, "duplicates": 0, "conflicts": 0, "failed": 0, "dead": 0}
         if not self._outbox.any_pending(session_id):
-            return DrainReport(**totals, remaining=0)  # nothing parked: no write lock taken
+            # Nothing parked (no write lock taken): drained, by us or by another writer.
+            self._drained(0, 0 if session_id is None else None)
+            return DrainReport(**totals, remaining=0)
         done: set[str] = set()
-        while True:
+        holding: set[str] = set()
+        with self._renewing(holding):
+            while self._drain_one(totals, done, holding, session_id, ignore_backoff):
+                pass
+        remaining = self._outbox.count()
+        # What left the outbox: a duplicate is a replay an abandoned attempt had made.
+        self._drained(totals["replayed"] + totals["duplicates"] + totals["conflicts"], remaining)
+        return DrainReport(**totals, remaining=remaining)
+
+    def _drain_one(
+        self,
+        totals: dict[str, int],
+        done: set[str],
+        holding: set[str],
+        session_id: str | None,
+        ignore_backoff: bool,
+    ) -> bool:
+        """Claim and replay one batch; ``False`` when no session was due."""
+        try:
             claimed = self._outbox.claim(
                 self._owner,
                 limit=self.batch_size,
@@ -502,8 +619,14 @@ class TranscriptWriter(ResilientWriter):
                 skip=frozenset(done),
                 ignore_backoff=ignore_backoff,
             )
-            if claimed is None:
-                break
+        except BackendUnavailable as exc:
+            if not _disk_full(exc):
+                raise
+            return self._replay_holding_lock(totals, done, session_id, ignore_backoff)
+        if claimed is None:
+            return False
+        holding.add(claimed.session_id)
+        try:
             if claimed.unreadable:
                 self._outbox.fail(
                     claimed.session_id,
@@ -518,7 +641,101 @@ class TranscriptWriter(ResilientWriter):
                 totals["dead"] += len(claimed.unreadable)
             if not self._replay(claimed, totals):
                 done.add(claimed.session_id)
-        return DrainReport(**totals, remaining=self._outbox.count())
+        finally:
+            holding.discard(claimed.session_id)
+        return True
+
+    def _replay_holding_lock(
+        self, totals: dict[str, int], done: set[str], session_id: str | None, ignore_backoff: bool
+    ) -> bool:
+        """One batch replayed under the outbox transaction's lock instead of a lease (the
+        disk is full: see :meth:`Outbox.replay_holding_lock`); ``False`` when no session
+        was due. A failure is not recorded (that is a write the full disk may refuse):
+        the rest of the session waits for the next round."""
+        failure: list[BaseException] = []
+
+        def replay(claimed: ClaimedBatch) -> list[uuid.UUID]:
+            stored: list[uuid.UUID] = []
+            messages = claimed.messages
+            try:
+                while messages:
+                    edits = [i for i, message in enumerate(messages) if is_edit(message)]
+                    run = messages[: max(1, edits[0])] if edits else messages
+                    if is_edit(run[0]):
+                        self._store_edit(claimed.session_id, run[0], complete=False)
+                        totals["replayed"] += 1
+                    else:
+                        _count(
+                            totals, self._store(claimed.session_id, claimed, run, complete=False)
+                        )
+                    stored.extend(message.client_msg_uuid for message in run)
+                    messages = messages[len(run) :]
+            except (TimeoutError, RepoError) as exc:
+                failure.append(exc)
+                totals["failed"] += len(messages)
+            return stored
+
+        replayed = self._outbox.replay_holding_lock(
+            replay,
+            limit=self.batch_size,
+            session_id=session_id,
+            skip=frozenset(done),
+            ignore_backoff=ignore_backoff,
+        )
+        if replayed is None:
+            return False
+        claimed, stored = replayed
+        if failure or not stored:  # (nothing readable: left for a drain with space)
+            done.add(claimed.session_id)
+        if failure:
+            self._replay_failures.event(_describe(failure[0]), failure[0])
+        return True
+
+    @contextlib.contextmanager
+    def _renewing(self, holding: set[str]) -> Iterator[None]:
+        """While inside, renew this drainer's claims on the sessions in ``holding``
+        every second (a third of the lease, if shorter): a heartbeat on a thread (or a
+        task) of its own, so that a replay step that takes long keeps its claim, and a
+        drainer that dies loses it within one lease."""
+        period = max(_WATCH_TICK, min(_RENEW_EVERY, self.lease / 3))
+        done = threading.Event()
+
+        def beat() -> None:
+            while True:
+                if self._asynchronous:
+                    waited = 0.0
+                    while waited < period and not done.is_set():
+                        _aio.sleep(min(_WATCH_TICK, period - waited))
+                        waited += _WATCH_TICK
+                    if done.is_set():
+                        return
+                elif done.wait(period):
+                    return
+                try:
+                    self._outbox.renew(self._owner, sorted(holding.copy()), lease=self.lease)
+                except Exception:  # the next beat tries again; the lease is longer
+                    drainer_log.debug("could not renew the outbox claims", exc_info=True)
+
+        if self._asynchronous:
+            self._outbox_pool.submit(beat)
+        else:
+            threading.Thread(target=beat, name="sessionrepo-lease", daemon=True).start()
+        try:
+            yield
+        finally:
+            done.set()
+
+    def _drained(self, replayed: int, remaining: int | None) -> None:
+        """Count what a drain replayed; once the outbox is empty (``remaining`` 0), say
+        how much was replayed since it last was, and writes are no longer parking."""
+        with self._replayed_lock:
+            self._replayed += replayed
+            if remaining != 0:
+                return
+            count, self._replayed = self._replayed, 0
+        self._parking.end()
+        if count:
+            log.info("outbox drained: %d parked messages replayed, none left", count)
 
     def _replay(self, claimed: ClaimedBatch, totals: dict[str, int]) -> bool:
         """Replay one claimed batch, in order; ``False`` when the session must wait.
@@ -574,7 +791,12 @@ class TranscriptWriter(ResilientWriter):
         return True
 
     def _store(
-        self, session_id: str, claimed: ClaimedBatch, messages: list[Message]
+        self,
+        session_id: str,
+        claimed: ClaimedBatch,
+        messages: list[Message],
+        *,
+        complete: bool = True,
     ) -> AppendResult:
         # Rows parked before derived fields were refused may carry one: the store
         # keeps those itself, so they are dropped rather than failing the replay.
@@ -589,8 +811,11 @@ class TranscriptWriter(ResilientWriter):
             timeout=self.deadline,
         )
         self._back()
+        self._outage.end()
+        self._replay_failures.end()
         self._checkpoint("drain_after_primary_commit")
-        self._outbox.complete(session_id, [m.client_msg_uuid for m in messages])
+        if complete:
+            self._outbox.complete(session_id, [m.client_msg_uuid for m in messages])
         if result.conflicts:
             log.error(
                 "session %r: %d parked messages conflict with stored ones (same key, "
@@ -601,12 +826,13 @@ class TranscriptWriter(ResilientWriter):
             )
         return result
 
-    def _store_edit(self, session_id: str, edit: Message) -> None:
+    def _store_edit(self, session_id: str, edit: Message, *, complete: bool = True) -> None:
         self._primary_pool.run(
             lambda: apply_edit(self._repository, session_id, edit), timeout=self.deadline
         )
         self._checkpoint("drain_after_primary_commit")
-        self._outbox.complete(session_id, [edit.client_msg_uuid])
+        if complete:
+            self._outbox.complete(session_id, [edit.client_msg_uuid])
 
     def _failed(
         self,
@@ -624,8 +850,10 @@ class TranscriptWriter(ResilientWriter):
         error = str(exc) or type(exc).__name__
         if isinstance(exc, TimeoutError):
             error = f"the primary did not answer within {self.deadline:g}s"
-        elif not rejected and not isinstance(exc, BackendUnavailable):
-            log.error("session %r: replay failed: %s", claimed.session_id, error)
+        if not rejected and isinstance(exc, TimeoutError | BackendUnavailable):
+            self._replay_failures.event(error, exc)
+        elif not rejected:
+            drainer_log.error("session %r: replay failed: %s", claimed.session_id, error)
         self._outbox.fail(
             claimed.session_id,
             [row[0] for row in rows],
@@ -663,9 +891,10 @@ class TranscriptWriter(ResilientWriter):
         try:
             self.drain()
             due = self._outbox.next_due()
-        except Exception:  # the drainer must outlive any one failure
-            log.exception("outbox drain failed; retrying in %.1fs", interval)
+        except Exception as exc:  # the drainer must outlive any one failure
+            self._drain_failures.event(_describe(exc), exc)
             return interval
+        self._drain_failures.end()
         wait = interval
         if due is not None:
             wait = min(interval, max(0.05, (due - utcnow()).total_seconds()))
@@ -676,16 +905,23 @@ class TranscriptWriter(ResilientWriter):
         # While writes are flowing, one short transaction per round: the catch-up takes
         # the write lock (SQLite) and must not hold the gateway's writes up; search
         # catches up what is left when it is asked.
-        flowing = time.monotonic() - self._last_write < _WRITES_FLOWING
+        # Not while the primary is known down, nor before a failed one's backoff ends.
+        now = time.monotonic()
+        if self._breaker.down() is not None or now < self._index_retry_at:
+            return wait
+        flowing = now - self._last_write < _WRITES_FLOWING
         limit = 1 if flowing else 2000
         try:
             indexed = self._primary_pool.run(
                 lambda: self._repository.catch_up_search_index(limit=limit),
                 timeout=self.deadline,
             )
-        except Exception:
-            log.warning("search index catch-up failed; retrying next round", exc_info=True)
+        except Exception as exc:
+            failures = self._index_failures.event(_describe(exc), exc)
+            backoff = min(self._backoff[1], interval * 2 ** min(failures - 1, 30))
+            self._index_retry_at = time.monotonic() + backoff
             return wait
+        self._index_failures.end()
         return min(wait, 0.05) if indexed >= limit and not flowing else wait
 
     def stop(self, timeout: float | None = 30.0) -> None:
@@ -841,6 +1077,98 @@ _WRITES_FLOWING: Final = 0.25
 
 #: Seconds between the watchdog's looks at the calls in flight.
 _WATCH_TICK: Final = 0.05
+
+#: Seconds between a drainer's renewals of its claims (a third of the lease if shorter).
+_RENEW_EVERY: Final = 1.0
+
+#: The reason of a batch that queued behind its session's parked messages.
+_QUEUED: Final = "queued behind this session's parked messages"
+
+#: Seconds from a repeating failure's first line to its first summary; then doubling, up
+#: to the cap.
+_REPEAT_FIRST: Final = 5.0
+_REPEAT_CAP: Final = 300.0
+
+
+class _Episode:
+    """Something that may happen again and again while it lasts (an outage's failures,
+    writes parking): its first occurrence logged at once, in one line; the repeats
+    counted, and summarised in one line at doubling intervals (:data:`_REPEAT_FIRST`
+    seconds, then twice that, up to :data:`_REPEAT_CAP`); the traceback of each at DEBUG
+    only; its end in one line (``end``, if given).
+
+    ``start`` and ``repeat`` are formatted with ``detail`` (the latest), ``count`` (so
+    far) and ``seconds`` (since the first); ``end`` with ``count`` and ``seconds``.
+    """
+
+    def __init__(
+        self,
+        logger: logging.Logger,
+        level: int,
+        *,
+        start: str,
+        repeat: str,
+        end: str | None = None,
+    ) -> None:
+        self._log, self._level = logger, level
+        self._start, self._repeat, self._end = start, repeat, end
+        self._lock = threading.Lock()
+        self._count = 0
+        self._since = 0.0
+        self._gap = _REPEAT_FIRST
+        self._next_line = 0.0
+
+    def event(self, detail: str, exc: BaseException | None = None) -> int:
+        """One occurrence; returns how many there were since the episode began."""
+        now = time.monotonic()
+        with self._lock:
+            self._count += 1
+            count = self._count
+            if count == 1:
+                self._since, self._gap = now, _REPEAT_FIRST
+                self._next_line = now + self._gap
+                line: str | None = self._start
+            elif now >= self._next_line:
+                self._gap = min(_REPEAT_CAP, self._gap * 2)
+                self._next_line = now + self._gap
+                line = self._repeat
+            else:
+                line = None
+            seconds = now - self._since
+        if line is not None:
+            detail = _first_line(detail)
+            self._log.log(self._level, line.format(detail=detail, count=count, seconds=seconds))
+        if exc is not None:
+            self._log.debug("the failure in full", exc_info=exc)
+        return count
+
+    def end(self) -> None:
+        """The episode is over (a no-op when none is going on)."""
+        if not self._count:  # the common case, on the write path: no lock taken
+            return
+        with self._lock:
+            count, self._count = self._count, 0
+            seconds = time.monotonic() - self._since
+        if count and self._end is not None:
+            self._log.info(self._end.format(count=count, seconds=seconds))
+
+
+def _describe(exc: BaseException) -> str:
+    """A failure in one line: its message's first line (the rest, and the chain, are for
+    the DEBUG traceback)."""
+    if isinstance(exc, TimeoutError) and not str(exc):
+        return "the primary did not answer within the deadline"
+    return _first_line(str(exc)) or type(exc).__name__
+
+
+def _first_line(text: str) -> str:
+    lines = text.strip().splitlines()
+    return lines[0][:500] if lines else ""
+
+
+def _disk_full(exc: BaseException | None) -> bool:
+    """Whether the outbox refused a write for lack of space (SQLite's ``SQLITE_FULL``)."""
+    return isinstance(exc, BackendUnavailable) and exc.code == "SQLITE_FULL"
 
 
 class _Pool(Protocol):

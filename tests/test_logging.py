@@ -1,0 +1,201 @@
+"""What an operator reads in the log while the primary is down: one line per change of
+state (primary lost, writes parking, primary back, drained N), a bounded number of
+lines however many writes park and however many times the drainer retries, and no
+traceback above DEBUG.
+
+The outage is real: another connection holds what the writer's appends wait for
+(``holding_the_write_lock``: SQLite's write lock, or the session's row on PostgreSQL)
+for about two seconds while a gateway keeps writing, with the background drainer and
+its search index catch-up running every 50 ms.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sessionrepo import (
+    AsyncTranscriptWriter,
+    TranscriptWriter,
+    open_async_repository,
+    open_repository,
+)
+from sessionrepo.outbox.writer import LOGGERS
+
+_TESTS_DIR = str(Path(__file__).resolve().parent)
+if _TESTS_DIR not in sys.path:
+    sys.path.insert(0, _TESTS_DIR)
+from _harness import holding_the_write_lock, until_primary_back  # noqa: E402
+from _outbox_workers import make_message  # noqa: E402
+
+#: Writes the gateway sends while the primary is held (about 1.5 seconds' worth).
+WRITES = 25
+#: Upper bound for the drainer to replay everything once the primary is back.
+DRAINER_TIMEOUT = 30.0
+
+#: The lines of each change of state, and how many times each may appear in one outage.
+ONCE = {
+    "lost": r"^primary unavailable: .+; writes park in the outbox until it answers$",
+    "parking": r"^writes park in the outbox \(first: session 's': .+\)$",
+    "back": r"^primary answers again after \d+\.\ds: writes go to it$",
+    "drained": r"^outbox drained: (\d+) parked messages replayed, none left$",
+}
+#: Lines that summarise repeats: at most one per doubling interval (5 s, 10 s, ...).
+REPEATS = r"still parking|still failing|still unavailable"
+#: The first line of a failure that repeats, and its end.
+EPISODES = r"failed: .+; retrying|works again \(failures: \d+, over"
+
+
+@pytest.fixture(autouse=True)
+def _outbox_only_where_the_test_says(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("SESSIONREPO_OUTBOX_URL", raising=False)
+
+
+@pytest.fixture
+def records() -> Iterator[list[logging.LogRecord]]:
+    """Every record of sessionrepo's loggers, DEBUG included."""
+    caught: list[logging.LogRecord] = []
+
+    class Catch(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            caught.append(record)
+
+    handler = Catch(logging.DEBUG)
+    root = logging.getLogger("sessionrepo")
+    level = root.level
+    root.addHandler(handler)
+    root.setLevel(logging.DEBUG)
+    try:
+        yield caught
+    finally:
+        root.removeHandler(handler)
+        root.setLevel(level)
+
+
+def _writer_options(tmp_path: Path) -> dict[str, Any]:
+    return {
+        "outbox_url": f"sqlite:///{tmp_path / 'outbox.db'}",
+        "deadline": 0.5,
+        "probe_interval": 0.1,
+        # Replays due again quickly: the drainer retries many times during the outage.
+        "backoff_base": 0.01,
+        "backoff_cap": 0.05,
+    }
+
+
+def _check(records: list[logging.LogRecord], parked: int) -> None:
+    """The outage's log, as an operator reads it."""
+    loud = [r for r in records if r.levelno >= logging.INFO]
+    lines = [r.getMessage() for r in loud]
+    shown = "\n".join(f"{r.levelname} {r.name}: {r.getMessage()}" for r in loud)
+    for record in loud:
+        assert record.exc_info is None, f"a traceback above DEBUG:\n{shown}"
+        assert "Traceback" not in record.getMessage(), shown
+        assert "\n" not in record.getMessage(), f"a line that is not one:\n{shown}"
+        assert record.name in LOGGERS, f"an undocumented logger {record.name}"
+    for name, pattern in ONCE.items():
+        matching = [line for line in lines if re.match(pattern, line)]
+        assert len(matching) == 1, f"{name}: {len(matching)} lines\n{shown}"
+    drained = next(m for line in lines if (m := re.match(ONCE["drained"], line)))
+    assert int(drained.group(1)) == parked, shown
+    # The drained line comes last of the four: after the primary came back.
+    order = [next(i for i, line in enumerate(lines) if re.match(p, line)) for p in ONCE.values()]
+    assert order[0] < order[2] < order[3], shown
+    assert order[1] < order[3], shown
+    assert len([line for line in lines if re.search(REPEATS, line)]) <= 4, shown
+    # Whatever failed meanwhile (replays, the catch-up) says so once, and once when it
+    # works again: never once per retry.
+    assert len([line for line in lines if re.search(EPISODES, line)]) <= 6, shown
+    assert len(loud) <= len(ONCE) + 4 + 6, shown
+    # The failures happened, many times, and their tracebacks are there for DEBUG.
+    quiet = [r for r in records if r.levelno < logging.INFO]
+    assert len([r for r in quiet if r.exc_info is not None]) >= 3, "no failure seen"
+    assert len([r for r in quiet if r.getMessage().startswith("session 's': parked 1")]) == parked
+
+
+def test_an_outage_logs_one_line_per_change_of_state(
+    records: list[logging.LogRecord], database_url: str, backend: str, tmp_path: Path
+) -> None:
+    with open_repository(database_url) as repository:
+        writer = TranscriptWriter(repository, **_writer_options(tmp_path))
+        try:
+            assert writer.write("s", [make_message("s", 0)]).status == "stored"
+            writer.start(interval=0.05)
+            statuses = []
+            with holding_the_write_lock(database_url, backend, "s"):
+                for index in range(1, WRITES + 1):
+                    statuses.append(writer.write("s", [make_message("s", index)]).status)
+                    time.sleep(0.05)
+            assert set(statuses) == {"parked"}  # the outage happened, to every write
+            until_primary_back(writer)
+            _until(lambda: writer.pending() == 0)
+            _until_logged(records)
+            assert len(repository.load_transcript("s")) == WRITES + 1
+        finally:
+            writer.close()
+    _check(records, parked=WRITES)
+
+
+def test_an_outage_logs_one_line_per_change_of_state_async(
+    records: list[logging.LogRecord], database_url: str, backend: str, tmp_path: Path
+) -> None:
+    async def main() -> None:
+        async with (
+            await open_async_repository(database_url) as repository,
+            AsyncTranscriptWriter(repository, **_writer_options(tmp_path)) as writer,
+        ):
+            first = await writer.write("s", [make_message("s", 0)])
+            assert first.status == "stored"
+            writer.start(interval=0.05)
+            statuses = []
+            with holding_the_write_lock(database_url, backend, "s"):
+                for index in range(1, WRITES + 1):
+                    result = await writer.write("s", [make_message("s", index)])
+                    statuses.append(result.status)
+                    await asyncio.sleep(0.05)
+            assert set(statuses) == {"parked"}
+            give_up = time.monotonic() + DRAINER_TIMEOUT
+            while await writer.pending():
+                assert time.monotonic() < give_up, "the drainer task did not drain"
+                await asyncio.sleep(0.05)
+            _until_logged(records)
+            assert writer.primary_down is None
+            assert len(await repository.load_transcript("s")) == WRITES + 1
+
+    asyncio.run(main())
+    _check(records, parked=WRITES)
+
+
+def test_the_documented_loggers_are_the_ones_the_package_uses() -> None:
+    source = Path(__file__).resolve().parents[1] / "repo"
+    used = {
+        match.group(1)
+        for path in source.rglob("*.py")
+        for match in re.finditer(r'getLogger\("([^"]+)"\)', path.read_text(encoding="utf-8"))
+    }
+    assert used == set(LOGGERS)
+
+
+def _until_logged(records: list[logging.LogRecord]) -> None:
+    """Give the drainer, which found the outbox empty, time to say so (the line follows
+    the delete); ``_check`` then fails, showing the log, if it never did."""
+    give_up = time.monotonic() + 5.0
+    while time.monotonic() < give_up:
+        if any(re.match(ONCE["drained"], r.getMessage()) for r in records):
+            return
+        time.sleep(0.02)
+
+
+def _until(condition: Any) -> None:
+    give_up = time.monotonic() + DRAINER_TIMEOUT
+    while not condition():
+        assert time.monotonic() < give_up, "the drainer did not drain"
+        time.sleep(0.05)
