@@ -427,6 +427,7 @@ class SearchIndex:
         and is the translated error: one caller's mistake never disables search for
         the others. The probe runs in a read of its own (a failed statement aborts a
         PostgreSQL transaction)."""
+        found = "its data is damaged"
         if not self.dialect.is_damaged(exc):
             try:
                 self.database.read(self.dialect.probe_search_index)
@@ -436,11 +437,12 @@ class SearchIndex:
                     isinstance(probe, sa_exc.DBAPIError) and self.dialect.is_broken_object(probe)
                 ):
                     return failed  # could not look (an outage): that, not a verdict
+                found = "its own objects are missing or unreadable"
             else:
                 return self.dialect.translate(exc)
         error = SearchIndexUnavailable(
-            f"the search index is broken ({what} failed: {self.dialect.describe(exc)}); "
-            "run `sessionrepo reindex`"
+            f"the search index is broken ({what} failed: {self.dialect.describe(exc)}; "
+            f"{found}); run `sessionrepo reindex`"
         )
         self.mark_stale(str(error))
         return error
