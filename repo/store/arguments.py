@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 import operator
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from datetime import datetime
 from typing import Any, SupportsIndex, TypeVar, cast
 
@@ -119,6 +119,30 @@ def check_optional_session_id(value: object, field: str = "session_id") -> str |
 def check_optional_text(value: object, field: str) -> str | None:
     """``None``, or :func:`check_text`."""
     return None if value is None else check_text(value, field)
+
+
+def check_iterable(value: T, field: str) -> T:
+    """Something to iterate over (a list, a generator...); what its items may be is
+    the caller's to check."""
+    if not isinstance(value, Iterable):
+        raise ArgumentTypeError(field, f"must be a list, got {_kind(value)}")
+    return value
+
+
+def check_many(value: object, field: str, what: str) -> list[Any]:
+    """Several items (a list, tuple, set or other iterable) as a list: never one string,
+    bytes or mapping, which iterate as something else (``"abc"`` as three ids)."""
+    if isinstance(value, str | bytes | bytearray | Mapping) or not isinstance(value, Iterable):
+        raise ArgumentTypeError(field, f"must be a list of {what}, got {_kind(value)}")
+    return list(value)
+
+
+def check_session_ids(value: object, field: str = "session_ids") -> list[str]:
+    """Several session ids (see :func:`check_many`), each checked as one."""
+    return [
+        check_session_id(sid, f"{field}[{index}]")
+        for index, sid in enumerate(check_many(value, field, "session ids"))
+    ]
 
 
 def check_callable(value: T | None, field: str) -> T | None:
