@@ -23,12 +23,13 @@ The entry points are found by introspection: a public method that no strategy co
 
 from __future__ import annotations
 
+import functools
 import inspect
 import math
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any, Final
 
@@ -114,107 +115,192 @@ bad_strings = st.sampled_from(
 hostile = st.one_of(wrong, integers, bad_strings)
 
 
-def _or_hostile(valid: st.SearchStrategy[Any]) -> st.SearchStrategy[Any]:
-    return st.one_of(valid, hostile)
-
-
 #: Ids of the sessions the examples may touch (never KNOWN).
 scratch_ids = st.sampled_from(["scratch-a", "scratch-b", "nosuch"])
-session_ids = _or_hostile(scratch_ids)
-optional_session_ids = st.one_of(st.none(), session_ids)
-filters = _or_hostile(st.sampled_from([None, "cli", "user", "u1"]))
-seqs = _or_hostile(st.integers(min_value=0, max_value=4))
-times = _or_hostile(st.sampled_from([NOW, NOW - timedelta(days=1), 1_700_000_000.0]))
-message_dicts = st.one_of(
-    st.fixed_dictionaries({"role": st.sampled_from(["user", "assistant"]), "content": hostile}),
-    st.fixed_dictionaries({"role": hostile, "content": st.just("hi")}),
-    st.just({"role": "user", "content": "fine words"}),
-    st.just({"role": "tool", "content": "x", "tool_call_id": "\ud800"}),
-    st.just({"role": "user", "content": "x", "client_msg_uuid": "not-a-uuid"}),
-    st.just({"role": "user", "content": "x", "timestamp": NOW.replace(tzinfo=None)}),
-    st.just({"role": "user", "content": "x", "extra_field": math.nan}),
-    hostile,
+filters = st.sampled_from([None, "cli", "user", "u1"])
+seqs = st.integers(min_value=0, max_value=4)
+times = st.sampled_from([NOW, NOW - timedelta(days=1), 1_700_000_000.0])
+#: Times that are valid but extreme, or not times at all for a store.
+extreme_times = st.sampled_from(
+    [
+        -1e300,
+        1e20,
+        datetime.max.replace(tzinfo=UTC),
+        datetime.min.replace(tzinfo=UTC),
+        datetime.max.replace(tzinfo=timezone(-timedelta(hours=23))),  # past 9999 in UTC
+        datetime(2026, 1, 1, tzinfo=timezone(timedelta(hours=23, minutes=59))),
+    ]
 )
-messages = _or_hostile(st.lists(message_dicts, max_size=3))
-session_fields = st.dictionaries(
-    st.sampled_from(["source", "user_id", "title", "metadata", "model_config", "message_count"]),
-    hostile,
+valid_messages = st.lists(
+    st.sampled_from(
+        [
+            {"role": "user", "content": "fine words"},
+            {"role": "assistant", "content": "an answer"},
+            Message(role="user", content="a valid message"),
+        ]
+    ),
     max_size=2,
 )
+hostile_message = st.one_of(
+    st.fixed_dictionaries({"role": st.sampled_from(["user", "assistant"]), "content": hostile}),
+    st.fixed_dictionaries({"role": hostile, "content": st.just("hi")}),
+    st.sampled_from(
+        [
+            {"role": "tool", "content": "x", "tool_call_id": "\ud800"},
+            {"role": "user", "content": "x", "client_msg_uuid": "not-a-uuid"},
+            {"role": "user", "content": "x", "timestamp": NOW.replace(tzinfo=None)},
+            {"role": "user", "content": "x", "extra_field": math.nan},
+            {
+                "role": "user",
+                "content": "x",
+                "deep": functools.reduce(lambda x, _: [x], range(300), []),
+            },
+            {"role": "user", "content": "x", 1: "non-string key"},
+            {"role": "assistant", "content": None, "tool_calls": [{"id": "\x00"}]},
+            # Built without validation: the store validates again.
+            Message.model_construct(role="user", content="\ud800"),
+            Message.model_construct(role="user", content="x", timestamp=NOW.replace(tzinfo=None)),
+        ]
+    ),
+    hostile,
+)
+hostile_messages = st.lists(
+    st.one_of(hostile_message, valid_messages.map(lambda m: m[0] if m else {})),
+    min_size=1,
+    max_size=3,
+)
+session_fields = st.dictionaries(
+    st.sampled_from(
+        [
+            "source",
+            "user_id",
+            "title",
+            "metadata",
+            "model_config",
+            "parent_session_id",
+            "started_at",
+            "message_count",
+            "next_seq",
+            "ended_at",
+            "id",
+            "bogus",
+        ]
+    ),
+    hostile,
+    min_size=1,
+    max_size=2,
+)
+valid_fields = st.sampled_from([{}, {"source": "cli"}, {"title": "a title", "user_id": "u1"}])
 
 #: A stand-in for a batch ``prepare`` makes (built from the drawn messages at call time).
 BATCH: Final = object()
 
-#: The pool of each argument, by name; ``**kwargs`` parameters are named ``**name``.
-POOLS: Final[dict[str, st.SearchStrategy[Any]]] = {
-    "session_id": session_ids,
-    "source_id": session_ids,
-    "new_id": session_ids,
-    "messages": messages,
-    "summary_message": _or_hostile(message_dicts),
-    "keys": _or_hostile(st.lists(_or_hostile(st.just(str(uuid.UUID(int=1)))), max_size=2)),
+#: What a careful caller passes, for each argument (by name; ``**kwargs`` parameters are
+#: named ``**name``): the other arguments of a call take these, so that the one being
+#: abused is reached.
+VALID: Final[dict[str, st.SearchStrategy[Any]]] = {
+    "session_id": scratch_ids,
+    "source_id": scratch_ids,
+    "new_id": scratch_ids,
+    "messages": valid_messages,
+    "summary_message": st.just({"role": "system", "content": "a summary"}),
+    "keys": st.just([str(uuid.UUID(int=1))]),
     "to_seq": seqs,
     "at_seq": seqs,
     "through_seq": seqs,
     "after_seq": st.one_of(st.none(), seqs),
     "before_seq": st.one_of(st.none(), seqs),
-    "limit": _or_hostile(st.sampled_from([None, 1, 10])),
-    "include_ancestors": _or_hostile(st.booleans()),
-    "include_retracted": _or_hostile(st.booleans()),
-    "query": _or_hostile(st.sampled_from([KNOWN_WORD, "-mochi", '"a b"', "x*"])),
+    "limit": st.sampled_from([None, 1, 10]),
+    "include_ancestors": st.booleans(),
+    "include_retracted": st.booleans(),
+    "query": st.sampled_from([KNOWN_WORD, "-mochi", '"a b"', "x*"]),
     "source": filters,
     "user_id": filters,
-    "role": _or_hostile(st.sampled_from([None, "user", "tool"])),
-    "status": _or_hostile(st.sampled_from([None, "open", "ended"])),
+    "role": st.sampled_from([None, "user", "tool"]),
+    "status": st.sampled_from([None, "open", "ended"]),
     "since": st.one_of(st.none(), times),
     "until": st.one_of(st.none(), times),
-    "order": _or_hostile(st.sampled_from(["rank", "newest"])),
-    "cursor": _or_hostile(st.sampled_from([None, 0, "1"])),
-    "reason": _or_hostile(st.just("done")),
-    "on_conflict": _or_hostile(st.sampled_from(["report", "raise"])),
-    "batch": _or_hostile(st.just(BATCH)),
-    "timeout": _or_hostile(st.sampled_from([None, 5.0])),
-    "behind_outbox": _or_hostile(st.booleans()),
-    "progress": _or_hostile(st.sampled_from([None, lambda done, total: None])),
-    "selection": _or_hostile(
-        st.builds(
-            SessionFilter,
-            session_ids=_or_hostile(st.just(("scratch-a",))),
-            source=filters,
-            status=_or_hostile(st.sampled_from([None, "open", "ended"])),
-            ended_before=st.one_of(st.none(), times),
-        )
+    "order": st.sampled_from(["rank", "newest"]),
+    "cursor": st.sampled_from([None, 0, "1"]),
+    "reason": st.just("done"),
+    "on_conflict": st.sampled_from(["report", "raise"]),
+    "batch": st.just(BATCH),
+    "timeout": st.sampled_from([None, 5.0]),
+    "behind_outbox": st.booleans(),
+    "progress": st.sampled_from([None, lambda done, total: None]),
+    "selection": st.one_of(
+        st.none(),
+        st.builds(SessionFilter, session_ids=st.just(("scratch-a",))),
+        st.builds(SessionFilter, source=filters, status=st.sampled_from([None, "ended"])),
     ),
-    "after_id": optional_session_ids,
-    "session_ids": _or_hostile(st.lists(session_ids, max_size=2)),
+    "after_id": st.one_of(st.none(), scratch_ids),
+    "session_ids": st.lists(scratch_ids, max_size=2),
     "cutoff": times,
-    "unchanged_from": _or_hostile(st.just({})),
-    "snapshot": _or_hostile(
-        st.builds(
-            SessionSnapshot,
-            st.builds(Session, id=scratch_ids, source=st.just("cli")),
-            seqs,
-        )
+    "unchanged_from": st.just({}),
+    "snapshot": st.builds(
+        SessionSnapshot, st.builds(Session, id=scratch_ids, source=st.just("cli")), st.just(1)
     ),
     "when": times,
     "stamped_since": times,
-    "seconds": _or_hostile(st.just(5.0)),
-    "interval": _or_hostile(st.just(0.01)),
-    "ignore_backoff": _or_hostile(st.booleans()),
-    "**fields": session_fields,
-    "**session_defaults": session_fields,
+    "seconds": st.just(5.0),
+    "interval": st.just(0.01),
+    "ignore_backoff": st.booleans(),
+    "**fields": valid_fields,
+    "**session_defaults": valid_fields,
     # The writer's constructor (the outbox file is another test's: on the primary here).
     "repository": st.just(None),
     "outbox_url": st.none(),
-    "deadline": _or_hostile(st.just(5.0)),
-    "max_attempts": _or_hostile(st.just(3)),
-    "batch_size": _or_hostile(st.just(100)),
-    "lease": _or_hostile(st.just(30.0)),
-    "workers": _or_hostile(st.just(2)),
-    "backoff_base": _or_hostile(st.just(0.1)),
-    "backoff_cap": _or_hostile(st.just(1.0)),
-    "probe_interval": _or_hostile(st.just(1.0)),
+    "deadline": st.just(5.0),
+    "max_attempts": st.just(3),
+    "batch_size": st.just(100),
+    "lease": st.just(30.0),
+    "workers": st.just(2),
+    "backoff_base": st.just(0.1),
+    "backoff_cap": st.just(1.0),
+    "probe_interval": st.just(1.0),
 }
+
+#: What is hostile for one argument in particular, beyond :data:`hostile`.
+HOSTILE: Final[dict[str, st.SearchStrategy[Any]]] = {
+    "messages": hostile_messages,
+    "summary_message": hostile_message,
+    "keys": st.lists(st.one_of(hostile, st.just(str(uuid.UUID(int=1)))), max_size=2),
+    "since": extreme_times,
+    "until": extreme_times,
+    "cutoff": extreme_times,
+    "when": extreme_times,
+    "stamped_since": extreme_times,
+    "cursor": st.sampled_from(["-1", " 2 ", "1e3", "\u0661", "W1tdXQ", "9" * 30]),
+    "selection": st.builds(
+        SessionFilter,
+        session_ids=st.one_of(hostile, st.lists(hostile, max_size=2).map(tuple)),
+        source=hostile,
+        user_id=hostile,
+        status=hostile,
+        ended_before=hostile,
+        active_before=hostile,
+    ),
+    "session_ids": st.lists(st.one_of(hostile, scratch_ids), min_size=1, max_size=2),
+    "snapshot": st.builds(
+        SessionSnapshot,
+        st.one_of(hostile, st.builds(Session, id=scratch_ids, source=st.just("cli"))),
+        hostile,
+    ),
+    "unchanged_from": st.dictionaries(scratch_ids, hostile, max_size=1),
+    "**fields": session_fields,
+    "**session_defaults": session_fields,
+    "outbox_url": st.just(None),  # files: another test's
+    "repository": st.just(None),  # replaced by the store's (a hostile one: test_boundary)
+}
+
+
+def _hostile_for(key: str) -> st.SearchStrategy[Any]:
+    if key in {"outbox_url", "repository"}:
+        return HOSTILE[key]
+    if key.startswith("**"):
+        return HOSTILE[key]
+    return st.one_of(hostile, HOSTILE[key]) if key in HOSTILE else hostile
+
 
 #: Public methods not called here, and why.
 EXEMPT: Final = {
@@ -271,7 +357,7 @@ def test_every_public_entry_point_is_covered() -> None:
         for cls in CLASSES
         for name, signature in _public_methods(cls).items()
         for key, _ in _parameters(signature)
-        if key not in POOLS
+        if key not in VALID
     }
     assert not missing, f"no hostile strategy for: {sorted(missing)}"
 
@@ -350,16 +436,21 @@ ENTRY_POINTS: Final = [
 def _draw_call(
     data: st.DataObject, signature: inspect.Signature
 ) -> tuple[list[Any], dict[str, Any]]:
+    """One argument abused (drawn from the hostile pools), the others as a careful
+    caller gives them (optional ones left out at random)."""
+    parameters = _parameters(signature)
+    target = data.draw(st.sampled_from([key for key, _ in parameters]), label="abused")
     args: list[Any] = []
     kwargs: dict[str, Any] = {}
-    for key, parameter in _parameters(signature):
-        optional = parameter.default is not inspect.Parameter.empty
+    for key, parameter in parameters:
+        pool = _hostile_for(key) if key == target else VALID[key]
         if key.startswith("**"):
-            kwargs.update(data.draw(POOLS[key], label=key))
+            kwargs.update(data.draw(pool, label=key))
             continue
-        if optional and data.draw(st.booleans(), label=f"omit {key}"):
+        optional = parameter.default is not inspect.Parameter.empty
+        if key != target and optional and data.draw(st.booleans(), label=f"omit {key}"):
             continue
-        value = data.draw(POOLS[key], label=key)
+        value = data.draw(pool, label=key)
         if parameter.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD and not optional:
             args.append(value)
         else:
@@ -426,27 +517,34 @@ def _search_still_answers(store: Store) -> None:
     assert store.repository.search_index_state() == ("ok", None)
 
 
+#: Examples per entry point: a few for each argument it takes (each one gets abused).
+EXAMPLES_PER_ARGUMENT: Final = 2
+
+
 @pytest.mark.parametrize(("owner", "name"), ENTRY_POINTS, ids=[f"{o}.{n}" for o, n in ENTRY_POINTS])
-@settings(
-    max_examples=6,
-    deadline=None,
-    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
-    database=None,
-)
-@given(data=st.data())
-def test_hostile_arguments(
-    stores: dict[str, Store], owner: str, name: str, data: st.DataObject
-) -> None:
+def test_hostile_arguments(stores: dict[str, Store], owner: str, name: str) -> None:
     cls = SessionRepository if owner == "repository" else TranscriptWriter
     signature = _public_methods(cls)[name]
-    args, kwargs = _draw_call(data, signature)
-    for api in ("sync", "async"):
-        if not _has(api, owner, name):
-            continue
-        outcomes = {
-            backend: _outcome(_bound(store, api, owner, name, args=args, kwargs=kwargs))
-            for backend, store in stores.items()
-        }
-        assert len(set(outcomes.values())) == 1, (api, name, outcomes)
-    for store in stores.values():
-        _search_still_answers(store)
+    arguments = len(_parameters(signature))
+
+    @settings(
+        max_examples=2 + EXAMPLES_PER_ARGUMENT * arguments,
+        deadline=None,
+        suppress_health_check=[HealthCheck.too_slow],
+        database=None,
+    )
+    @given(data=st.data())
+    def abuse(data: st.DataObject) -> None:
+        args, kwargs = _draw_call(data, signature) if arguments else ([], {})
+        for api in ("sync", "async"):
+            if not _has(api, owner, name):
+                continue
+            outcomes = {
+                backend: _outcome(_bound(store, api, owner, name, args=args, kwargs=kwargs))
+                for backend, store in stores.items()
+            }
+            assert len(set(outcomes.values())) == 1, (api, name, outcomes)
+        for store in stores.values():
+            _search_still_answers(store)
+
+    abuse()
