@@ -9,6 +9,7 @@ whose own text quotes the statement and a value.
 
 from __future__ import annotations
 
+import sqlite3
 from collections.abc import Iterator
 from typing import Any
 
@@ -17,7 +18,12 @@ from sqlalchemy import Connection, bindparam, create_engine, select, text
 from sqlalchemy import exc as sa_exc
 
 from sessionrepo import Message, SessionRepository, open_repository
-from sessionrepo.errors import ArgumentTypeError, RepoError, SearchIndexUnavailable
+from sessionrepo.errors import (
+    ArgumentTypeError,
+    BackendUnavailable,
+    RepoError,
+    SearchIndexUnavailable,
+)
 from sessionrepo.models.tables import UTCDateTime, sessions_table
 
 #: In every statement, parameter and query below: it must never reach an error's text.
@@ -145,3 +151,55 @@ def test_a_wrong_typed_filter_is_refused_before_sql_and_search_stays_available(
             indexed.search("hello", until="2020-01-01")  # type: ignore[arg-type]
     assert indexed.search_index_state() == ("ok", None)
     assert [hit.seq for hit in indexed.search("hello")] == [1]
+
+
+class _DriverError(Exception):
+    """A driver error as both backends' drivers describe theirs (their code attributes)."""
+
+    def __init__(self, text: str, *, sqlite_code: int, sqlstate: str) -> None:
+        super().__init__(text)
+        self.sqlite_errorcode = sqlite_code
+        self.sqlite_errorname = f"code {sqlite_code}"
+        self.sqlstate = sqlstate
+
+
+def _lock_timeout(*args: Any, **kwargs: Any) -> None:
+    """A lock wait that timed out inside the index's statement (its transaction alive:
+    PostgreSQL's lock_timeout, SQLite's busy), its text naming the index."""
+    orig = _DriverError(
+        "lock timeout on messages_fts message_search",
+        sqlite_code=sqlite3.SQLITE_BUSY,
+        sqlstate="55P03",
+    )
+    raise sa_exc.OperationalError(f"INSERT INTO message_search {MARKER}", {}, orig)
+
+
+def test_an_outage_while_catching_up_keeps_the_backlog_and_the_index_ok(
+    indexed: SessionRepository, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    indexed.append("s", [Message(role="user", content="hello again")])
+    monkeypatch.setattr(indexed.database.dialect, "index_entries", _lock_timeout)
+    with pytest.raises(BackendUnavailable) as raised:
+        indexed.catch_up_search_index()
+    assert isinstance(raised.value.__cause__, sa_exc.OperationalError)  # the injected one
+    _assert_clean(str(raised.value))
+    assert indexed.search_index_state() == ("ok", None)
+    assert indexed.search_index_backlog() == 1  # rolled back: indexed by the next round
+    monkeypatch.undo()
+    assert sorted(hit.seq for hit in indexed.search("hello")) == [1, 2]
+
+
+def test_an_outage_while_indexing_an_append_fails_the_append_not_the_index(
+    database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with open_repository(database_url, search_index="immediate") as repo:
+        repo.append("s", [Message(role="user", content="hello there")])
+        monkeypatch.setattr(repo.database.dialect, "index_documents", _lock_timeout)
+        with pytest.raises(BackendUnavailable) as raised:  # a writer parks it
+            repo.append("s", [Message(role="user", content="hello again")])
+        assert isinstance(raised.value.__cause__, sa_exc.OperationalError)
+        assert len(repo.load_transcript("s")) == 1
+        assert repo.search_index_state() == ("ok", None)
+        monkeypatch.undo()
+        repo.append("s", [Message(role="user", content="hello again")])
+        assert sorted(hit.seq for hit in repo.search("hello")) == [1, 2]

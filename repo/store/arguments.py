@@ -130,9 +130,10 @@ def check_iterable(value: T, field: str) -> T:
 
 
 def check_many(value: object, field: str, what: str) -> list[Any]:
-    """Several items (a list, tuple, set or other iterable) as a list: never one string,
-    bytes or mapping, which iterate as something else (``"abc"`` as three ids)."""
-    if isinstance(value, str | bytes | bytearray | Mapping) or not isinstance(value, Iterable):
+    """Several items (a list, tuple, set, a mapping's keys or another iterable) as a
+    list: never one string or bytes, which iterate as something else (``"abc"`` as three
+    ids)."""
+    if isinstance(value, str | bytes | bytearray) or not isinstance(value, Iterable):
         raise ArgumentTypeError(field, f"must be a list of {what}, got {_kind(value)}")
     return list(value)
 
