@@ -425,6 +425,10 @@ class PostgresDialect(BackendDialect):
     #: access rules: ``syntax error at or near "..."``; PL/pgSQL's ``RAISE``): described
     #: by their condition and the objects named apart instead.
     _QUOTING_CLASSES: Final = ("22", "42", "P0")
+    #: Of those, the conditions whose message names only objects and types (``relation
+    #: "x" does not exist``, ``operator does not exist: timestamp with time zone > text``).
+    #: Not an undefined column: any stray word of a statement reads as a column name.
+    _NAMING_STATES: Final = ("42P01", "42P07", "42704", "42501", "42883", "42804")
 
     def describe(self, exc: sa_exc.DBAPIError) -> str:
         state = self._sqlstate(exc)
@@ -434,7 +438,7 @@ class PostgresDialect(BackendDialect):
             return f"PostgreSQL: {' '.join(str(exc.orig).split())}"
         diag = getattr(exc.orig, "diag", None)
         primary = getattr(diag, "message_primary", None)
-        if primary and state[:2] not in self._QUOTING_CLASSES:
+        if primary and (state[:2] not in self._QUOTING_CLASSES or state in self._NAMING_STATES):
             return f"PostgreSQL [{state}]: {primary}"
         # Never the message's other lines either: "LINE 1: <the statement>", "DETAIL:
         # Failing row contains (<the values>)".

@@ -66,6 +66,12 @@ _FTS_DDL = (
 _FTS_SHADOWS = ("data", "idx", "content", "docsize", "config")
 
 
+#: How SQLITE_ERROR messages that name a schema object (a table, an index), and nothing
+#: of a statement or a query, begin ("no such column" is not one: FTS5 says it of a
+#: query's word).
+_NAMING_OBJECTS: Final = ("no such table: ", "no such index: ", "table ", "index ")
+
+
 class SQLiteDialect(BackendDialect):
     """SQLite in WAL mode: writes begin IMMEDIATE (take the write lock up front, which
     makes the busy timeout apply); reads begin DEFERRED and never block writers."""
@@ -224,12 +230,15 @@ class SQLiteDialect(BackendDialect):
         name = getattr(exc.orig, "sqlite_errorname", None)
         if code is None:  # the sqlite3 module's own (binding, a closed connection)
             return f"SQLite: {exc.orig}"
-        if code == sqlite3.SQLITE_ERROR:
+        text = str(exc.orig)
+        if code == sqlite3.SQLITE_ERROR and not (
+            text.startswith(_NAMING_OBJECTS) and len(text) <= 200 and "\n" not in text
+        ):
             # Its messages quote the statement ('near "...": syntax error') or, from
             # FTS5, the query ('fts5: syntax error near "..."'): SQLite's own words
-            # for the code instead.
+            # for the code instead, unless the message only names a schema object.
             return f"SQLite [{name}]: SQL logic error"
-        return f"SQLite [{name}]: {exc.orig}"
+        return f"SQLite [{name}]: {text}"
 
     def translate(self, exc: sa_exc.DBAPIError) -> RepoError:
         code = self._code(exc)
