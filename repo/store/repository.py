@@ -135,7 +135,8 @@ class SessionFilter:
     active_before: datetime | None = None
 
     def _where(self) -> ColumnElement[bool]:
-        if self.session_ids:
+        ids = check_session_ids(self.session_ids, "selection.session_ids")
+        if ids:
             filters = (
                 self.source,
                 self.user_id,
@@ -145,7 +146,7 @@ class SessionFilter:
             )
             if filters != (None,) * len(filters):
                 raise InvalidArgument("selection", "give session ids or filters, not both")
-            return S.id.in_(check_session_ids(self.session_ids, "selection.session_ids"))
+            return S.id.in_(ids)
         check_optional_text(self.source, "selection.source")
         check_optional_text(self.user_id, "selection.user_id")
         clauses: list[ColumnElement[bool]] = []
