@@ -201,10 +201,10 @@ class BackendDialect:
         raise NotImplementedError
 
     def probe_search_index(self, connection: Connection) -> None:
-        """Run a fixed statement that reads every object and column of the search index
-        (with arguments of its own, never a caller's): it raises when the index itself
-        is missing or unreadable, so a failure of another statement of the index that
-        this one does not share was not the index's."""
+        """Run a fixed statement that reads every column of the search index's table and
+        its entries (with arguments of its own, never a caller's): it raises when the
+        index itself is missing or unreadable, so a failure of another statement of the
+        index that this one does not share was not the index's."""
         raise NotImplementedError
 
     def transaction_alive(self, connection: Connection) -> bool:
