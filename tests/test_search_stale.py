@@ -163,13 +163,13 @@ class _DriverError(Exception):
         self.sqlstate = sqlstate
 
 
-def _lock_timeout(*args: Any, **kwargs: Any) -> None:
-    """A lock wait that timed out inside the index's statement (its transaction alive:
-    PostgreSQL's lock_timeout, SQLite's busy), its text naming the index."""
+def _outage(*args: Any, **kwargs: Any) -> None:
+    """An outage inside the index's statement, its transaction alive (SQLite: the disk
+    full; PostgreSQL: the statement timed out), its text naming the index."""
     orig = _DriverError(
-        "lock timeout on messages_fts message_search",
-        sqlite_code=sqlite3.SQLITE_BUSY,
-        sqlstate="55P03",
+        "out of room for messages_fts message_search",
+        sqlite_code=sqlite3.SQLITE_FULL,
+        sqlstate="57014",
     )
     raise sa_exc.OperationalError(f"INSERT INTO message_search {MARKER}", {}, orig)
 
@@ -178,7 +178,7 @@ def test_an_outage_while_catching_up_keeps_the_backlog_and_the_index_ok(
     indexed: SessionRepository, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     indexed.append("s", [Message(role="user", content="hello again")])
-    monkeypatch.setattr(indexed.database.dialect, "index_entries", _lock_timeout)
+    monkeypatch.setattr(indexed.database.dialect, "index_entries", _outage)
     with pytest.raises(BackendUnavailable) as raised:
         indexed.catch_up_search_index()
     assert isinstance(raised.value.__cause__, sa_exc.OperationalError)  # the injected one
@@ -194,7 +194,7 @@ def test_an_outage_while_indexing_an_append_fails_the_append_not_the_index(
 ) -> None:
     with open_repository(database_url, search_index="immediate") as repo:
         repo.append("s", [Message(role="user", content="hello there")])
-        monkeypatch.setattr(repo.database.dialect, "index_documents", _lock_timeout)
+        monkeypatch.setattr(repo.database.dialect, "index_documents", _outage)
         with pytest.raises(BackendUnavailable) as raised:  # a writer parks it
             repo.append("s", [Message(role="user", content="hello again")])
         assert isinstance(raised.value.__cause__, sa_exc.OperationalError)
