@@ -308,7 +308,6 @@ EXEMPT: Final = {
     "start": "starts a background drainer thread or task (its interval: drain_round here)",
     "stop": "stops that drainer",
     "mark_superseded": "takes the caller's open Connection: the editing code's own helper",
-    "bounded_database": "hands out a second pool; its seconds checked as writer deadlines are",
     "__aenter__": "context manager",
     "__aexit__": "context manager",
     "__enter__": "context manager",

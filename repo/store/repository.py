@@ -241,7 +241,7 @@ class SessionRepository(SessionStore, SessionEditing):
         """The pool that :meth:`append_prepared` with ``timeout=seconds`` runs on: the
         same database, connections the server itself holds to ``seconds`` per
         statement and lock wait (see :meth:`Database.bounded`)."""
-        return self._db.bounded(seconds)
+        return self._db.bounded(check_seconds(seconds, "seconds"))
 
     @property
     def database(self) -> Database:
