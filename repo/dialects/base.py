@@ -175,14 +175,36 @@ class BackendDialect:
         for a value the database refuses, ``RepoError`` for the rest."""
         raise NotImplementedError
 
+    def describe(self, exc: sa_exc.DBAPIError) -> str:
+        """What failed, for an error message or a stored reason: the error code and what
+        the driver says, without the statement or its parameters (``str(exc)`` has both,
+        and some servers' messages quote them, so a user's query or message would end up
+        in a log or a stored reason). The exception chain keeps the whole story."""
+        raise NotImplementedError
+
     def is_retryable(self, exc: sa_exc.DBAPIError) -> bool:
         """Whether rerunning the whole transaction at once may succeed (lock contention)."""
         return False
 
     def is_broken_object(self, exc: sa_exc.DBAPIError) -> bool:
-        """Whether a statement failed because an object it reads is missing or damaged
-        (rather than the server being away or busy, or a value being refused). For a
-        statement of the search index, that means the index needs a rebuild."""
+        """Whether a statement failed with a code that may mean an object it reads is
+        missing or damaged (rather than the server being away or busy, or a value being
+        refused). Codes are coarse (SQLite's ``SQLITE_ERROR`` also means a statement
+        badly put together): for a statement of the search index, :meth:`is_damaged`
+        or :meth:`probe_search_index` decides whether the index needs a rebuild."""
+        raise NotImplementedError
+
+    def is_damaged(self, exc: sa_exc.DBAPIError) -> bool:
+        """Whether the code says the data a statement read is corrupt (a damaged page,
+        FTS5 record or index): for a statement of the search index, the index's own
+        failure whatever else is true."""
+        raise NotImplementedError
+
+    def probe_search_index(self, connection: Connection) -> None:
+        """Run a fixed statement that reads every column of the search index's table and
+        its entries (with arguments of its own, never a caller's): it raises when the
+        index itself is missing or unreadable, so a failure of another statement of the
+        index that this one does not share was not the index's."""
         raise NotImplementedError
 
     def transaction_alive(self, connection: Connection) -> bool:

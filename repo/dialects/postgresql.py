@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import re
 import socket
 import uuid
 from collections.abc import Callable, Sequence
@@ -429,9 +430,45 @@ class PostgresDialect(BackendDialect):
     def _sqlstate(exc: sa_exc.DBAPIError) -> str | None:
         return getattr(exc.orig, "sqlstate", None)
 
+    #: SQLSTATE classes whose messages may quote a value or the statement (data
+    #: exceptions: ``invalid input syntax for type integer: "..."``; syntax errors and
+    #: access rules: ``syntax error at or near "..."``; PL/pgSQL's ``RAISE``): described
+    #: by their condition and the objects named apart instead.
+    _QUOTING_CLASSES: Final = ("22", "42", "P0")
+    #: Of those, the conditions whose message names only objects and types (``relation
+    #: "x" does not exist``, ``operator does not exist: timestamp with time zone > text``).
+    #: Not an undefined column: any stray word of a statement reads as a column name.
+    _NAMING_STATES: Final = ("42P01", "42P07", "42704", "42501", "42883", "42804")
+
+    def describe(self, exc: sa_exc.DBAPIError) -> str:
+        state = self._sqlstate(exc)
+        if state is None:
+            # Raised before a statement reached the server (connecting, adapting a
+            # value): the driver's own words, which name neither the statement nor a value.
+            return f"PostgreSQL: {' '.join(str(exc.orig).split())}"
+        diag = getattr(exc.orig, "diag", None)
+        primary = getattr(diag, "message_primary", None)
+        if primary and (state[:2] not in self._QUOTING_CLASSES or state in self._NAMING_STATES):
+            return f"PostgreSQL [{state}]: {primary}"
+        # Never the message's other lines either: "LINE 1: <the statement>", "DETAIL:
+        # Failing row contains (<the values>)".
+        named = [
+            f"{label} {value}"
+            for label, value in (
+                ("table", getattr(diag, "table_name", None)),
+                ("column", getattr(diag, "column_name", None)),
+                ("constraint", getattr(diag, "constraint_name", None)),
+                ("type", getattr(diag, "datatype_name", None)),
+            )
+            if value
+        ]
+        return f"PostgreSQL [{state}]: {_condition(state)}" + (
+            f" ({', '.join(named)})" if named else ""
+        )
+
     def translate(self, exc: sa_exc.DBAPIError) -> RepoError:
         state = self._sqlstate(exc)
-        detail = f"PostgreSQL{f' [{state}]' if state else ''}: {str(exc.orig).strip()}"
+        detail = self.describe(exc)
         if state is None:
             # No SQLSTATE: the connection failed before the server could answer.
             if isinstance(exc, sa_exc.OperationalError | sa_exc.InterfaceError):
@@ -553,11 +590,25 @@ class PostgresDialect(BackendDialect):
             ).scalar_one()
         )
 
+    #: An object missing or not usable as a statement needs it: undefined table,
+    #: column or object (a text search configuration), a privilege taken away. Not the
+    #: rest of class 42 (a syntax error, an operator for other types: the statement's
+    #: own fault, or a value of the wrong type), which no rebuild of an index repairs.
+    _MISSING_OBJECT: Final = ("42P01", "42703", "42704", "42501")
+    _DAMAGED: Final = ("XX001", "XX002")  # data_corrupted, index_corrupted
+
     def is_broken_object(self, exc: sa_exc.DBAPIError) -> bool:
-        # Class 42: an object missing or not usable as the statement needs it (undefined
-        # table or column, a privilege taken away); XX001/XX002: data or index corrupted.
         state = self._sqlstate(exc)
-        return state is not None and (state[:2] == "42" or state in ("XX001", "XX002"))
+        return state in self._MISSING_OBJECT or state in self._DAMAGED
+
+    def is_damaged(self, exc: sa_exc.DBAPIError) -> bool:
+        return self._sqlstate(exc) in self._DAMAGED
+
+    def probe_search_index(self, connection: Connection) -> None:
+        connection.exec_driver_sql(
+            "SELECT session_id, seq, ts, role, document FROM message_search "
+            "WHERE document @@ CAST('sessionrepo' AS tsquery) LIMIT 1"
+        ).all()
 
     def server_version(self, connection: Connection) -> str:
         return str(connection.exec_driver_sql("SHOW server_version").scalar()).split()[0]
@@ -796,3 +847,12 @@ def _execute_alone(driver: Any, statement: str, params: dict[str, Any]) -> list[
     finally:
         with contextlib.suppress(psycopg.Error):
             driver.autocommit = False
+
+
+def _condition(state: str) -> str:
+    """The condition a SQLSTATE names, in words (``42P01``: "undefined table")."""
+    try:
+        name = psycopg.errors.lookup(state).__name__
+    except KeyError:
+        return "error"
+    return re.sub(r"(?<=[a-z0-9])(?=[A-Z])", " ", name).lower()

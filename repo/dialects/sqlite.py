@@ -126,6 +126,12 @@ def _refuse_foreign(dbapi_connection: Any, cursor: Any, path: Path) -> None:
     )
 
 
+#: How SQLITE_ERROR messages that name a schema object (a table, an index), and nothing
+#: of a statement or a query, begin ("no such column" is not one: FTS5 says it of a
+#: query's word).
+_NAMING_OBJECTS: Final = ("no such table: ", "no such index: ", "table ", "index ")
+
+
 class SQLiteDialect(BackendDialect):
     """SQLite in WAL mode: writes begin IMMEDIATE (take the write lock up front, which
     makes the busy timeout apply); reads begin DEFERRED and never block writers."""
@@ -291,10 +297,25 @@ class SQLiteDialect(BackendDialect):
     def sever(self, driver: Any) -> None:
         driver.interrupt()  # the statement (or its busy wait) ends with SQLITE_INTERRUPT
 
+    def describe(self, exc: sa_exc.DBAPIError) -> str:
+        code = self._code(exc)
+        name = getattr(exc.orig, "sqlite_errorname", None)
+        if code is None:  # the sqlite3 module's own (binding, a closed connection)
+            return f"SQLite: {exc.orig}"
+        text = str(exc.orig)
+        if code == sqlite3.SQLITE_ERROR and not (
+            text.startswith(_NAMING_OBJECTS) and len(text) <= 200 and "\n" not in text
+        ):
+            # Its messages quote the statement ('near "...": syntax error') or, from
+            # FTS5, the query ('fts5: syntax error near "..."'): SQLite's own words
+            # for the code instead, unless the message only names a schema object.
+            return f"SQLite [{name}]: SQL logic error"
+        return f"SQLite [{name}]: {text}"
+
     def translate(self, exc: sa_exc.DBAPIError) -> RepoError:
         code = self._code(exc)
         name = getattr(exc.orig, "sqlite_errorname", None)
-        detail = f"SQLite: {exc.orig}"
+        detail = self.describe(exc)
         if code in self._TRANSIENT or (code is None and exc.connection_invalidated):
             return BackendUnavailable(detail, code=name)
         if code in self._REJECTS:
@@ -356,9 +377,21 @@ class SQLiteDialect(BackendDialect):
             )
 
     def is_broken_object(self, exc: sa_exc.DBAPIError) -> bool:
-        # SQLITE_ERROR: a missing table or column, or FTS5 refusing its own files;
-        # SQLITE_CORRUPT: a damaged page or FTS5 structure record.
+        # SQLITE_ERROR: a missing table or column, FTS5 refusing its own files (or a
+        # statement badly put together: the probe tells); SQLITE_CORRUPT: damage.
         return self._code(exc) in (sqlite3.SQLITE_ERROR, sqlite3.SQLITE_CORRUPT)
+
+    def is_damaged(self, exc: sa_exc.DBAPIError) -> bool:
+        # A damaged page or FTS5 record (SQLITE_CORRUPT_VTAB too: the primary code).
+        return self._code(exc) == sqlite3.SQLITE_CORRUPT
+
+    def probe_search_index(self, connection: Connection) -> None:
+        # A MATCH reads the FTS5 structure record and a doclist, not only the schema.
+        with _fts5_damage():
+            connection.exec_driver_sql(
+                "SELECT rowid, session_id, seq, meta, body FROM messages_fts "
+                "WHERE messages_fts MATCH '\"sessionrepo\"' LIMIT 1"
+            ).all()
 
     def server_version(self, connection: Connection) -> str:
         return str(connection.exec_driver_sql("SELECT sqlite_version()").scalar())

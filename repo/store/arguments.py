@@ -16,9 +16,9 @@ from __future__ import annotations
 
 import math
 import operator
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from datetime import datetime
-from typing import Any, SupportsIndex, TypeVar, cast
+from typing import Any, Final, SupportsIndex, TypeVar, cast
 
 from sessionrepo.errors import ArgumentTypeError, InvalidArgument, InvalidMessage
 from sessionrepo.models._limits import MAX_INT64, check_identifier
@@ -61,13 +61,23 @@ def check_bool(value: object, field: str) -> bool:
     return value
 
 
+#: The longest duration an argument may give, in seconds (about 24 days): the longest
+#: timeout the backends take (PostgreSQL's ``statement_timeout`` and SQLite's busy
+#: timeout are C ints of milliseconds). Past it, a timeout would fail on one backend
+#: and wrap around on the other.
+MAX_SECONDS: Final = (2**31 - 1) // 1000
+
+
 def check_seconds(value: object, field: str, *, allow_zero: bool = False) -> float:
-    """A duration: a finite int or float, positive (or zero, with ``allow_zero``)."""
+    """A duration: a finite int or float, positive (or zero, with ``allow_zero``), at
+    most :data:`MAX_SECONDS`."""
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise ArgumentTypeError(field, f"must be a number of seconds, got {_kind(value)}")
     if not math.isfinite(value) or value < 0 or (value == 0 and not allow_zero):
         bound = "zero or more" if allow_zero else "more than zero"
         raise InvalidArgument(field, f"must be {bound} seconds, got {value!r}")
+    if value > MAX_SECONDS:
+        raise InvalidArgument(field, f"must be at most {MAX_SECONDS} seconds, got {value!r}")
     return float(value)
 
 
@@ -119,6 +129,31 @@ def check_optional_session_id(value: object, field: str = "session_id") -> str |
 def check_optional_text(value: object, field: str) -> str | None:
     """``None``, or :func:`check_text`."""
     return None if value is None else check_text(value, field)
+
+
+def check_iterable(value: T, field: str) -> T:
+    """Something to iterate over (a list, a generator...); what its items may be is
+    the caller's to check."""
+    if not isinstance(value, Iterable):
+        raise ArgumentTypeError(field, f"must be a list, got {_kind(value)}")
+    return value
+
+
+def check_many(value: object, field: str, what: str) -> list[Any]:
+    """Several items (a list, tuple, set, a mapping's keys or another iterable) as a
+    list: never one string or bytes, which iterate as something else (``"abc"`` as three
+    ids)."""
+    if isinstance(value, str | bytes | bytearray) or not isinstance(value, Iterable):
+        raise ArgumentTypeError(field, f"must be a list of {what}, got {_kind(value)}")
+    return list(value)
+
+
+def check_session_ids(value: object, field: str = "session_ids") -> list[str]:
+    """Several session ids (see :func:`check_many`), each checked as one."""
+    return [
+        check_session_id(sid, f"{field}[{index}]")
+        for index, sid in enumerate(check_many(value, field, "session ids"))
+    ]
 
 
 def check_callable(value: T | None, field: str) -> T | None:

@@ -280,14 +280,17 @@ class Database:
             except sa_exc.TimeoutError as exc:
                 raise BackendUnavailable(f"no database connection free: {exc}") from exc
             except sa_exc.SQLAlchemyError as exc:
-                raise RepoError(f"{type(exc).__name__}: {exc}") from exc
+                # By its class only: SQLAlchemy's text has the statement and its
+                # parameters (a user's query, a message); the chained cause keeps them.
+                raise RepoError(f"SQLAlchemy {type(exc).__name__} in a transaction") from exc
             except RepoError:
                 raise
             except Exception as exc:
                 # The boundary holds for what no check foresaw (a value a driver cannot
                 # bind raises OverflowError, not a DBAPI error): the transaction was
-                # rolled back, and the caller gets a RepoError with the cause chained.
-                raise RepoError(f"unexpected {type(exc).__name__} in a transaction: {exc}") from exc
+                # rolled back, and the caller gets a RepoError with the cause chained
+                # (by its class: its text may hold the value).
+                raise RepoError(f"unexpected {type(exc).__name__} in a transaction") from exc
 
     def _direct(self, engine: Engine, work: Callable[[Any], T]) -> T:
         """``work`` on a pooled driver connection; a driver error comes out as the

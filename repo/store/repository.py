@@ -72,12 +72,15 @@ from sessionrepo.store.arguments import (
     check_choice,
     check_instance,
     check_int,
+    check_iterable,
     check_limit,
+    check_many,
     check_optional_session_id,
     check_optional_text,
     check_seconds,
     check_seq,
     check_session_id,
+    check_session_ids,
 )
 from sessionrepo.store.database import Database
 from sessionrepo.store.editing import SessionEditing
@@ -132,7 +135,8 @@ class SessionFilter:
     active_before: datetime | None = None
 
     def _where(self) -> ColumnElement[bool]:
-        if self.session_ids:
+        ids = check_session_ids(self.session_ids, "selection.session_ids")
+        if ids:
             filters = (
                 self.source,
                 self.user_id,
@@ -142,7 +146,9 @@ class SessionFilter:
             )
             if filters != (None,) * len(filters):
                 raise InvalidArgument("selection", "give session ids or filters, not both")
-            return S.id.in_([_codec.check_session_id(sid) for sid in self.session_ids])
+            return S.id.in_(ids)
+        check_optional_text(self.source, "selection.source")
+        check_optional_text(self.user_id, "selection.user_id")
         clauses: list[ColumnElement[bool]] = []
         if self.source is not None:
             clauses.append(S.source == self.source)
@@ -235,7 +241,7 @@ class SessionRepository(SessionStore, SessionEditing):
         """The pool that :meth:`append_prepared` with ``timeout=seconds`` runs on: the
         same database, connections the server itself holds to ``seconds`` per
         statement and lock wait (see :meth:`Database.bounded`)."""
-        return self._db.bounded(seconds)
+        return self._db.bounded(check_seconds(seconds, "seconds"))
 
     @property
     def database(self) -> Database:
@@ -449,6 +455,7 @@ class SessionRepository(SessionStore, SessionEditing):
                 is derived (see :meth:`append`).
         """
         sid = check_session_id(session_id)
+        check_iterable(messages, "messages")
         _refuse_derived(session_defaults, "session_defaults")
         validated, rows = _codec.prepare_messages(messages)
         session = _codec.build_session(sid, session_defaults, "session_defaults")
@@ -791,7 +798,7 @@ class SessionRepository(SessionStore, SessionEditing):
             InvalidMessage: ``selection`` mixes ids and filters, or a bound is naive.
         """
         query = select(func.count()).select_from(sessions_table)
-        query = query.where((selection or SessionFilter())._where())
+        query = query.where(_selection(selection)._where())
         return int(self._db.read(lambda conn: conn.execute(query).scalar_one()))
 
     def session_snapshots(
@@ -815,7 +822,7 @@ class SessionRepository(SessionStore, SessionEditing):
             InvalidArgument: ``limit`` is out of range, or the selection is invalid.
         """
         check_limit(limit, maximum=1000)
-        query = select(sessions_table).where((selection or SessionFilter())._where())
+        query = select(sessions_table).where(_selection(selection)._where())
         if after_id is not None:
             query = query.where(S.id > _codec.check_session_id(after_id, "after_id"))
         query = query.order_by(S.id).limit(limit)
@@ -824,7 +831,7 @@ class SessionRepository(SessionStore, SessionEditing):
 
     def count_messages(self, session_ids: Iterable[str]) -> int:
         """How many messages the given sessions hold together (every stored one)."""
-        ids = [_codec.check_session_id(sid) for sid in session_ids]
+        ids = check_session_ids(session_ids)
         if not ids:
             return 0
         query = select(func.count()).select_from(messages_table).where(M.session_id.in_(ids))
@@ -854,7 +861,11 @@ class SessionRepository(SessionStore, SessionEditing):
             InvalidArgument: ``cutoff`` is naive, or an id is invalid.
         """
         check_aware_time(cutoff, "cutoff")
-        ids = sorted({_codec.check_session_id(sid) for sid in session_ids})
+        ids = sorted(set(check_session_ids(session_ids)))
+        if unchanged_from is not None and not isinstance(unchanged_from, Mapping):
+            raise ArgumentTypeError(
+                "unchanged_from", f"must be a mapping, got {type(unchanged_from).__name__}"
+            )
         expected = unchanged_from or {}
         prunable = SessionFilter(ended_before=cutoff, active_before=cutoff)._where()
 
@@ -929,10 +940,14 @@ class SessionRepository(SessionStore, SessionEditing):
                 at one of these ``seq`` (the export and the database disagree); nothing
                 was written.
         """
-        session = snapshot.session
+        check_instance(snapshot, "snapshot", SessionSnapshot)
+        session = check_instance(snapshot.session, "snapshot.session", Session)
+        check_int(snapshot.next_seq, "snapshot.next_seq", minimum=1)
+        messages = check_many(messages, "messages", "stored messages")
         sid = _codec.check_session_id(session.id)
         last = 0
         for index, message in enumerate(messages):
+            check_instance(message, f"messages[{index}]", StoredMessage)
             if message.session_id != sid:
                 raise InvalidMessage(f"messages[{index}].session_id", f"must be {sid!r}")
             if not last < message.seq < snapshot.next_seq:
@@ -1161,6 +1176,13 @@ class _Acknowledged:
         self._size += len(acks.rows) - before
         while self._size > self.LIMIT and self._sessions:
             self.forget(next(iter(self._sessions)))
+
+
+def _selection(selection: object) -> SessionFilter:
+    """An operator call's ``selection``: ``None`` (every session) or a SessionFilter."""
+    if selection is None:
+        return SessionFilter()
+    return check_instance(selection, "selection", SessionFilter)
 
 
 def _encode_cursor(last_active_at: datetime, session_id: str) -> str:

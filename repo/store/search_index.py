@@ -18,8 +18,10 @@ document) rolls back the indexing only, marks the index ``stale`` in
 ``search_index_state``, and the append (or the catch-up's removal of its rows) still
 commits. A stale index refuses to answer (``SearchIndexUnavailable``) until ``reindex``
 rebuilds it from the messages, emptying the backlog in the same transaction. A failure is
-the index's because of which statement failed: this module runs the index's statements
-and attributes their failures (an outage stays an outage), never by the error's text.
+the index's because of which statement failed and what it found: this module runs the
+index's statements and attributes their failures (an outage stays an outage; a missing
+object is the index's only when the index's own objects fail the dialect's probe, so a
+caller's mistake that reached SQL never marks it stale), never by the error's text.
 
 The text is prepared and queries are parsed in Python, identically for both backends
 (:mod:`sessionrepo.search`); this module is the part that runs transactions.
@@ -45,7 +47,7 @@ from sqlalchemy import Connection, Row, bindparam, delete, exists, func, select,
 from sqlalchemy import exc as sa_exc
 
 from sessionrepo.dialects.base import BackendDialect, IndexEntry, SearchOrder
-from sessionrepo.errors import RepoError, SearchIndexUnavailable
+from sessionrepo.errors import BackendUnavailable, RepoError, SearchIndexUnavailable
 from sessionrepo.models.message import utcnow
 from sessionrepo.models.search import SearchHit
 from sessionrepo.models.tables import (
@@ -100,8 +102,9 @@ class SearchIndex:
 
         Raises:
             sqlalchemy.exc.DBAPIError: the failure took the whole transaction with it
-                (SQLite rolls back by itself on I/O errors or a full disk); then the
-                append fails as a whole and is retried or parked like any other.
+                (SQLite rolls back by itself on I/O errors or a full disk), or was an
+                outage (a lock or statement timeout: the index is not at fault); then
+                the append fails as a whole and is retried or parked like any other.
         """
         if not contents:
             return
@@ -111,9 +114,16 @@ class SearchIndex:
             with conn.begin_nested():
                 indexed = self.dialect.index_documents(conn, session_id, seqs, documents)
         except sa_exc.DBAPIError as exc:
-            if exc.connection_invalidated or not self.dialect.transaction_alive(conn):
+            if (
+                exc.connection_invalidated
+                or not self.dialect.transaction_alive(conn)
+                or self._outage(exc)
+            ):
                 raise
-            reason = f"indexing session {session_id!r} seq {seqs[0]}..{seqs[-1]} failed: {exc.orig}"
+            reason = (
+                f"indexing session {session_id!r} seq {seqs[0]}..{seqs[-1]} failed: "
+                f"{self.dialect.describe(exc)}"
+            )
             self._set_state(conn, "stale", reason)
             return
         if indexed != len(seqs):  # messages not found where the caller said they were
@@ -186,9 +196,8 @@ class SearchIndex:
             while limit is None or done < limit:
                 try:
                     taken, count = self.database.write(batch)
-                except SearchIndexUnavailable as exc:
-                    self.mark_stale(str(exc))
-                    raise
+                except _Suspect as suspect:
+                    raise self._judge(suspect.cause, suspect.what) from suspect.cause
                 if not taken:
                     break
                 done += taken
@@ -239,16 +248,21 @@ class SearchIndex:
             with conn.begin_nested():
                 self.dialect.index_entries(conn, entries)
         except sa_exc.DBAPIError as exc:
-            reason = (
+            what = (
                 f"indexing {total} messages from session {first.session_id!r} seq "
-                f"{first.first_seq} onwards failed: {exc.orig}"
+                f"{first.first_seq} onwards"
             )
             if exc.connection_invalidated or not self.dialect.transaction_alive(conn):
                 # The whole transaction is gone: only the index's objects make it the
-                # index's failure (an outage is retried or reported as one).
-                self._raise_if_broken(exc, reason)
+                # index's failure (an outage is retried or reported as one), judged
+                # after this transaction (see _judge).
+                if self._suspect(exc):
+                    raise _Suspect(exc, what) from exc
                 raise
-            self._set_state(conn, "stale", reason)
+            if self._outage(exc):
+                raise  # a lock or statement timeout: the rows stay for the next round
+            # The rows' messages cannot be indexed: the index is incomplete without them.
+            self._set_state(conn, "stale", f"{what} failed: {self.dialect.describe(exc)}")
             return total, 0
         return total, len(entries)
 
@@ -374,12 +388,15 @@ class SearchIndex:
                     window=RANK_WINDOW,
                 )
             except sa_exc.DBAPIError as exc:
-                self._raise_if_broken(exc, "search")
+                if self._suspect(exc):
+                    raise _Suspect(exc, "search") from exc
                 raise
             return [self._hit(parsed, row) for row in rows]
 
         try:
             return self.database.read(work)
+        except _Suspect as suspect:
+            raise self._judge(suspect.cause, suspect.what) from suspect.cause
         except SearchIndexUnavailable as exc:
             self.mark_stale(str(exc))
             raise
@@ -387,15 +404,49 @@ class SearchIndex:
     def _catch_up_for_search(self) -> None:
         self.catch_up(wait=True)  # a broken index raises, marked stale
 
-    def _raise_if_broken(self, exc: sa_exc.DBAPIError, what: str) -> None:
-        """Raise ``SearchIndexUnavailable`` (chained) when ``exc``, the failure of one of
-        the index's own statements, says the index's objects are missing or damaged;
-        return otherwise (a lost connection, a busy database: the caller re-raises it for
-        ``Database`` to retry or translate)."""
-        if not exc.connection_invalidated and self.dialect.is_broken_object(exc):
-            raise SearchIndexUnavailable(
-                f"the search index is broken ({what} failed: {exc.orig}); run `sessionrepo reindex`"
-            ) from exc
+    def _suspect(self, exc: sa_exc.DBAPIError) -> bool:
+        """Whether ``exc``, the failure of one of the index's own statements, has a code
+        that may mean the index's objects are missing or damaged (see :meth:`_judge`);
+        else it is re-raised for ``Database`` to retry or translate (a lost connection,
+        a busy database)."""
+        return not exc.connection_invalidated and self.dialect.is_broken_object(exc)
+
+    def _outage(self, exc: sa_exc.DBAPIError) -> bool:
+        """Whether ``exc`` is the database's state (a timeout, a full disk), not the
+        index's: damage is the index's even where the code also counts as an outage."""
+        return not self.dialect.is_damaged(exc) and isinstance(
+            self.dialect.translate(exc), BackendUnavailable
+        )
+
+    def _judge(self, exc: sa_exc.DBAPIError, what: str) -> RepoError:
+        """The error for ``exc``, a suspect failure of the index's statement ``what``.
+
+        The index's own failure (its data damaged, or its objects failing the dialect's
+        probe, a fixed statement that reads them all) marks it stale and is
+        :class:`SearchIndexUnavailable`. Anything else (a statement badly put together,
+        a value it was wrongly given) leaves the index as it is, shared by every caller,
+        and is the translated error: one caller's mistake never disables search for
+        the others. The probe runs in a read of its own (a failed statement aborts a
+        PostgreSQL transaction)."""
+        found = "its data is damaged"
+        if not self.dialect.is_damaged(exc):
+            try:
+                self.database.read(self.dialect.probe_search_index)
+            except RepoError as failed:
+                probe = failed.__cause__
+                if not (
+                    isinstance(probe, sa_exc.DBAPIError) and self.dialect.is_broken_object(probe)
+                ):
+                    return failed  # could not look (an outage): that, not a verdict
+                found = "its own objects are missing or unreadable"
+            else:
+                return self.dialect.translate(exc)
+        error = SearchIndexUnavailable(
+            f"the search index is broken ({what} failed: {self.dialect.describe(exc)}; "
+            f"{found}); run `sessionrepo reindex`"
+        )
+        self.mark_stale(str(error))
+        return error
 
     def _hit(self, parsed: Query, row: Row[Any]) -> SearchHit:
         content = decode_text(row.content) if row.content is not None else None
@@ -420,6 +471,17 @@ class SearchIndex:
             snippet=snippet,
             rank=float(row.rank),
         )
+
+
+class _Suspect(RepoError):
+    """A suspect failure of one of the index's statements, carried out of the
+    transaction it failed in (which ``Database`` passes through, a ``RepoError``) to be
+    judged by :meth:`SearchIndex._judge`; never leaves this module."""
+
+    def __init__(self, cause: sa_exc.DBAPIError, what: str) -> None:
+        super().__init__(what)
+        self.cause = cause
+        self.what = what
 
 
 def _backlog_keys(conn: Connection) -> list[tuple[str, int]]:
