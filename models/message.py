@@ -11,6 +11,7 @@ from typing import Any, Final, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
+from sessionrepo.errors import ArgumentTypeError, InvalidMessage
 from sessionrepo.models._limits import check_identifier, check_json, check_text
 from sessionrepo.models.tables import WIRE_FIELDS as _WIRE_COLUMNS
 
@@ -62,13 +63,26 @@ def ensure_key(message: MutableMapping[str, Any]) -> uuid.UUID:
 
     Returns:
         The message's key (the existing one when the dict was already stamped).
+
+    Raises:
+        ArgumentTypeError: ``message`` is not a dict (a mutable mapping).
+        InvalidMessage: its ``client_msg_uuid`` is there but not a UUID.
     """
+    if not isinstance(message, MutableMapping):
+        raise ArgumentTypeError(
+            "message", f"expected the message's dict, got {type(message).__name__}"
+        )
     existing = message.get(KEY_FIELD)
     if existing is None:
         key = new_key()
         message[KEY_FIELD] = str(key)
         return key
-    return existing if isinstance(existing, uuid.UUID) else uuid.UUID(str(existing))
+    if isinstance(existing, uuid.UUID):
+        return existing
+    try:
+        return uuid.UUID(str(existing))
+    except ValueError:
+        raise InvalidMessage(KEY_FIELD, f"{KEY_FIELD}: not a UUID") from None
 
 
 _new_object = object.__new__
@@ -461,4 +475,6 @@ def coerce_message(value: Message | Mapping[str, Any]) -> Message:
         return value
     if isinstance(value, Mapping):
         return Message.from_openai(value)
-    raise TypeError(f"expected a Message or an OpenAI-format dict, got {type(value).__name__}")
+    raise ArgumentTypeError(
+        "message", f"expected a Message or an OpenAI-format dict, got {type(value).__name__}"
+    )

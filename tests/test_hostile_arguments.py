@@ -47,11 +47,13 @@ from sessionrepo import (
     Message,
     SessionRepository,
     TranscriptWriter,
+    ensure_key,
     open_async_repository,
     open_repository,
 )
 from sessionrepo.errors import QueuedBehindOutbox, RepoError
 from sessionrepo.models import Session
+from sessionrepo.models.transcript import is_sendable, transcript_problems
 from sessionrepo.store.repository import SessionFilter, SessionSnapshot
 from tests.conftest import BlockingAsync, EventLoopThread, PostgresServer
 
@@ -569,3 +571,23 @@ def test_hostile_arguments(stores: dict[str, Store], owner: str, name: str) -> N
             _search_still_answers(store)
 
     abuse()
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda: ensure_key(None),  # type: ignore[arg-type]
+        lambda: ensure_key("a message"),  # type: ignore[arg-type]
+        lambda: ensure_key({"role": "user", "content": "hi", "client_msg_uuid": "nope"}),
+        lambda: transcript_problems([None]),  # type: ignore[list-item]
+        lambda: is_sendable([42]),  # type: ignore[list-item]
+    ],
+    ids=["ensure_key(None)", "ensure_key(str)", "ensure_key(bad key)", "problems", "sendable"],
+)
+def test_the_models_helpers_refuse_hostile_arguments_with_a_repo_error(
+    call: Callable[[], object],
+) -> None:
+    # The helpers a gateway calls before any store (stamping, checking a transcript)
+    # answer a wrong argument as the store does: a RepoError naming it.
+    with pytest.raises(RepoError, match=r"message|client_msg_uuid"):
+        call()
