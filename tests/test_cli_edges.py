@@ -514,10 +514,12 @@ def test_a_damaged_line_says_what_was_committed_before_it(
     line = _error_line(_run("--url", target, "import", str(damaged)))
 
     assert "line 8: damaged" in line
-    # s0 was committed; s1's messages were waiting for its batch to fill.
-    assert "2 messages inserted" in line, line
-    assert "in 1 session," in line
+    # s0 was committed, and s1's messages before the damaged line too.
+    assert "4 messages inserted" in line, line
+    assert "in 2 sessions," in line
     assert "run the same import again" in line
+    again = json.loads(_ok(_run("--url", target, "import", str(export_of_three), "--json")).stdout)
+    assert (again["messages_inserted"], again["messages_present"]) == (2, 4)
 
 
 def test_a_file_cut_short_says_after_which_line(export_of_three: Path, tmp_path: Path) -> None:

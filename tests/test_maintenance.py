@@ -477,6 +477,43 @@ def test_lines_that_are_not_json_or_nothing_at_all_are_refused(
         _import(target, b"")
 
 
+@pytest.mark.parametrize(
+    "damage",
+    [
+        lambda r: b'{"type": "message", \n',  # not JSON
+        lambda r: json.dumps({**r, "seq": 1}).encode() + b"\n",  # a valid line, out of order
+    ],
+    ids=["not-json", "out-of-order"],
+)
+def test_a_damaged_line_keeps_what_came_before_it_and_a_rerun_finishes(
+    repo: SessionRepository,
+    database_url: str,
+    target: SessionRepository,
+    target_url: str,
+    damage: Any,
+) -> None:
+    """The session being read when the damage is found keeps its messages before the
+    damaged line (they were waiting for their batch to fill), and importing the mended
+    file adds only what follows it, resuming the session as exported."""
+    repo.append("a", [Message(role="user", content=f"a{i}") for i in range(2)])
+    repo.append("b", [Message(role="user", content=f"b{i}") for i in range(4)])
+    data = _export(repo)
+    lines = data.splitlines(keepends=True)
+    # header, a, a0, a1, b, b0, b1 | damage | b2, b3, end
+    damaged = b"".join([*lines[:7], damage(json.loads(lines[7])), *lines[7:]])
+
+    with pytest.raises(BadExportFile, match="line 8: "):
+        _import(target, damaged)
+
+    assert [m.content for m in target.load_transcript("a")] == ["a0", "a1"]
+    assert [m.content for m in target.load_transcript("b")] == ["b0", "b1"]
+    whole = _import(target, data)
+    assert whole.complete
+    assert (whole.messages_inserted, whole.messages_present) == (2, 4)
+    assert (whole.sessions_present, whole.sessions_merged) == (2, 0)  # resumed, as exported
+    assert_same_store(database_url, target_url)
+
+
 def test_records_split_on_newline_only(repo: SessionRepository, target: SessionRepository) -> None:
     # U+2028, U+0085 and U+001C are line breaks to str.splitlines(), not to JSON Lines.
     text = "a\u2028b\u0085c\x1cd\re"

@@ -8,6 +8,7 @@ user's own modules.
 
 from __future__ import annotations
 
+import email.parser
 import os
 import shutil
 import subprocess
@@ -15,9 +16,12 @@ import sys
 import sysconfig
 import textwrap
 import zipfile
+from importlib.metadata import version
 from pathlib import Path
 
 import pytest
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
 
 pytestmark = pytest.mark.slow
 
@@ -163,3 +167,82 @@ def test_a_gateway_with_its_own_models_and_repo_uses_sessionrepo(
     )
     assert listed.returncode == 0, listed.stderr
     assert "s1" in listed.stdout
+
+
+#: Extra -> the framework distribution it installs (issue 17; the adapter modules import
+#: only their own).
+FRAMEWORKS = {"openai-agents": "openai-agents", "langchain": "langchain-core", "adk": "google-adk"}
+#: Each adapter module, the framework module its guard imports first, and its extra.
+GUARDS = [
+    ("sessionrepo.integrations.openai_agents", "agents", "openai-agents"),
+    ("sessionrepo.integrations.langchain", "langchain_core", "langchain"),
+    ("sessionrepo.integrations.adk", "google.adk", "adk"),
+]
+
+
+def _requirements(wheel: Path) -> tuple[list[str], list[Requirement]]:
+    with zipfile.ZipFile(wheel) as archive:
+        [name] = [n for n in archive.namelist() if n.endswith(".dist-info/METADATA")]
+        metadata = email.parser.BytesParser().parsebytes(archive.read(name))
+    return metadata.get_all("Provides-Extra", []), [
+        Requirement(line) for line in metadata.get_all("Requires-Dist", [])
+    ]
+
+
+def _extra(requirements: list[Requirement], extra: str) -> list[Requirement]:
+    """What ``pip install 'sessionrepo[extra]'`` adds to the core (``""``: the core)."""
+    if not extra:
+        return [r for r in requirements if r.marker is None]
+    return [r for r in requirements if r.marker is not None and r.marker.evaluate({"extra": extra})]
+
+
+def _names(requirements: list[Requirement]) -> set[str]:
+    return {canonicalize_name(r.name) for r in requirements}
+
+
+def test_each_framework_comes_with_its_extra_and_the_core_brings_none(wheel: Path) -> None:
+    """``pip install sessionrepo`` installs no framework; ``sessionrepo[adk]`` (and the
+    others) installs its framework, in a range that holds the version the tests run."""
+    extras, requirements = _requirements(wheel)
+    assert set(FRAMEWORKS) <= set(extras)
+    core = _names(_extra(requirements, ""))
+    assert "sqlalchemy" in core
+    frameworks = {"openai", "openai-agents", "google-adk", "google-genai"}
+    assert not {n for n in core if n in frameworks or n.startswith("langchain")}, core
+    for extra, framework in FRAMEWORKS.items():
+        [requirement] = _extra(requirements, extra)
+        assert canonicalize_name(requirement.name) == framework, (extra, requirement)
+        assert requirement.specifier.contains(version(framework)), (extra, requirement)
+
+
+def test_an_adapter_without_its_framework_names_the_extra_to_install(venv: Path) -> None:
+    """Imported without its framework (blocked here, as if the extra were not
+    installed), an adapter module raises an ImportError that says what to install,
+    chained to the original one, instead of a bare "No module named 'agents'"."""
+    script = textwrap.dedent(
+        """
+        import importlib
+        import sys
+
+        module, framework = sys.argv[1:]
+        sys.modules[framework] = None  # what an environment without the extra looks like
+        try:
+            importlib.import_module(module)
+        except ImportError as exc:
+            assert isinstance(exc.__cause__, ModuleNotFoundError), repr(exc.__cause__)
+            print(exc)
+        else:
+            raise SystemExit("imported without its framework")
+        """
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "SESSIONREPO_"))}
+    for module, framework, extra in GUARDS:
+        done = subprocess.run(
+            [str(venv / "bin" / "python"), "-c", script, module, framework],
+            env=env,
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.strip().endswith(f"pip install 'sessionrepo[{extra}]'"), done.stdout

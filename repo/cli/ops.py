@@ -332,8 +332,9 @@ def import_(ctx: click.Context, source: str, batch_size: int, as_json: bool) -> 
     it again. A session the database lacks is recreated exactly (same fields, same
     counters, same seq for every message); one it holds with changes of its own gets
     only the missing messages, appended after its own. Stops at the first damaged
-    line (what came before is kept). A PostgreSQL database must be migrated first
-    (`sessionrepo migrate`); a new SQLite file is created.
+    line, after importing everything before it (the messages of the session it is in
+    included): mend the file and run it again. A PostgreSQL database must be migrated
+    first (`sessionrepo migrate`); a new SQLite file is created.
 
     Exit status: 0 when the whole file was imported; 1 on an error, or when the
     file was cut short (it lacks its end record: what it held was imported).

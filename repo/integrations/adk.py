@@ -61,6 +61,10 @@ from datetime import UTC, datetime
 from functools import partial
 from typing import Any, Final, TypeVar
 
+try:  # the framework comes with the extra: say which, not just "No module named"
+    import google.adk  # noqa: F401
+except ImportError as exc:
+    raise ImportError(f"{__name__} needs Google ADK: pip install 'sessionrepo[adk]'") from exc
 from google.adk.errors import StaleSessionError
 from google.adk.errors.already_exists_error import AlreadyExistsError
 from google.adk.errors.session_not_found_error import SessionNotFoundError

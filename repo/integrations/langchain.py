@@ -46,6 +46,12 @@ import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
+try:  # the framework comes with the extra: say which, not just "No module named"
+    import langchain_core  # noqa: F401
+except ImportError as exc:
+    raise ImportError(
+        f"{__name__} needs langchain-core: pip install 'sessionrepo[langchain]'"
+    ) from exc
 from langchain_core.chat_history import BaseChatMessageHistory
 from langchain_core.messages import (
     AIMessage,

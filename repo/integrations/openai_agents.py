@@ -51,6 +51,12 @@ import uuid
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Final, cast
 
+try:  # the framework comes with the extra: say which, not just "No module named"
+    import agents  # noqa: F401
+except ImportError as exc:
+    raise ImportError(
+        f"{__name__} needs the OpenAI Agents SDK: pip install 'sessionrepo[openai-agents]'"
+    ) from exc
 from agents.memory.session_settings import (
     SessionSettings,
     coerce_session_settings,

@@ -16,7 +16,8 @@ its missing messages are appended after the target's own, through
 the message key decides: importing a file twice inserts nothing the second time, and a
 key stored with different content is counted as a conflict, never overwritten. Each batch
 of at most :data:`MAX_BATCH` messages is one transaction, so an interrupted import keeps
-what it committed and a re-run completes it.
+what it committed and a re-run completes it. A damaged line stops the import after what
+came before it is committed (the messages of the session being read included).
 """
 
 from __future__ import annotations
@@ -127,8 +128,8 @@ def import_sessions(
     """Import an export (see the module docstring). Idempotent: a second import of the
     same file inserts nothing.
 
-    Stops at the first line that is not a valid record (what came before stays
-    imported; fix the file and run it again).
+    Stops at the first line that is not a valid record, after committing every message
+    before it (the session being read included); fix the file and run it again.
 
     Args:
         stream: the export, as bytes.
@@ -147,40 +148,48 @@ def import_sessions(
     seen_sessions = seen_messages = 0
     complete = False
     number = 0
-    for number, record in _records(stream, on_progress):
-        kind = record.get("type")
-        if complete:
-            raise BadExportFile(f"line {number}: a record after the end record")
-        if number == 1:
-            _check_header(record)
-            continue
-        if kind == "session":
-            if pending is not None:
-                importer.flush(pending)
-            pending = _session_record(record, number)
-            seen_sessions += 1
-        elif kind == "message":
-            if pending is None:
-                raise BadExportFile(f"line {number}: a message before any session")
-            message = _message_from_record(record, number, pending)
-            pending.batch.append(message)
-            pending.last_seq = message.seq
-            seen_messages += 1
-            if len(pending.batch) >= batch_size:
-                importer.flush(pending)
-        elif kind == "end":
-            if pending is not None:
-                importer.flush(pending)
-                pending = None
-            if (record.get("sessions"), record.get("messages")) != (seen_sessions, seen_messages):
-                raise BadExportFile(
-                    f"line {number}: the end record counts {record.get('sessions')} sessions "
-                    f"and {record.get('messages')} messages, the file holds {seen_sessions} "
-                    f"and {seen_messages}"
-                )
-            complete = True
-        else:
-            raise BadExportFile(f"line {number}: unknown record type {kind!r}")
+    try:
+        for number, record in _records(stream, on_progress):
+            kind = record.get("type")
+            if complete:
+                raise BadExportFile(f"line {number}: a record after the end record")
+            if number == 1:
+                _check_header(record)
+                continue
+            if kind == "session":
+                if pending is not None:
+                    importer.flush(pending)
+                pending = _session_record(record, number)
+                seen_sessions += 1
+            elif kind == "message":
+                if pending is None:
+                    raise BadExportFile(f"line {number}: a message before any session")
+                message = _message_from_record(record, number, pending)
+                pending.batch.append(message)
+                pending.last_seq = message.seq
+                seen_messages += 1
+                if len(pending.batch) >= batch_size:
+                    importer.flush(pending)
+            elif kind == "end":
+                if pending is not None:
+                    importer.flush(pending)
+                    pending = None
+                counted = (record.get("sessions"), record.get("messages"))
+                if counted != (seen_sessions, seen_messages):
+                    raise BadExportFile(
+                        f"line {number}: the end record counts {counted[0]} sessions and "
+                        f"{counted[1]} messages, the file holds {seen_sessions} and "
+                        f"{seen_messages}"
+                    )
+                complete = True
+            else:
+                raise BadExportFile(f"line {number}: unknown record type {kind!r}")
+    except BadExportFile:
+        # What came before the damaged line is kept, the open session's unwritten
+        # messages too: a re-run of the mended file then only adds what follows.
+        if pending is not None and (pending.batch or pending.outcome is None):
+            importer.flush(pending)
+        raise
     if number == 0:
         raise BadExportFile("the file is empty, not a sessionrepo export")
     if pending is not None:
