@@ -57,6 +57,8 @@ class _Server:
         self.sent: dict[str, list[str]] = {}
         #: Per turn-flush session: the gateway's in-memory transcript (prepared objects).
         self.turns: dict[str, list[Any]] = {}
+        #: ... and the keys of that transcript, in the same order.
+        self.turn_keys: dict[str, list[str]] = {}
         self.turn_errors: dict[str, str] = {}
 
     def open(self) -> dict[str, Any]:
@@ -187,7 +189,8 @@ class _Server:
             self.turn_errors[session_id] = f"seeding {count:,} messages failed: {exc!r}"
             raise
         self.turns[session_id] = prepared
-        self._record([(session_id, [m["client_msg_uuid"] for m in messages])], count)
+        self.turn_keys[session_id] = [m["client_msg_uuid"] for m in messages]
+        self._record([(session_id, self.turn_keys[session_id])], count)
         result = self._check({"messages": count, "seconds": 0.0}, [session_id])
         result["seconds"] = time.perf_counter() - start
         return result
@@ -201,11 +204,18 @@ class _Server:
         messages, prepared = self._take(session_id, new)
         transcript = self.turns[session_id]
         transcript.extend(prepared)
+        keys = self.turn_keys[session_id]
+        keys.extend(m["client_msg_uuid"] for m in messages)
         gc.collect()
         result = self.contender.flush([(session_id, transcript)], cap)
         result["stored_before"] = len(transcript) - new
-        if result["messages"] == len(transcript):
-            self._record([(session_id, [m["client_msg_uuid"] for m in messages])], new)
+        # The transcript is sent in order, so what a call got through is its first
+        # ``messages``: record those not recorded yet. A call the cap cut short before
+        # the new ones leaves them to the next round's call, which sends them too.
+        recorded = len(self.sent.get(session_id, []))
+        done = result["messages"]
+        if done > recorded:
+            self._record([(session_id, keys[recorded:done])], done - recorded)
         return self._check(result, [session_id])
 
     def seed_transcript(self, session_id: str, count: int) -> dict[str, Any]:
