@@ -31,6 +31,7 @@ from sqlalchemy import inspect, text
 
 from sessionrepo import (
     AsyncTranscriptWriter,
+    InvalidArgument,
     Message,
     NotARepository,
     RepoError,
@@ -378,6 +379,9 @@ def test_a_read_only_repository_reads_and_refuses_writes(database_url: str) -> N
                 lambda conn: conn.execute(text("DELETE FROM sessions")),
                 reading=False,
             )
+        # A writer over it could only park what it can never write: refused up front.
+        with pytest.raises(InvalidArgument, match="read_only"):
+            TranscriptWriter(repository)
     finally:
         repository.close()
     with open_repository(database_url) as check:
@@ -391,6 +395,8 @@ def test_a_read_only_async_repository_refuses_writes(database_url: str) -> None:
             assert (await repository.list_sessions()).sessions == []
             with pytest.raises(RepoError, match="read-only"):
                 await repository.append("s", [Message(role="user", content="hi")])
+            with pytest.raises(InvalidArgument, match="read_only"):
+                AsyncTranscriptWriter(repository)
         finally:
             await repository.close()
 

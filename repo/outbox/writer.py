@@ -213,6 +213,11 @@ class TranscriptWriter(ResilientWriter):
         task_pool: _aio.TaskPool | None = None,
     ) -> None:
         check_instance(repository, "repository", SessionRepository)
+        if repository.database.read_only:
+            # Its writes could only fail, and parking them would hide that they never can.
+            raise InvalidArgument(
+                "repository", "opened read_only: a TranscriptWriter needs a writable repository"
+            )
         deadline = check_seconds(deadline, "deadline")
         max_attempts = check_int(max_attempts, "max_attempts", minimum=1)
         batch_size = check_int(batch_size, "batch_size", minimum=1)
