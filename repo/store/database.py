@@ -164,7 +164,10 @@ class Database:
                 if database is None:
                     database = self._bounded[seconds] = Database(
                         self.url,
-                        attempts=2,
+                        # SQLite's busy error comes after a wait of the whole bound (its
+                        # busy timeout): a rerun would wait it again, past the deadline.
+                        # PostgreSQL reruns a deadlock or serialization failure once.
+                        attempts=1 if self.dialect.name == "sqlite" else 2,
                         asynchronous=self.asynchronous,
                         read_only=self.read_only,
                         _server_timeout=seconds,
