@@ -91,11 +91,14 @@ _ARRAYS = ", ".join(f"%({name})b::{_INPUT_TYPES[name]}[]" for name in _INPUT_COL
 _INPUT_NAMES = ", ".join(f'"{name}"' for name in _INPUT_COLUMNS)
 _STORED_NAMES = ", ".join(f'"{name}"' for name in MESSAGE_COLUMNS)
 
-_PG_INSERT_NEW = f"""
-WITH input AS (
+# The fragments both append statements are built from, so that the lookup of stored keys
+# and the numbering and insert of the new rows are written once: ``input`` is the batch
+# in its order (``ord``), ``existing`` its keys the session stores (with their stored
+# hash), ``fresh`` the others numbered in batch order, and the insert takes ``fresh``.
+_PG_INPUT = f"""input AS (
     SELECT * FROM unnest({_ARRAYS}) WITH ORDINALITY AS i({_INPUT_NAMES}, ord)
-),
-existing AS (
+)"""
+_PG_EXISTING = """existing AS (
     -- One probe of (session_id, client_msg_uuid) per key, whatever the statistics say:
     -- a join may be planned as a scan of the whole session (every append would then
     -- read every message the session has). A correlated subquery is never pulled up.
@@ -108,16 +111,31 @@ existing AS (
         OFFSET 0  -- keeps the probe from being evaluated again for the WHERE below
     ) probed
     WHERE content_hash IS NOT NULL
-),
-fresh AS (
-    SELECT i.*, %(next_seq)s::bigint + row_number() OVER (ORDER BY i.ord) - 1 AS seq
+)"""
+
+
+def _pg_fresh(first_seq: str, held_back: str = "") -> str:
+    """The ``fresh`` CTE: the rows of ``input`` whose key ``existing`` lacks, numbered in
+    batch order from ``first_seq`` (an SQL expression); ``held_back`` adds conditions on
+    the whole batch (each ``AND …``): when one fails, no row is fresh."""
+    return f"""fresh AS (
+    SELECT i.*, {first_seq} + row_number() OVER (ORDER BY i.ord) - 1 AS seq
     FROM input i
-    WHERE NOT EXISTS (SELECT 1 FROM existing e WHERE e.client_msg_uuid = i.client_msg_uuid)
-),
-inserted AS (
-    INSERT INTO messages (session_id, seq, {_STORED_NAMES})
+    WHERE NOT EXISTS (SELECT 1 FROM existing e
+        WHERE e.client_msg_uuid = i.client_msg_uuid){held_back}
+)"""
+
+
+_PG_INSERT_FRESH = f"""INSERT INTO messages (session_id, seq, {_STORED_NAMES})
     SELECT %(sid)s, seq, {_STORED_NAMES}
-    FROM fresh
+    FROM fresh"""
+
+_PG_INSERT_NEW = f"""
+WITH {_PG_INPUT},
+{_PG_EXISTING},
+{_pg_fresh("%(next_seq)s::bigint")},
+inserted AS (
+    {_PG_INSERT_FRESH}
     ORDER BY seq
     ON CONFLICT (session_id, client_msg_uuid) DO NOTHING
     RETURNING client_msg_uuid
@@ -150,6 +168,17 @@ _SESSION_BINDS: Final = {
     name: sessions_table.c[name].type.bind_processor(_PSYCOPG) for name in NEW_SESSION_COLUMNS
 }
 
+#: Nothing is fresh (nothing is written) while the session's messages are parked, when
+#: the row the caller remembers is gone, or when a key is stored with other content and
+#: the caller asked for conflicts to be refused.
+_PG_DIRECT_HELD_BACK = """
+        AND NOT EXISTS (SELECT 1 FROM parked)
+        AND NOT EXISTS (SELECT 1 FROM lost)
+        AND NOT (%(refuse_conflicts)s AND EXISTS (
+            SELECT 1 FROM existing e JOIN input j USING (client_msg_uuid)
+            WHERE e.content_hash <> j.content_hash
+        ))"""
+
 # The whole append as one statement that commits by itself (an implicit transaction):
 # one round trip, one durable commit. The session row is locked first (``locked``:
 # appenders to one session queue there; under READ COMMITTED the lock returns the row
@@ -161,9 +190,7 @@ _SESSION_BINDS: Final = {
 # nothing is written; a session created meanwhile shows as the ``r`` row. Both send the
 # caller to the locked path, whose probe runs after its lock.
 _PG_APPEND_DIRECT = f"""
-WITH input AS (
-    SELECT * FROM unnest({_ARRAYS}) WITH ORDINALITY AS i({_INPUT_NAMES}, ord)
-),
+WITH {_PG_INPUT},
 lost AS (
     SELECT 1 WHERE %(verify_seq)s::bigint IS NOT NULL AND NOT EXISTS (
         SELECT 1 FROM messages
@@ -179,30 +206,8 @@ parked AS (
 locked AS (
     SELECT next_seq FROM sessions WHERE id = %(sid)s FOR UPDATE
 ),
-existing AS (
-    SELECT client_msg_uuid, content_hash FROM (
-        SELECT i.client_msg_uuid, (
-            SELECT m.content_hash FROM messages m
-            WHERE m.session_id = %(sid)s AND m.client_msg_uuid = i.client_msg_uuid
-        ) AS content_hash
-        FROM input i
-        OFFSET 0
-    ) probed
-    WHERE content_hash IS NOT NULL
-),
-fresh AS (
-    SELECT i.*,
-        coalesce((SELECT next_seq FROM locked), 1) + row_number() OVER (ORDER BY i.ord) - 1
-            AS seq
-    FROM input i
-    WHERE NOT EXISTS (SELECT 1 FROM existing e WHERE e.client_msg_uuid = i.client_msg_uuid)
-        AND NOT EXISTS (SELECT 1 FROM parked)
-        AND NOT EXISTS (SELECT 1 FROM lost)
-        AND NOT (%(refuse_conflicts)s AND EXISTS (
-            SELECT 1 FROM existing e JOIN input j USING (client_msg_uuid)
-            WHERE e.content_hash <> j.content_hash
-        ))
-),
+{_PG_EXISTING},
+{_pg_fresh("coalesce((SELECT next_seq FROM locked), 1)", _PG_DIRECT_HELD_BACK)},
 created AS (
     INSERT INTO sessions ({_CREATED_NAMES},
         message_count, tool_call_count, next_seq, last_active_at)
@@ -217,9 +222,7 @@ created AS (
     RETURNING 1
 ),
 inserted AS (
-    INSERT INTO messages (session_id, seq, {_STORED_NAMES})
-    SELECT %(sid)s, seq, {_STORED_NAMES}
-    FROM fresh
+    {_PG_INSERT_FRESH}
     WHERE EXISTS (SELECT 1 FROM locked) OR EXISTS (SELECT 1 FROM created)
     ORDER BY seq
     RETURNING seq

@@ -16,9 +16,10 @@ import uuid
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
+from functools import partial
 from operator import itemgetter
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
 from sqlalchemy import Connection, Engine, Insert, Row, Table, Uuid, event, func, select, text
 from sqlalchemy import exc as sa_exc
@@ -230,30 +231,15 @@ class SQLiteDialect(BackendDialect):
         rows: Sequence[dict[str, Any]],
         now: datetime,
     ) -> dict[uuid.UUID, bytes]:
-        # Keys are stored as SQLAlchemy's Uuid stores them without a native type.
-        by_hex = {row["client_msg_uuid"].hex: row["client_msg_uuid"] for row in rows}
-        hexes = list(by_hex)
-        stored: dict[uuid.UUID, bytes] = {}
-        for start in range(0, len(hexes), LOOKUP_CHUNK):
-            chunk = hexes[start : start + LOOKUP_CHUNK]
-            found = connection.exec_driver_sql(
-                f"{_SQLITE_LOOKUP}({', '.join('?' * len(chunk))})", (session_id, *chunk)
-            )
-            stored.update((by_hex[key], bytes(digest)) for key, digest in found)
-        fresh = [row for row in rows if row["client_msg_uuid"] not in stored]
+        stored, fresh = _sqlite_stored(connection.exec_driver_sql, session_id, rows)
         if not fresh:
             return stored
-        values = []
-        for index, row in enumerate(fresh):
-            value = list(_pick_columns(row))
-            for position, convert in _CONVERTED:
-                value[position] = convert(value[position])
-            values.append((session_id, next_seq + index, *value))
-        result = connection.exec_driver_sql(
-            _SQLITE_INSERT, values, execution_options={"preserve_rowcount": True}
+        _sqlite_insert(
+            partial(connection.exec_driver_sql, execution_options={"preserve_rowcount": True}),
+            session_id,
+            next_seq,
+            fresh,
         )
-        if result.rowcount != len(fresh):
-            raise lock_bypassed(session_id, len(fresh) - result.rowcount)
         tool_calls = sum(row["tool_call_total"] for row in fresh)
         connection.exec_driver_sql(
             _SQLITE_COUNTERS, (len(fresh), len(fresh), tool_calls, _sqlite_time(now), session_id)
@@ -474,6 +460,56 @@ _SQLITE_COUNTERS = (
     "UPDATE sessions SET next_seq = next_seq + ?, message_count = message_count + ?, "
     "tool_call_count = tool_call_count + ?, last_active_at = ? WHERE id = ?"
 )
+
+
+class _Rows(Protocol):
+    """What a statement returns on either connection: a ``sqlite3.Cursor`` or a
+    SQLAlchemy ``CursorResult``."""
+
+    @property
+    def rowcount(self) -> int: ...
+
+    def __iter__(self) -> Iterator[Sequence[Any]]: ...
+
+
+#: Runs one statement (``sqlite3.Connection.execute``, ``Connection.exec_driver_sql``).
+_Execute = Callable[[str, Sequence[Any]], _Rows]
+#: Runs one statement for each parameter tuple (``sqlite3.Connection.executemany``, or
+#: ``exec_driver_sql`` with a list of tuples).
+_ExecuteMany = Callable[[str, list[tuple[Any, ...]]], _Rows]
+
+
+def _sqlite_stored(
+    execute: _Execute, session_id: str, rows: Sequence[dict[str, Any]]
+) -> tuple[dict[uuid.UUID, bytes], list[dict[str, Any]]]:
+    """The batch's keys the session stores (with their stored content hash), and the
+    rows whose key it does not store, in batch order. Both append paths look up through
+    this, on the sqlite3 connection or on SQLAlchemy's, under the write lock."""
+    # Keys are stored as SQLAlchemy's Uuid stores them without a native type.
+    by_hex = {row["client_msg_uuid"].hex: row["client_msg_uuid"] for row in rows}
+    hexes = list(by_hex)
+    stored: dict[uuid.UUID, bytes] = {}
+    for start in range(0, len(hexes), LOOKUP_CHUNK):
+        chunk = hexes[start : start + LOOKUP_CHUNK]
+        found = execute(f"{_SQLITE_LOOKUP}({', '.join('?' * len(chunk))})", (session_id, *chunk))
+        stored.update((by_hex[key], bytes(digest)) for key, digest in found)
+    return stored, [row for row in rows if row["client_msg_uuid"] not in stored]
+
+
+def _sqlite_insert(
+    executemany: _ExecuteMany, session_id: str, next_seq: int, fresh: Sequence[dict[str, Any]]
+) -> None:
+    """Insert ``fresh`` numbered from ``next_seq`` in one ``executemany``. Its rowcount must
+    be every row: a key the lookup did not see means a writer bypassed the lock."""
+    values = []
+    for index, row in enumerate(fresh):
+        value = list(_pick_columns(row))
+        for position, convert in _CONVERTED:
+            value[position] = convert(value[position])
+        values.append((session_id, next_seq + index, *value))
+    inserted = executemany(_SQLITE_INSERT, values).rowcount
+    if inserted != len(fresh):
+        raise lock_bypassed(session_id, len(fresh) - inserted)
 
 
 @contextmanager
@@ -789,17 +825,11 @@ def _sqlite_append_locked(db: sqlite3.Connection, append: DirectAppend, sid: str
     if append.behind_outbox and db.execute(_SQLITE_PARKED, (sid,)).fetchone() is not None:
         return DirectResult(stored={}, first_seq=None, queued=True)
     rows = append.rows
-    stored: dict[uuid.UUID, bytes] = {}
-    if session is not None:
-        by_hex = {row["client_msg_uuid"].hex: row["client_msg_uuid"] for row in rows}
-        hexes = list(by_hex)
-        for start in range(0, len(hexes), LOOKUP_CHUNK):
-            chunk = hexes[start : start + LOOKUP_CHUNK]
-            found = db.execute(
-                f"{_SQLITE_LOOKUP}({', '.join('?' * len(chunk))})", (sid, *chunk)
-            ).fetchall()
-            stored.update((by_hex[key], bytes(digest)) for key, digest in found)
-    fresh = [row for row in rows if row["client_msg_uuid"] not in stored]
+    if session is None:
+        stored: dict[uuid.UUID, bytes] = {}
+        fresh = list(rows)  # a session that does not exist yet stores none of them
+    else:
+        stored, fresh = _sqlite_stored(db.execute, sid, rows)
     refused = append.refuse_conflicts and any(
         stored.get(row["client_msg_uuid"], row["content_hash"]) != row["content_hash"]
         for row in rows
@@ -819,15 +849,7 @@ def _sqlite_append_locked(db: sqlite3.Connection, append: DirectAppend, sid: str
     else:
         next_seq = int(session[0])
         db.execute(_SQLITE_COUNTERS, (len(fresh), len(fresh), tool_calls, now, sid))
-    inserts = []
-    for index, row in enumerate(fresh):
-        value = list(_pick_columns(row))
-        for position, convert in _CONVERTED:
-            value[position] = convert(value[position])
-        inserts.append((sid, next_seq + index, *value))
-    cursor = db.executemany(_SQLITE_INSERT, inserts)
-    if cursor.rowcount != len(fresh):
-        raise lock_bypassed(sid, len(fresh) - cursor.rowcount)
+    _sqlite_insert(db.executemany, sid, next_seq, fresh)
     if append.enqueue:
         db.execute(_SQLITE_BACKLOG, (sid, next_seq, len(fresh)))
     return DirectResult(stored=stored, first_seq=next_seq)
