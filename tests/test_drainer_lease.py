@@ -52,8 +52,10 @@ CHILD_TIMEOUT = 60.0
 #: Upper bound for another drain to replay the dead drainer's session: generous, yet
 #: well inside the 60 s lease claims used to have.
 TAKEOVER_TIMEOUT = 30.0
-#: The dying drainer's lease: shorter than the default (seconds), to keep the test short.
-LEASE = 1.5
+#: The dying drainer's lease (seconds). Renewed every second, so the claim checked after
+#: the first lease's end has 2 s left: a child whose heartbeat a loaded machine stalls for
+#: a second still holds it (at 1.5 s, renewed every 0.5 s, a CI run saw it lapse).
+LEASE = 3.0
 
 O = outbox_table.c  # noqa: E741
 
