@@ -6,12 +6,11 @@ from __future__ import annotations
 import re
 import sqlite3
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import click
 import pytest
+from _cli_tree import COMMAND_PATHS, command_at
 from click.testing import CliRunner, Result
 from sqlalchemy import create_engine, inspect, text
 from sqlalchemy.engine import make_url
@@ -23,24 +22,6 @@ from sessionrepo.store.schema import head_revision
 
 if TYPE_CHECKING:
     from conftest import PostgresServer
-
-
-def _walk(command: click.Command, path: tuple[str, ...] = ()) -> Iterator[tuple[str, ...]]:
-    yield path
-    if isinstance(command, click.Group):
-        for name, sub in command.commands.items():
-            yield from _walk(sub, (*path, name))
-
-
-COMMAND_PATHS = list(_walk(main))
-
-
-def _resolve(path: tuple[str, ...]) -> click.Command:
-    command: click.Command = main
-    for name in path:
-        assert isinstance(command, click.Group)
-        command = command.commands[name]
-    return command
 
 
 def _run(*args: str, env: dict[str, str | None] | None = None) -> Result:
@@ -67,7 +48,7 @@ def test_the_command_tree_is_what_the_issue_names() -> None:
 
 @pytest.mark.parametrize("path", COMMAND_PATHS, ids=lambda p: " ".join(("sessionrepo", *p)))
 def test_every_command_has_help_with_an_example(path: tuple[str, ...]) -> None:
-    command = _resolve(path)
+    command = command_at(path)
     assert command.help
     assert command.help.strip()
 
@@ -84,7 +65,7 @@ def test_every_command_describes_itself_in_help_and_in_its_group_listing(
 ) -> None:
     # The walk finds every registered command (sqlite-utils' pattern): one added to any
     # command module without a description fails here, whoever registers it.
-    command = _resolve(path)
+    command = command_at(path)
     assert command.help is not None
     described = " ".join(command.help.split("\n\n", 1)[0].split())
     assert described

@@ -9,12 +9,12 @@ import io
 import json
 import re
 import shutil
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import click
 import pytest
+from _cli_tree import LEAVES, command_at
 from click.testing import CliRunner, Result
 
 from sessionrepo import InvalidArgument, SessionRepository, open_async_repository, open_repository
@@ -47,27 +47,8 @@ def _error_line(result: Result, code: int = 1) -> str:
     return line
 
 
-def _leaves(command: click.Command, path: tuple[str, ...] = ()) -> Iterator[tuple[str, ...]]:
-    if isinstance(command, click.Group):
-        for name, sub in command.commands.items():
-            yield from _leaves(sub, (*path, name))
-    else:
-        yield path
-
-
-def _command(path: tuple[str, ...]) -> click.Command:
-    command: click.Command = main
-    for name in path:
-        assert isinstance(command, click.Group)
-        command = command.commands[name]
-    return command
-
-
 def _options(command: click.Command) -> set[str]:
     return {opt for param in command.params for opt in getattr(param, "opts", ())}
-
-
-LEAVES = list(_leaves(main))
 
 
 def _store(url: str, sessions: int = 3, *, ended: bool = True) -> None:
@@ -90,7 +71,7 @@ def _store(url: str, sessions: int = 3, *, ended: bool = True) -> None:
 
 @pytest.mark.parametrize("path", [p for p in LEAVES if p != ("demo",)], ids=" ".join)
 def test_every_command_takes_the_url_after_it_too(path: tuple[str, ...]) -> None:
-    command = _command(path)
+    command = command_at(path)
     shown = _ok(_run(*path, "--help")).stdout
 
     assert "--url" in _options(command)
@@ -288,7 +269,7 @@ NO_REPORT = {("serve",)}
 
 @pytest.mark.parametrize("path", [p for p in LEAVES if p not in NO_REPORT], ids=" ".join)
 def test_every_reporting_command_has_json(path: tuple[str, ...]) -> None:
-    assert "--json" in _options(_command(path))
+    assert "--json" in _options(command_at(path))
 
 
 _TIMESTAMP = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?(?:Z|[+-]\d\d:\d\d)?")

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 import pytest
+from _cli_tree import LEAVES, command_at
 from click.testing import CliRunner, Result
 from sqlalchemy.engine import make_url
 
@@ -63,23 +64,6 @@ def assert_no_secret(text: str, where: str) -> None:
         assert form not in text, f"{where} shows the password ({form!r}):\n{text}"
 
 
-def _walk(command: click.Command, path: tuple[str, ...] = ()) -> Iterator[tuple[str, ...]]:
-    if isinstance(command, click.Group):
-        for name, sub in command.commands.items():
-            yield from _walk(sub, (*path, name))
-    else:
-        yield path
-
-
-def _command(path: tuple[str, ...]) -> click.Command:
-    command: click.Command = main
-    for name in path:
-        assert isinstance(command, click.Group)
-        command = command.commands[name]
-    return command
-
-
-LEAVES = list(_walk(main))
 #: Commands that open no database given to them (the demo makes its own files).
 NO_DATABASE = {("demo",)}
 
@@ -193,7 +177,7 @@ def test_no_command_shows_the_password(
         pytest.skip("opens no database given to it")
     caplog.set_level(logging.DEBUG)
     url, files = store
-    command = _command(path)
+    command = command_at(path)
     outbox = ["--outbox-url"] if _has_option(command, "--outbox-url") else []
     for n, form in enumerate(["userinfo", "query"]):
         secret_url = with_password(url, form)
@@ -215,7 +199,7 @@ def test_no_command_shows_the_password(
             assert "***" in result.stderr  # the startup line names the database
 
 
-OUTBOX_COMMANDS = [p for p in LEAVES if _has_option(_command(p), "--outbox-url")]
+OUTBOX_COMMANDS = [p for p in LEAVES if _has_option(command_at(p), "--outbox-url")]
 
 
 @pytest.mark.postgres
@@ -233,7 +217,7 @@ def test_a_sqlite_store_with_a_postgresql_outbox_shows_no_password(
     open_repository(primary).close()  # a new, migrated SQLite store
     for form in ("userinfo", "query"):
         args = ["--url", primary, *path, "--outbox-url", with_password(outbox_url, form)]
-        if form == "query" and _has_option(_command(path), "--json"):
+        if form == "query" and _has_option(command_at(path), "--json"):
             args.append("--json")
         result = _invoke(args)
         assert result.exit_code == 0, f"{args}: {result.output}"
