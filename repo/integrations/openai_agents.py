@@ -72,7 +72,7 @@ from sessionrepo import (
     SessionRepository,
     open_async_repository,
 )
-from sessionrepo.errors import ArgumentTypeError, InvalidArgument, InvalidMessage
+from sessionrepo.errors import ArgumentTypeError, InvalidArgument, InvalidMessage, RepoError
 from sessionrepo.models import StoredMessage
 from sessionrepo.models.message import KEY_FIELD, new_key
 
@@ -220,7 +220,7 @@ class SessionRepoSession:
     async def repository(self) -> AsyncSessionRepository:
         """The repository it stores in, opened on first use."""
         if self._closed:
-            raise RuntimeError("this SessionRepoSession is closed")
+            raise RepoError("this SessionRepoSession is closed")
         self._check_loop()
         if self._repository is None:
             async with self._opening:
@@ -296,7 +296,7 @@ class SessionRepoSession:
         del wrapper
         if not items:
             if self._closed:
-                raise RuntimeError("this SessionRepoSession is closed")
+                raise RepoError("this SessionRepoSession is closed")
             return
         dicts = [self._item_dict(item, index) for index, item in enumerate(items)]
         batch = [self._keyed(item) for item in dicts]

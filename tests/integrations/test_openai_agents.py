@@ -36,7 +36,7 @@ from sessionrepo import (
     open_async_repository,
     open_repository,
 )
-from sessionrepo.errors import ArgumentTypeError
+from sessionrepo.errors import ArgumentTypeError, RepoError
 from sessionrepo.integrations.openai_agents import SessionRepoSession, item_key
 
 _HERE = Path(__file__).resolve().parent
@@ -602,6 +602,22 @@ def test_one_session_object_per_event_loop(database_url: str) -> None:
         loop.run_until_complete(session.close())
     finally:
         loop.close()
+
+
+def test_a_closed_session_says_so(database_url: str) -> None:
+    """After close, every call fails with a RepoError naming it (as a closed
+    TranscriptWriter does), an empty add included."""
+
+    async def scenario() -> None:
+        session = SessionRepoSession("closed", url=database_url)
+        await session.add_items([{"role": "user", "content": "hi"}])
+        await session.close()
+        with pytest.raises(RepoError, match="closed"):
+            await session.get_items()
+        with pytest.raises(RepoError, match="closed"):
+            await session.add_items([])
+
+    asyncio.run(scenario())
 
 
 def test_runner_session_limit(database_url: str) -> None:
