@@ -42,8 +42,7 @@ import psycopg
 try:  # pytest and `python tests/citus_cluster.py` put tests/ on sys.path
     from _pgcluster import ClusterUnavailable, ThrowawayCluster, find_bindir
 except ImportError:  # `python -m tests.citus_cluster` from the project root
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from _pgcluster import ClusterUnavailable, ThrowawayCluster, find_bindir
+    from tests._pgcluster import ClusterUnavailable, ThrowawayCluster, find_bindir
 
 #: Settings every node gets on top of the throwaway cluster's own.
 NODE_SETTINGS = {

@@ -18,7 +18,7 @@ Citus: in the modules marked ``contract``, ``backend`` is also ``citus`` when
 starts one). A database per test does not work there (the workers must know each
 database), so each test gets a schema of its own instead, and a role of the same name
 whose ``search_path`` is that schema: the test's URL names the role. Without the URL the
-Citus tests (``tests/test_citus.py``) are skipped, with the reason shown;
+Citus tests (``tests/dialects/test_citus.py``) are skipped, with the reason shown;
 ``SESSIONREPO_REQUIRE_CITUS=1`` fails them.
 """
 
@@ -38,7 +38,15 @@ import psycopg
 import pytest
 from sqlalchemy.engine import make_url
 
-from sessionrepo import SessionStore, open_async_repository, open_repository
+from sessionrepo import (
+    AsyncTranscriptWriter,
+    Message,
+    SessionRepository,
+    SessionStore,
+    TranscriptWriter,
+    open_async_repository,
+    open_repository,
+)
 from sessionrepo.store.database import Database
 from sessionrepo.store.schema import upgrade
 
@@ -64,7 +72,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     wanted = os.environ.get("SESSIONREPO_TEST_CITUS_URL") or _require_citus()
     if "backend" in metafunc.fixturenames and wanted and not chosen:
         # The contract runs on Citus too (a test that chose its backends keeps them).
-        # Without a coordinator, tests/test_citus.py shows the reason it is skipped.
+        # Without a coordinator, tests/dialects/test_citus.py shows the reason it is skipped.
         metafunc.parametrize("backend", [*BACKENDS, CITUS])
 
 
@@ -415,3 +423,32 @@ def repo(database_url: str, api: str, request: pytest.FixtureRequest) -> Iterato
     async_repository = loop.run(open_async_repository(database_url))
     yield BlockingAsync(async_repository, loop)  # type: ignore[misc]
     loop.run(async_repository.close())
+
+
+@pytest.fixture
+def writer(repo: Any, api: str, request: pytest.FixtureRequest) -> Iterator[Any]:
+    """A ``TranscriptWriter`` over ``repo`` on the test's API (its outbox in the same
+    database: the write path is the same for a SQLite outbox file)."""
+    if api == "sync":
+        sync = TranscriptWriter(repo)
+        yield sync
+        sync.close()
+        return
+    loop: EventLoopThread = request.getfixturevalue("event_loop_thread")
+
+    async def make() -> AsyncTranscriptWriter:
+        return AsyncTranscriptWriter(repo._target)
+
+    async_writer = loop.run(make())
+    yield BlockingAsync(async_writer, loop)
+    loop.run(async_writer.close())
+
+
+@pytest.fixture
+def indexed(database_url: str) -> Iterator[SessionRepository]:
+    """A repository whose search index holds one message ("hello there", session "s")."""
+    repository = open_repository(database_url)
+    repository.append("s", [Message(role="user", content="hello there")])
+    assert [hit.seq for hit in repository.search("hello")] == [1]
+    yield repository
+    repository.close()

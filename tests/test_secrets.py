@@ -20,7 +20,6 @@ from typing import TYPE_CHECKING, Any
 
 import click
 import pytest
-from _cli_tree import LEAVES, command_at
 from click.testing import CliRunner, Result
 from sqlalchemy.engine import make_url
 
@@ -34,6 +33,8 @@ from sessionrepo import (
 from sessionrepo.cli import main
 from sessionrepo.dialects import normalize_url, safe_url
 from sessionrepo.store.database import Database
+
+from support.cli_tree import LEAVES, command_at
 
 if TYPE_CHECKING:
     from conftest import PostgresServer
@@ -97,7 +98,7 @@ def _arguments(path: tuple[str, ...], files: Path, out: Path, n: int) -> list[st
 
 def _store(url: str, files: Path) -> None:
     """Two sessions with messages, an export of them, a Hermes state.db."""
-    from _hermes_fixtures import build_v2_state_db
+    from support.hermes_fixtures import build_v2_state_db
 
     with open_repository(url) as repository:
         for sid in ("s1", "s2"):

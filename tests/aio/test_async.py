@@ -10,10 +10,9 @@ from __future__ import annotations
 
 import asyncio
 import random
-import sys
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable
 from pathlib import Path
 from typing import Any
 
@@ -30,11 +29,9 @@ from sessionrepo import (
     open_async_repository,
 )
 
-_TESTS_DIR = str(Path(__file__).resolve().parent)
-if _TESTS_DIR not in sys.path:
-    sys.path.insert(0, _TESTS_DIR)
-from _harness import holding_the_write_lock  # noqa: E402
-from _outbox_workers import CLOSED_PORT_URL, FlakyRepository, make_message  # noqa: E402
+from support.harness import holding_the_write_lock
+from support.outbox_workers import CLOSED_PORT_URL, FlakyRepository, make_message
+from support.polling import eventually_async
 
 #: Upper bound for a condition the background drainer must bring about.
 DRAINER_TIMEOUT = 15.0
@@ -50,14 +47,6 @@ async def _keys(repo: AsyncSessionRepository, session_id: str) -> list[str]:
         return [str(m.client_msg_uuid) for m in await repo.load_transcript(session_id)]
     except NotFound:
         return []
-
-
-async def _eventually(condition: Callable[[], Awaitable[bool]], what: str) -> None:
-    deadline = time.monotonic() + DRAINER_TIMEOUT
-    while not await condition():
-        if time.monotonic() > deadline:
-            pytest.fail(f"not within {DRAINER_TIMEOUT:g}s: {what}")
-        await asyncio.sleep(0.02)
 
 
 async def _cancel_at_a_random_point(call: Awaitable[Any], rng: random.Random) -> bool:
@@ -259,7 +248,9 @@ def test_the_async_writer_parks_while_the_primary_is_down_and_its_drainer_task_r
                 async def drained() -> bool:
                     return await writer.pending() == 0
 
-                await _eventually(drained, "the drainer task replays the outbox")
+                await eventually_async(
+                    drained, "the drainer task replays the outbox", timeout=DRAINER_TIMEOUT
+                )
                 assert await _keys(repo, "outage") == [m["client_msg_uuid"] for m in messages]
                 status = await writer.status()
                 assert (status.pending, status.dead) == (0, 0)

@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
-from _cli_tree import COMMAND_PATHS, command_at
 from click.testing import CliRunner, Result
 from sqlalchemy import create_engine, inspect, text
 from sqlalchemy.engine import make_url
@@ -19,6 +18,8 @@ from sessionrepo import SchemaOutOfDate, open_repository
 from sessionrepo.cli import main
 from sessionrepo.demo import GatewayReport, OutageReport, _verify, outbox_paths, run_demo
 from sessionrepo.store.schema import head_revision
+
+from support.cli_tree import COMMAND_PATHS, command_at
 
 if TYPE_CHECKING:
     from conftest import PostgresServer

@@ -14,12 +14,13 @@ from typing import Any
 
 import click
 import pytest
-from _cli_tree import LEAVES, command_at
 from click.testing import CliRunner, Result
 
 from sessionrepo import InvalidArgument, SessionRepository, open_async_repository, open_repository
 from sessionrepo.cli import _common, main, ops, search
 from sessionrepo.store.schema import head_revision
+
+from support.cli_tree import LEAVES, command_at
 
 
 def _run(*args: str, input: Any = None, env: dict[str, str | None] | None = None) -> Result:

@@ -17,7 +17,6 @@ from typing import Any
 import pytest
 from click.testing import CliRunner, Result
 from sqlalchemy import text
-from test_maintenance import BIG, _set_times, assert_same_store, build_corpus, snapshot
 
 from sessionrepo import Message, Session, SessionRepository
 from sessionrepo.cli import main
@@ -25,6 +24,8 @@ from sessionrepo.models.message import utcnow
 from sessionrepo.outbox.table import Outbox
 from sessionrepo.store.database import Database
 from sessionrepo.store.schema import current_revision, downgrade, head_revision
+
+from support.corpus import BIG, assert_same_store, build_corpus, set_times, snapshot
 
 #: Port 1 refuses connections at once: a server that is down.
 DOWN = "postgresql://ops:s3cr3t-pw@127.0.0.1:1/chat"
@@ -461,7 +462,7 @@ def _prune_setup(repo: SessionRepository, url: str) -> dict[str, str]:
         )
         if ended_at is not None:
             repo.end_session(sid, "done")
-        _set_times(url, sid, ended_at=ended_at, last_active_at=last_active_at)
+        set_times(url, sid, ended_at=ended_at, last_active_at=last_active_at)
     return {sid: action for sid, (action, _, _) in cases.items()}
 
 

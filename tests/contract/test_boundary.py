@@ -11,13 +11,12 @@ raise ``WriteRejected``.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
 import pytest
 from click.testing import CliRunner
-from conftest import BlockingAsync, EventLoopThread
 from sqlalchemy import Connection, text
 from sqlalchemy import exc as sa_exc
 
@@ -330,25 +329,6 @@ def test_on_conflict_takes_only_report_or_raise(repo: Any) -> None:
 
 
 # -- the writer ----------------------------------------------------------------------
-
-
-@pytest.fixture
-def writer(repo: Any, api: str, request: pytest.FixtureRequest) -> Iterator[Any]:
-    """A ``TranscriptWriter`` over ``repo`` (its outbox in the same database), on the
-    test's API."""
-    if api == "sync":
-        sync = TranscriptWriter(repo)
-        yield sync
-        sync.close()
-        return
-    loop: EventLoopThread = request.getfixturevalue("event_loop_thread")
-
-    async def make() -> AsyncTranscriptWriter:
-        return AsyncTranscriptWriter(repo._target)
-
-    async_writer = loop.run(make())
-    yield BlockingAsync(async_writer, loop)
-    loop.run(async_writer.close())
 
 
 def test_the_writers_calls_check_their_arguments(writer: Any, repo: Any) -> None:

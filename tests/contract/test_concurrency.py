@@ -2,21 +2,18 @@
 
 The multi-process tests start their children with the ``spawn`` method (a fresh
 interpreter, as separate gateway processes would be) and release them together through a
-barrier. Their worker functions live in ``tests/_workers.py``.
+barrier. Their worker functions live in ``tests/support/workers.py``.
 """
 
 from __future__ import annotations
 
-import multiprocessing
 import queue
-import sys
 import threading
 import time
 from collections import Counter
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from itertools import pairwise
-from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -25,17 +22,11 @@ from sqlalchemy.engine import make_url
 
 from sessionrepo import Message, SessionRepository, open_repository
 
-# The spawned children import the workers by module name, with the parent's sys.path;
-# put this directory on it whatever pytest's import mode.
-_TESTS_DIR = str(Path(__file__).resolve().parent)
-if _TESTS_DIR not in sys.path:
-    sys.path.insert(0, _TESTS_DIR)
-import _workers  # noqa: E402
-from _harness import RUN_TIMEOUT, ThreadCall, children, collect_reports  # noqa: E402
+from support import workers
+from support.harness import RUN_TIMEOUT, SPAWN, ThreadCall, children, collect_reports
 
 pytestmark = pytest.mark.contract  # every repo test runs on the sync and async API
 
-SPAWN = multiprocessing.get_context("spawn")
 #: Upper bound for a whole multi-process run; a healthy one takes a few seconds.
 #: How long a call that must not wait may take, at most (it takes milliseconds).
 NO_WAIT_BOUND = 10.0
@@ -75,7 +66,7 @@ def test_six_processes_flushing_one_session_store_each_message_once_in_their_ord
         for worker in range(FLUSHERS):
             _start(
                 processes,
-                _workers.flush_one_session,
+                workers.flush_one_session,
                 url=database_url,
                 session_id="shared",
                 worker=worker,
@@ -151,7 +142,7 @@ def test_sqlite_eight_processes_on_one_file_never_see_locked(database_url: str) 
         for worker in range(SQLITE_WRITERS):
             _start(
                 processes,
-                _workers.sqlite_writer,
+                workers.sqlite_writer,
                 url=database_url,
                 worker=worker,
                 rounds=SQLITE_ROUNDS,
@@ -163,7 +154,7 @@ def test_sqlite_eight_processes_on_one_file_never_see_locked(database_url: str) 
         for reader in range(SQLITE_READERS):
             _start(
                 processes,
-                _workers.sqlite_reader,
+                workers.sqlite_reader,
                 url=database_url,
                 reader=reader,
                 shared_sessions=SHARED,

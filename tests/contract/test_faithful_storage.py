@@ -22,12 +22,6 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from strategies import (
-    assert_identical,
-    nested_lists,
-    openai_messages,
-    timestamps,
-)
 
 from sessionrepo import (
     InvalidMessage,
@@ -39,6 +33,13 @@ from sessionrepo import (
 )
 from sessionrepo.models import MAX_ID_LENGTH, MAX_JSON_DEPTH, MAX_MESSAGE_BYTES
 from sessionrepo.models.message import KEY_FIELD
+
+from support.strategies import (
+    assert_identical,
+    nested_lists,
+    openai_messages,
+    timestamps,
+)
 
 pytestmark = pytest.mark.contract  # every repo test runs on the sync and async API
 

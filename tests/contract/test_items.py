@@ -1,6 +1,6 @@
 """Every OpenAI format stored losslessly: the Chat Completions roles (developer and function
 included) and one item of every Responses-API input type the OpenAI Python SDK defines
-(tests/_responses_items.py), on both backends and both APIs; orphan safety."""
+(tests/support/responses_items.py), on both backends and both APIs; orphan safety."""
 
 from __future__ import annotations
 
@@ -9,9 +9,7 @@ import io
 from typing import Any
 
 import pytest
-from _responses_items import CHAT_MESSAGES, RESPONSES_ITEMS
 from pydantic import ValidationError
-from strategies import assert_identical
 
 from sessionrepo import (
     InvalidMessage,
@@ -22,6 +20,9 @@ from sessionrepo import (
     transcript_problems,
 )
 from sessionrepo.ops import export_sessions, import_sessions
+
+from support.responses_items import CHAT_MESSAGES, RESPONSES_ITEMS
+from support.strategies import assert_identical
 
 pytestmark = pytest.mark.contract
 

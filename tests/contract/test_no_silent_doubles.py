@@ -9,43 +9,20 @@ see it, as ``ensure_key`` would; a mapping that cannot be stamped is refused.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
 from types import MappingProxyType
 from typing import Any
 
 import pytest
-from conftest import BlockingAsync, EventLoopThread
 
 from sessionrepo import (
-    AsyncTranscriptWriter,
     InvalidMessage,
     Message,
     NotFound,
-    TranscriptWriter,
     ensure_key,
 )
 from sessionrepo.models.message import KEY_FIELD
 
 pytestmark = pytest.mark.contract
-
-
-@pytest.fixture
-def writer(repo: Any, api: str, request: pytest.FixtureRequest) -> Iterator[Any]:
-    """A ``TranscriptWriter`` over ``repo`` on the test's API (the outbox in the same
-    database: the write path is the same for a SQLite outbox file)."""
-    if api == "sync":
-        sync = TranscriptWriter(repo)
-        yield sync
-        sync.close()
-        return
-    loop: EventLoopThread = request.getfixturevalue("event_loop_thread")
-
-    async def make() -> AsyncTranscriptWriter:
-        return AsyncTranscriptWriter(repo._target)
-
-    async_writer = loop.run(make())
-    yield BlockingAsync(async_writer, loop)
-    loop.run(async_writer.close())
 
 
 def _contents(repo: Any, session_id: str) -> list[Any]:

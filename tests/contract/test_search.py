@@ -338,17 +338,17 @@ def test_index_words_are_the_words_of_the_text(repo: SessionRepository) -> None:
 def test_a_pruned_session_leaves_nothing_in_the_index(database_url: str) -> None:
     from datetime import timedelta
 
-    from test_maintenance import _set_times
-
     from sessionrepo.models.message import utcnow
     from sessionrepo.ops import prune_sessions
+
+    from support.corpus import set_times
 
     with open_repository(database_url) as repo:
         repo.append("gone", [Message(role="user", content=f"wombat {i}") for i in range(3)])
         repo.append("kept", [Message(role="user", content="wombat kept")])
         repo.end_session("gone", "done")
         long_ago = utcnow() - timedelta(days=400)
-        _set_times(database_url, "gone", ended_at=long_ago, last_active_at=long_ago)
+        set_times(database_url, "gone", ended_at=long_ago, last_active_at=long_ago)
         assert repo.search_index_backlog() == 4  # not indexed yet when pruned
         report = prune_sessions(repo, cutoff=utcnow() - timedelta(days=30))
         assert report.session_ids == ["gone"]

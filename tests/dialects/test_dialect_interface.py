@@ -26,7 +26,9 @@ from sessionrepo.dialects.sqlite.append import SQLiteAppend
 from sessionrepo.dialects.sqlite.engine import SQLiteEngine
 from sessionrepo.dialects.sqlite.search import SQLiteSearch
 
-REPO = Path(__file__).resolve().parent.parent / "repo"
+from support.paths import ROOT
+
+REPO = ROOT / "repo"
 DIALECTS = [SQLiteDialect, PostgresDialect, CitusDialect]
 #: What a comparison with one of these strings would be asking: which backend this is.
 BACKEND_NAMES = frozenset({"sqlite", "postgresql", "postgres", "citus"})

@@ -156,15 +156,6 @@ _OUTAGE = {
 }
 
 
-@pytest.fixture
-def indexed(database_url: str) -> Iterator[SessionRepository]:
-    repository = open_repository(database_url)
-    repository.append("s", [Message(role="user", content="hello there")])
-    assert [hit.seq for hit in repository.search("hello")] == [1]
-    yield repository
-    repository.close()
-
-
 def test_a_search_statement_that_finds_the_index_damaged_marks_it_stale(
     indexed: SessionRepository, monkeypatch: pytest.MonkeyPatch
 ) -> None:

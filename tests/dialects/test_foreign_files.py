@@ -25,7 +25,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from _hermes_fixtures import HermesDB
 from click.testing import CliRunner, Result
 from sqlalchemy import inspect, text
 
@@ -44,6 +43,8 @@ from sessionrepo.cli import main
 from sessionrepo.outbox.writer import open_outbox_database
 from sessionrepo.store.database import Database
 from sessionrepo.store.schema import current_revision, downgrade, head_revision
+
+from support.hermes_fixtures import HermesDB
 
 
 def _run(*args: str) -> Result:

@@ -2,7 +2,7 @@
 version 31), moves over with nothing dropped, nothing doubled, the source untouched,
 message by message what Hermes' own reader presents, on both backends.
 
-The Hermes homes are built by the tests (``_hermes_fixtures``): the old (version 2) and
+The Hermes homes are built by the tests (``support.hermes_fixtures``): the old (version 2) and
 the current column sets, in-place compaction (inactive rows, a copied ``message_uid``), a
 rewind, ``session_meta`` and hidden rows, a compression chain, tool calls, multimodal
 content, a BLOB column, values sessionrepo cannot store as they are, a spool with the four
@@ -26,20 +26,6 @@ from typing import Any
 
 import click
 import pytest
-from _hermes_fixtures import (
-    HermesDB,
-    ModernHome,
-    Spool,
-    build_modern_home,
-    build_profile,
-    build_v2_state_db,
-    conversation,
-    decoded,
-    hermes_restart,
-    hermes_view,
-    kill_a_writing_gateway,
-    snapshot,
-)
 from click.testing import CliRunner, Result
 
 from sessionrepo import BackendUnavailable, SessionRepository, StoredMessage, open_repository
@@ -56,6 +42,21 @@ from sessionrepo.importers.hermes import (
     open_hermes,
     row_state,
     uid_key,
+)
+
+from support.hermes_fixtures import (
+    HermesDB,
+    ModernHome,
+    Spool,
+    build_modern_home,
+    build_profile,
+    build_v2_state_db,
+    conversation,
+    decoded,
+    hermes_restart,
+    hermes_view,
+    kill_a_writing_gateway,
+    snapshot,
 )
 
 #: ``messages`` columns that are ``Message`` fields.

@@ -13,7 +13,6 @@ ADK is asyncio: each test runs its scenario with ``asyncio.run``.
 from __future__ import annotations
 
 import asyncio
-import sys
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from datetime import UTC, datetime
 from pathlib import Path
@@ -37,10 +36,7 @@ from pydantic import Field
 from sessionrepo import InvalidArgument, InvalidMessage, RepoError, open_async_repository
 from sessionrepo.integrations.adk import SessionRepoSessionService, session_key
 
-_TESTS_DIR = str(Path(__file__).resolve().parent.parent)
-if _TESTS_DIR not in sys.path:
-    sys.path.insert(0, _TESTS_DIR)
-from _harness import holding_the_write_lock  # noqa: E402
+from support.harness import holding_the_write_lock
 
 Scenario = Callable[[SessionRepoSessionService], Awaitable[None]]
 

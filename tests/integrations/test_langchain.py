@@ -17,13 +17,23 @@ from __future__ import annotations
 import asyncio
 import math
 import shutil
-import sys
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from _langchain_runnables import (
+    LengthChatModel,
+    echo_as_dict,
+    echo_as_message,
+    echo_as_messages,
+    echo_dict_messages,
+    echo_history_and_input,
+    echo_messages,
+    echo_messages_key,
+    with_history,
+)
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from langchain_core.language_models.fake_chat_models import FakeListChatModel
@@ -62,23 +72,8 @@ from sessionrepo.integrations.langchain import (
     message_key,
 )
 
-_HERE = Path(__file__).resolve().parent
-for _folder in (str(_HERE), str(_HERE.parent)):
-    if _folder not in sys.path:
-        sys.path.insert(0, _folder)
-from _harness import holding_the_write_lock  # noqa: E402
-from _langchain_runnables import (  # noqa: E402
-    LengthChatModel,
-    echo_as_dict,
-    echo_as_message,
-    echo_as_messages,
-    echo_dict_messages,
-    echo_history_and_input,
-    echo_messages,
-    echo_messages_key,
-    with_history,
-)
-from strategies import assert_identical, content_parts, identifiers, json_values, texts  # noqa: E402
+from support.harness import holding_the_write_lock
+from support.strategies import assert_identical, content_parts, identifiers, json_values, texts
 
 History = SessionRepoChatMessageHistory
 

@@ -11,13 +11,13 @@ The Runner runs offline on a scripted model (``_openai_fake_model``).
 from __future__ import annotations
 
 import asyncio
-import sys
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, TypeVar
 
 import pytest
+from _openai_fake_model import ScriptedModel, function_call, text_message
 from agents import (
     Agent,
     RunConfig,
@@ -39,13 +39,8 @@ from sessionrepo import (
 from sessionrepo.errors import ArgumentTypeError, RepoError
 from sessionrepo.integrations.openai_agents import SessionRepoSession, item_key
 
-_HERE = Path(__file__).resolve().parent
-for folder in (str(_HERE), str(_HERE.parent)):
-    if folder not in sys.path:
-        sys.path.insert(0, folder)
-from _harness import holding_the_write_lock  # noqa: E402
-from _openai_fake_model import ScriptedModel, function_call, text_message  # noqa: E402
-from _responses_items import RESPONSES_ITEMS  # noqa: E402
+from support.harness import holding_the_write_lock
+from support.responses_items import RESPONSES_ITEMS
 
 T = TypeVar("T")
 

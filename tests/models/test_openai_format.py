@@ -15,7 +15,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
-from strategies import (
+
+from sessionrepo import Message, ensure_key
+from sessionrepo.models import MAX_JSON_DEPTH
+from sessionrepo.models.message import KEY_FIELD
+
+from support.strategies import (
     assert_identical,
     aware_datetimes,
     json_values,
@@ -23,10 +28,6 @@ from strategies import (
     openai_messages,
     timestamps,
 )
-
-from sessionrepo import Message, ensure_key
-from sessionrepo.models import MAX_JSON_DEPTH
-from sessionrepo.models.message import KEY_FIELD
 
 
 @settings(max_examples=400, deadline=None)

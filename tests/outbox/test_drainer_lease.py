@@ -15,9 +15,7 @@ outbox's disk is full.
 from __future__ import annotations
 
 import asyncio
-import multiprocessing
 import signal
-import sys
 import time
 from collections.abc import Callable, Iterator
 from datetime import datetime, timedelta
@@ -39,14 +37,10 @@ from sessionrepo import (
 from sessionrepo.models.message import utcnow
 from sessionrepo.models.tables import outbox_table
 
-_TESTS_DIR = str(Path(__file__).resolve().parent)
-if _TESTS_DIR not in sys.path:
-    sys.path.insert(0, _TESTS_DIR)
-import _outbox_workers as workers  # noqa: E402
-from _harness import holding_the_write_lock, until_primary_back  # noqa: E402
-from _outbox_workers import FlakyRepository, keys_of, make_message  # noqa: E402
+from support import outbox_workers as workers
+from support.harness import SPAWN, holding_the_write_lock, until_primary_back
+from support.outbox_workers import FlakyRepository, keys_of, make_message
 
-SPAWN = multiprocessing.get_context("spawn")
 #: Upper bound for a child to start and report (a healthy one takes a second or two).
 CHILD_TIMEOUT = 60.0
 #: Upper bound for another drain to replay the dead drainer's session: generous, yet

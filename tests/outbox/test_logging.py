@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -30,11 +29,10 @@ from sessionrepo import (
 )
 from sessionrepo.outbox.writer import LOGGERS
 
-_TESTS_DIR = str(Path(__file__).resolve().parent)
-if _TESTS_DIR not in sys.path:
-    sys.path.insert(0, _TESTS_DIR)
-from _harness import holding_the_write_lock, until_primary_back  # noqa: E402
-from _outbox_workers import make_message  # noqa: E402
+from support.harness import holding_the_write_lock, until_primary_back
+from support.outbox_workers import make_message
+from support.paths import ROOT
+from support.polling import eventually
 
 #: Writes the gateway sends while the primary is held (about 1.5 seconds' worth).
 WRITES = 25
@@ -136,7 +134,7 @@ def test_an_outage_logs_one_line_per_change_of_state(
                     time.sleep(0.05)
             assert set(statuses) == {"parked"}  # the outage happened, to every write
             until_primary_back(writer)
-            _until(lambda: writer.pending() == 0)
+            eventually(lambda: writer.pending() == 0, "the drainer drains", timeout=DRAINER_TIMEOUT)
             _until_logged(records)
             assert len(repository.load_transcript("s")) == WRITES + 1
         finally:
@@ -175,7 +173,7 @@ def test_an_outage_logs_one_line_per_change_of_state_async(
 
 
 def test_the_documented_loggers_are_the_ones_the_package_uses() -> None:
-    source = Path(__file__).resolve().parents[1] / "repo"
+    source = ROOT / "repo"
     used = {
         match.group(1)
         for path in source.rglob("*.py")
@@ -192,10 +190,3 @@ def _until_logged(records: list[logging.LogRecord]) -> None:
         if any(re.match(ONCE["drained"], r.getMessage()) for r in records):
             return
         time.sleep(0.02)
-
-
-def _until(condition: Any) -> None:
-    give_up = time.monotonic() + DRAINER_TIMEOUT
-    while not condition():
-        assert time.monotonic() < give_up, "the drainer did not drain"
-        time.sleep(0.05)

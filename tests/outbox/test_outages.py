@@ -14,8 +14,6 @@ down; the drains at the end read those files.
 
 from __future__ import annotations
 
-import multiprocessing
-import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -26,6 +24,7 @@ from typing import Any
 
 import psycopg
 import pytest
+from _pgcluster import ThrowawayCluster, pg_cluster  # noqa: F401 (pg_cluster: a fixture)
 
 from sessionrepo import (
     BackendUnavailable,
@@ -39,23 +38,19 @@ from sessionrepo import (
     open_repository,
 )
 
-# The spawned children import the workers by module name, with the parent's sys.path.
-_TESTS_DIR = str(Path(__file__).resolve().parent)
-if _TESTS_DIR not in sys.path:
-    sys.path.insert(0, _TESTS_DIR)
-import _outage_workers  # noqa: E402
-from _harness import (  # noqa: E402
+from support import outage_workers
+from support.harness import (
     RUN_TIMEOUT,
+    SPAWN,
     ThreadCall,
     children,
     collect_reports,
     until_primary_back,
 )
-from _pgcluster import ThrowawayCluster, pg_cluster  # noqa: E402, F401 (pg_cluster: a fixture)
+from support.polling import eventually
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres]
 
-SPAWN = multiprocessing.get_context("spawn")
 #: Upper bound for the whole multi-process run; a healthy one takes seconds.
 #: What ``write`` may take beyond its deadline (parking in a local SQLite file).
 DEADLINE_MARGIN = 1.0
@@ -106,8 +101,8 @@ def _message(session_id: str, index: int, content: str | None = None) -> dict[st
 
 def _identity(message: dict[str, Any] | Message) -> str:
     if isinstance(message, Message):
-        return _outage_workers.message_identity(message.role, message.content, message.tool_calls)
-    return _outage_workers.message_identity(
+        return outage_workers.message_identity(message.role, message.content, message.tool_calls)
+    return outage_workers.message_identity(
         message["role"], message["content"], message.get("tool_calls")
     )
 
@@ -229,14 +224,6 @@ def _assert_figures(figures: Figures, line: str, *, rows: int) -> None:
     assert figures.problems == [], line
 
 
-def _wait_for(condition: Callable[[], bool], what: str, timeout: float = 30.0) -> None:
-    """Poll a condition the test cannot be told about (server state), with a bound."""
-    end = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < end, f"timed out waiting for {what}"
-        time.sleep(0.02)
-
-
 # -- 1. crash under load ----------------------------------------------------------------
 
 WRITERS = 10
@@ -261,7 +248,7 @@ def test_crash_under_load_loses_and_doubles_nothing(
     with children() as processes:
         for worker in range(WRITERS):
             process = SPAWN.Process(
-                target=_outage_workers.crash_writer,
+                target=outage_workers.crash_writer,
                 kwargs={
                     "url": target.url,
                     "outbox_path": str(outboxes[worker]),
@@ -480,7 +467,7 @@ def test_a_gateway_exits_promptly_after_writing_to_a_frozen_primary(
     results = SPAWN.Queue()
     with children() as processes:
         gateway = SPAWN.Process(
-            target=_outage_workers.write_while_frozen_then_exit,
+            target=outage_workers.write_while_frozen_then_exit,
             kwargs={
                 "url": target.url,
                 "outbox_path": str(tmp_path / "outbox.db"),
@@ -679,7 +666,7 @@ def test_statement_timeout_is_transient(faulty: Target, tmp_path: Path) -> None:
             return [int(row[0]) for row in rows]
 
         call = ThreadCall(lambda: writer.write(sid, [slow]))
-        _wait_for(lambda: bool(sleeping()) or call.done.is_set(), "the trigger's sleep")
+        eventually(lambda: bool(sleeping()) or call.done.is_set(), "the trigger's sleep")
         for pid in sleeping():
             admin.execute("SELECT pg_cancel_backend(%s)", [pid])
         assert call.done.wait(FAULT_DEADLINE + DEADLINE_MARGIN)
@@ -720,14 +707,14 @@ def test_read_only_primary_parks(target: Target, tmp_path: Path) -> None:
             admin.execute("ALTER SYSTEM SET default_transaction_read_only = on")
             admin.execute("SELECT pg_reload_conf()")
         try:
-            _wait_for(read_only_is("on"), "the primary to turn read-only")
+            eventually(read_only_is("on"), "the primary to turn read-only")
             result = writer.write(sid, [late])
         finally:
             with cluster.admin() as admin:
                 admin.execute("SET default_transaction_read_only = off")
                 admin.execute("ALTER SYSTEM RESET default_transaction_read_only")
                 admin.execute("SELECT pg_reload_conf()")
-            _wait_for(read_only_is("off"), "the primary to turn writable again")
+            eventually(read_only_is("off"), "the primary to turn writable again")
         assert result.status == "parked", result
         assert "25006" in (result.reason or ""), result.reason
         drain_until_empty(writer)

@@ -1,7 +1,7 @@
 """The outbox contract: ``TranscriptWriter`` loses nothing it acknowledged, doubles
 nothing, and keeps every session's order, through failures injected on demand.
 
-Faults come from a :class:`_outbox_workers.FlakyRepository` (a real repository whose
+Faults come from a :class:`support.outbox_workers.FlakyRepository` (a real repository whose
 ``append_prepared`` fails, hangs or rejects for chosen keys), from a primary URL on a
 port where nothing listens, from SQLite's own ``SQLITE_FULL``, and from ``SIGKILL`` at
 the writer's named steps (``fault_hook``) in child processes. Nothing sleeps and hopes:
@@ -24,7 +24,6 @@ import random
 import signal
 import sqlite3
 import stat
-import sys
 import threading
 import time
 import uuid
@@ -51,14 +50,11 @@ from sessionrepo import (
 from sessionrepo.models.message import utcnow
 from sessionrepo.models.tables import outbox_table
 
-_TESTS_DIR = str(Path(__file__).resolve().parent)
-if _TESTS_DIR not in sys.path:
-    sys.path.insert(0, _TESTS_DIR)
-import _outbox_workers as workers  # noqa: E402
-from _harness import holding_the_write_lock, until_primary_back  # noqa: E402
-from _outbox_workers import FlakyRepository, keys_of, make_message  # noqa: E402
+from support import outbox_workers as workers
+from support.harness import SPAWN, holding_the_write_lock, until_primary_back
+from support.outbox_workers import FlakyRepository, keys_of, make_message
+from support.polling import eventually
 
-SPAWN = multiprocessing.get_context("spawn")
 #: Upper bound for anything a child process must do; a healthy run takes a second.
 CHILD_TIMEOUT = 60.0
 #: Upper bound for a condition the background drainer must bring about.
@@ -162,15 +158,6 @@ def _figures(
     )
     assert lost == 0
     assert duplicates == 0
-
-
-def _eventually(condition: Callable[[], bool], what: str, timeout: float = DRAINER_TIMEOUT) -> None:
-    """Wait for a condition the background drainer must bring about (bounded)."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            pytest.fail(f"not within {timeout:g}s: {what}")
-        time.sleep(0.02)
 
 
 # -- 1. the healthy path ------------------------------------------------------------------
@@ -823,7 +810,11 @@ def test_background_drainer_recovers_at_start_and_drains_after_an_outage(
     writer.start(interval=0.05)  # a second start does not start a second thread
     assert len(_drainer_threads()) == 1
 
-    _eventually(lambda: writer.pending() == 0, "startup recovery drained the outbox")
+    eventually(
+        lambda: writer.pending() == 0,
+        "startup recovery drained the outbox",
+        timeout=DRAINER_TIMEOUT,
+    )
     assert _stored(primary, "left") == keys_of(left)
 
     # An outage: writes park; the drainer tries and fails meanwhile; nothing is lost.
@@ -831,12 +822,20 @@ def test_background_drainer_recovers_at_start_and_drains_after_an_outage(
     during = _messages("live", 3)
     tried = len(primary.attempts)
     assert writer.write("live", during[:2]).status == "parked"  # the write's own try
-    _eventually(lambda: len(primary.attempts) > tried + 1, "the drainer tried during the outage")
+    eventually(
+        lambda: len(primary.attempts) > tried + 1,
+        "the drainer tried during the outage",
+        timeout=DRAINER_TIMEOUT,
+    )
     assert writer.write("live", during[2:]).status == "parked"
     assert _stored(primary, "live") == []
     primary.down = False
 
-    _eventually(lambda: writer.pending() == 0, "the drainer drained after the outage")
+    eventually(
+        lambda: writer.pending() == 0,
+        "the drainer drained after the outage",
+        timeout=DRAINER_TIMEOUT,
+    )
     assert _stored(primary, "live") == keys_of(during)
 
     writer.stop()

@@ -4,7 +4,6 @@ parked appends). Both backends; the outbox in the primary or in its own SQLite f
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -13,10 +12,7 @@ import pytest
 
 from sessionrepo import BackendUnavailable, Message, TranscriptWriter, ensure_key
 
-_TESTS_DIR = str(Path(__file__).resolve().parent)
-if _TESTS_DIR not in sys.path:
-    sys.path.insert(0, _TESTS_DIR)
-from _outbox_workers import FlakyRepository  # noqa: E402
+from support.outbox_workers import FlakyRepository
 
 
 class FlakyEditor(FlakyRepository):

@@ -12,9 +12,7 @@
 
 from __future__ import annotations
 
-import multiprocessing
 import sqlite3
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -25,11 +23,9 @@ import pytest
 from sessionrepo import Message, SessionRepository, TranscriptWriter, open_repository
 from sessionrepo.models import message as message_module
 
-sys.path.insert(0, str(Path(__file__).parent))
-import _outbox_workers as workers
-from _outbox_workers import FlakyRepository, keys_of, make_message
-
-SPAWN = multiprocessing.get_context("spawn")
+from support import outbox_workers as workers
+from support.harness import SPAWN, until_primary_back
+from support.outbox_workers import FlakyRepository, keys_of, make_message
 
 
 def _keys(repository: SessionRepository, session_id: str) -> list[str]:
@@ -60,10 +56,7 @@ def test_after_a_failure_writes_park_at_once_until_a_probe_finds_the_primary_bac
         assert len(primary.attempts) == tried  # none of them tried the primary
 
         primary.down = False
-        give_up = time.monotonic() + 10
-        while writer.primary_down is not None:  # the probe, once per interval
-            assert time.monotonic() < give_up, "the probe never found the primary back"
-            time.sleep(0.02)
+        until_primary_back(writer, seconds=10)  # the probe, once per interval
         assert writer.write("s4", messages[4:5]).status == "stored"
         report = writer.drain()
         assert (report.replayed, report.remaining) == (4, 0)

@@ -3,20 +3,13 @@ and what every call reported, are those of one serial order of their calls."""
 
 from __future__ import annotations
 
-import multiprocessing
-import sys
-from pathlib import Path
 from typing import Any
 
 from sessionrepo import open_repository
 
-_TESTS_DIR = str(Path(__file__).resolve().parent)
-if _TESTS_DIR not in sys.path:
-    sys.path.insert(0, _TESTS_DIR)
-import _editing_workers as workers  # noqa: E402
-from _harness import children, collect_reports  # noqa: E402
+from support import editing_workers as workers
+from support.harness import SPAWN, children, collect_reports
 
-SPAWN = multiprocessing.get_context("spawn")
 CALLS = 60
 
 

@@ -10,7 +10,6 @@ whose own text quotes the statement and a value.
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -42,15 +41,6 @@ def _assert_clean(text: str | None) -> None:
 
 def _index_table(repo: SessionRepository) -> str:
     return "messages_fts" if repo.backend == "sqlite" else "message_search"
-
-
-@pytest.fixture
-def indexed(database_url: str) -> Iterator[SessionRepository]:
-    repository = open_repository(database_url)
-    repository.append("s", [Message(role="user", content="hello there")])
-    assert [hit.seq for hit in repository.search("hello")] == [1]
-    yield repository
-    repository.close()
 
 
 def test_a_failing_search_statement_that_is_not_the_index_s_fault_leaves_search_available(

@@ -1,4 +1,4 @@
-"""Child processes for tests/test_editing_concurrency.py: a gateway that appends to and
+"""Child processes for tests/store/test_editing_concurrency.py: a gateway that appends to and
 rewinds one session, recording what each call reported."""
 
 from __future__ import annotations

@@ -2,16 +2,25 @@
 
 from __future__ import annotations
 
+import multiprocessing
 import queue
 import sqlite3
 import threading
 import time
+import traceback
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
 import psycopg
 import pytest
+
+from support.polling import eventually
+
+#: How the tests start a child process: a fresh interpreter, as a separate gateway
+#: process would be. It finds its worker function (in ``support``) by the module's name,
+#: on the path it inherits.
+SPAWN = multiprocessing.get_context("spawn")
 
 #: How long a test waits for its child processes' reports.
 RUN_TIMEOUT = 180.0
@@ -92,7 +101,9 @@ def holding_the_write_lock(url: str, backend: str, session_id: str) -> Iterator[
 def until_primary_back(writer: Any, seconds: float = 15.0) -> None:
     """Wait for a ``TranscriptWriter``'s probe to find the primary answering (its
     breaker closed): until then its writes park at once."""
-    give_up = time.monotonic() + seconds
-    while writer.primary_down is not None:
-        assert time.monotonic() < give_up, f"still parking: {writer.primary_down}"
-        time.sleep(0.02)
+    eventually(lambda: writer.primary_down is None, "the primary back", timeout=seconds)
+
+
+def error_text(where: str, exc: BaseException) -> str:
+    """An exception a child caught, for its report: where, what, and the traceback."""
+    return f"{where}: {type(exc).__name__}: {exc}\n{traceback.format_exc()}"

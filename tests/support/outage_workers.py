@@ -1,4 +1,4 @@
-"""Worker functions for the outage tests (``test_outages.py``), run in spawned processes.
+"""Worker functions for the outage tests (``outbox/test_outages.py``), run in spawned processes.
 
 Each worker is one gateway process: its own repository on the (throwaway) primary, its
 own ``TranscriptWriter`` with a private SQLite outbox file, a background drainer, and the
@@ -12,7 +12,6 @@ from __future__ import annotations
 import logging
 import random
 import time
-import traceback
 from typing import Any
 
 from sessionrepo import (
@@ -23,14 +22,12 @@ from sessionrepo import (
     open_repository,
 )
 
+from support.harness import error_text
+
 #: How long a worker waits at the start barrier, or for the restart, at most.
 WAIT_TIMEOUT = 120.0
 #: Times a write that neither store could take is sent again before the worker gives up.
 MAX_SENDS = 200
-
-
-def _error(where: str, exc: BaseException) -> str:
-    return f"{where}: {type(exc).__name__}: {exc}\n{traceback.format_exc()}"
 
 
 def outage_message(worker: int, session_id: str, index: int) -> dict[str, Any]:
@@ -119,7 +116,7 @@ def crash_writer(
                 result = writer.write(session_id, batch)
             except BackendUnavailable as exc:
                 report["raised"] += 1
-                report["raised_errors"].append(_error(f"write to {session_id}", exc))
+                report["raised_errors"].append(error_text(f"write to {session_id}", exc))
                 continue
             finally:
                 report["slowest"] = max(report["slowest"], time.monotonic() - began)
@@ -171,13 +168,13 @@ def crash_writer(
             acknowledged.append((session_id, batch))
             report["acknowledged"] += [m["client_msg_uuid"] for m in batch]
     except BaseException as exc:
-        report["errors"].append(_error(f"writer {worker}", exc))
+        report["errors"].append(error_text(f"writer {worker}", exc))
     finally:
         if writer is not None:
             try:
                 writer.close()
             except BaseException as exc:
-                report["errors"].append(_error(f"writer {worker} close", exc))
+                report["errors"].append(error_text(f"writer {worker} close", exc))
         if repository is not None:
             repository.close()
         results.put(report)
@@ -207,7 +204,7 @@ def write_while_frozen_then_exit(
             report["statuses"].append(writer.write("exit", [second]).status)
         report["closed"] = True
     except BaseException as exc:
-        report["errors"].append(_error("gateway", exc))
+        report["errors"].append(error_text("gateway", exc))
     finally:
         ready.set()
         results.put(report)

@@ -1,7 +1,7 @@
-"""Fault injection and child-process workers for ``test_outbox.py``.
+"""Fault injection and child-process workers for the outbox's tests (``tests/outbox/``).
 
 The workers run in child processes (``spawn`` or ``forkserver``), so they live in a
-module the child imports by name; ``test_outbox.py`` puts this directory on ``sys.path``.
+module the child imports by name (``support.outbox_workers``: see :mod:`support`).
 
 Acknowledgements travel through a ``multiprocessing`` pipe, never a queue: a queue hands
 its items to a feeder thread, which a ``SIGKILL`` can stop before they are written,

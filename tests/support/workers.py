@@ -1,8 +1,8 @@
-"""Worker functions for the multi-process tests (``test_concurrency.py``).
+"""Worker functions for the multi-process tests (``contract/test_concurrency.py``).
 
 They run in child processes started with the ``spawn`` method, so they live in a module
 the child can import by name: the child inherits the parent's ``sys.path`` (spawn passes
-it along), and ``test_concurrency.py`` makes sure this directory is on it.
+it along), which has ``tests/`` on it (see :mod:`support`).
 
 A worker never raises: it reports everything it did, and every exception any call
 raised (as text, with the traceback), in one dict on ``results``, so the parent can
@@ -12,17 +12,14 @@ assert on all of it. Keys travel as strings.
 from __future__ import annotations
 
 import random
-import traceback
 from typing import Any
 
 from sessionrepo import SessionRepository, ensure_key, open_repository
 
+from support.harness import error_text
+
 #: How long a worker waits at the start barrier for the others.
 BARRIER_TIMEOUT = 120.0
-
-
-def _error(where: str, exc: BaseException) -> str:
-    return f"{where}: {type(exc).__name__}: {exc}\n{traceback.format_exc()}"
 
 
 def _openai_message(worker: int, index: int) -> dict[str, Any]:
@@ -111,7 +108,7 @@ def flush_one_session(
                     _call_record("resend-all", again, [], repository.append(session_id, again))
                 )
     except BaseException as exc:
-        report["errors"].append(_error(f"worker {worker}", exc))
+        report["errors"].append(error_text(f"worker {worker}", exc))
     finally:
         if repository is not None:
             repository.close()
@@ -149,7 +146,7 @@ def sqlite_writer(
                 try:
                     repository.append(session_id, batch, source="test")
                 except Exception as exc:
-                    report["errors"].append(_error(f"append to {session_id}", exc))
+                    report["errors"].append(error_text(f"append to {session_id}", exc))
                     continue
                 report["sent"].setdefault(session_id, []).extend(
                     m["client_msg_uuid"] for m in batch
@@ -160,9 +157,9 @@ def sqlite_writer(
                     repository.list_sessions(limit=10)
                     report["reads"] += 2
                 except Exception as exc:
-                    report["errors"].append(_error("read", exc))
+                    report["errors"].append(error_text("read", exc))
     except BaseException as exc:
-        report["errors"].append(_error(f"writer {worker}", exc))
+        report["errors"].append(error_text(f"writer {worker}", exc))
     finally:
         if repository is not None:
             repository.close()
@@ -195,12 +192,12 @@ def sqlite_reader(
                 repository.list_sessions(limit=20)
                 report["reads"] += 2
             except Exception as exc:
-                report["errors"].append(_error(f"read {session_id}", exc))
+                report["errors"].append(error_text(f"read {session_id}", exc))
                 continue
             if seqs != list(range(1, len(seqs) + 1)):
                 report["gaps"].append((session_id, seqs))
     except BaseException as exc:
-        report["errors"].append(_error(f"reader {reader}", exc))
+        report["errors"].append(error_text(f"reader {reader}", exc))
     finally:
         if repository is not None:
             repository.close()

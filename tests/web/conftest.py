@@ -18,11 +18,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from _console_data import seed
 
 from sessionrepo import open_repository
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _console_data import seed
 
 CHROMIUM = Path("/usr/bin/chromium")
 SESSIONREPO = Path(sys.executable).with_name("sessionrepo")
