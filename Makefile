@@ -20,10 +20,15 @@ ifneq ($(strip $(PACKAGE_FILES)),$(strip $(shell cat $(VENV)/.package-files 2>/d
 .PHONY: $(STAMP)
 endif
 
+# Every user-facing extra, plus the dev dependency group (PEP 735: test, bench and the lint
+# tools), which needs pip 25.1 or newer.
+EXTRAS := web,metrics,tracing,openai-agents,langchain,adk
+
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[dev]' --config-settings editable_mode=strict
+	$(BIN)/python -m pip install --quiet --upgrade 'pip>=25.1'
+	$(BIN)/python -m pip install --quiet -e '.[$(EXTRAS)]' --group dev \
+		--config-settings editable_mode=strict
 	echo '$(PACKAGE_FILES)' > $(VENV)/.package-files
 	touch $(STAMP)
 
@@ -54,7 +59,6 @@ screenshots: $(STAMP)
 #              Citus against that PostgreSQL (BENCH_CITUS_ARGS=--quick for a smoke run).
 .PHONY: bench
 bench: $(STAMP)
-	$(BIN)/python -m pip install --quiet -e '.[bench]' --config-settings editable_mode=strict
 	$(BIN)/python -m bench $(BENCH_ARGS)
 	$(if $(BENCH_CITUS_URL),$(BIN)/python -m bench.citus --citus-url '$(BENCH_CITUS_URL)' $(BENCH_CITUS_ARGS))
 

@@ -137,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
     missing = [key for key in contenders if not _installed(key)]
     for key in missing:
         print(
-            f"skipping {key}: not installed (pip install -e '.[bench]')",
+            f"skipping {key}: not installed (pip install --group bench)",
             file=sys.stderr,
         )
     contenders = [key for key in contenders if key not in missing]
