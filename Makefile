@@ -2,7 +2,9 @@
 #   make demo   three gateway processes flush overlapping transcripts; verified summary
 #   make test   the contract suite on SQLite and PostgreSQL
 #               (PostgreSQL from SESSIONREPO_TEST_POSTGRES_URL, see README)
-#   make lint   ruff, mypy --strict and the import contracts (layering) on the package
+#   make lint   ruff, mypy --strict and the import contracts (layering) on the package and
+#               bench/; tools/import_rules.py: the public-API rule (entry points and bench/
+#               use no other package's privates) and migrations that import no library code
 
 PYTHON ?= python3
 VENV   ?= .venv
@@ -38,11 +40,14 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
+LINTED := models repo migrations tests bench tools
+
 lint: $(STAMP)
-	$(BIN)/ruff check models repo migrations tests
-	$(BIN)/ruff format --check models repo migrations tests
-	$(BIN)/mypy -p sessionrepo
+	$(BIN)/ruff check $(LINTED)
+	$(BIN)/ruff format --check $(LINTED)
+	$(BIN)/mypy -p sessionrepo -p bench -m tools.import_rules
 	$(BIN)/lint-imports
+	$(BIN)/python tools/import_rules.py
 
 check: lint test
 
