@@ -62,6 +62,10 @@ screenshots: $(STAMP)
 #              PostgreSQL from BENCH_POSTGRES_URL (default postgresql://postgres@127.0.0.1:5432/postgres)
 #              With BENCH_CITUS_URL (a Citus coordinator), then bench/citus.py: sessionrepo on
 #              Citus against that PostgreSQL (BENCH_CITUS_ARGS=--quick for a smoke run).
+#              Before/after a change, in one interleaved run (each sessionrepo contender
+#              also on another checkout's package, paired round by round):
+#                git worktree add /tmp/before main
+#                make bench BENCH_ARGS="--baseline /tmp/before"
 .PHONY: bench
 bench: $(STAMP)
 	$(BIN)/python -m bench $(BENCH_ARGS)
