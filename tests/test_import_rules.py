@@ -61,6 +61,8 @@ TREE = {
     "models/__init__.py": "",
     "models/_limits.py": "def check_text(): ...\n",
     "bench/__init__.py": "",
+    # The bench's own privates are not sessionrepo's.
+    "bench/contenders.py": "class Contender:\n    def __init__(self):\n        self._held = 1\n",
 }
 
 
@@ -130,6 +132,7 @@ def test_a_private_of_another_package_is_reported(index: Any, code: str, expecte
         # A framework's private, which no sessionrepo package defines.
         "def f(session):\n    session._storage_update_marker = None",
         "import os\nos._exit",
+        "def f(contender):\n    return contender._held",  # the bench's, not sessionrepo's
         # The own package's private module.
         "from sessionrepo.integrations._shared import x\nx._y",
     ],

@@ -98,7 +98,12 @@ class Index:
         self.privates.setdefault(package_of(info.name), set()).update(info.privates)
 
     def defined_elsewhere(self, name: str, own: str) -> bool:
-        return any(name in names for package, names in self.privates.items() if package != own)
+        """Whether a sessionrepo package other than ``own`` defines the private ``name``."""
+        return any(
+            name in names
+            for package, names in self.privates.items()
+            if package != own and package.split(".")[0] == "sessionrepo"
+        )
 
     def exported(self, module: str, name: str) -> bool:
         """Whether an outside caller may import ``name`` from ``module``."""
@@ -123,6 +128,8 @@ def _bound_names(tree: ast.Module) -> tuple[frozenset[str] | None, set[str]]:
         if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
             bound.add(node.name)
         elif isinstance(node, ast.Import | ast.ImportFrom):
+            if isinstance(node, ast.ImportFrom) and node.module == "__future__":
+                continue
             for alias in node.names:
                 bound.add((alias.asname or alias.name).split(".")[0])
         elif isinstance(node, ast.Assign | ast.AnnAssign):
