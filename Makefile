@@ -4,7 +4,8 @@
 #               (PostgreSQL from SESSIONREPO_TEST_POSTGRES_URL, see README)
 #   make lint   ruff, mypy --strict and the import contracts (layering) on the package and
 #               bench/; tools/import_rules.py: the public-API rule (entry points and bench/
-#               use no other package's privates) and migrations that import no library code
+#               use no other package's privates), third parties' privates only in
+#               *_compat.py shims, and migrations that import no library code
 
 PYTHON ?= python3
 VENV   ?= .venv

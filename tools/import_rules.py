@@ -22,6 +22,14 @@
    (``sessionrepo``, ``repo``, ``models``): a revision's meaning must not change when
    library code does, so a revision holds frozen copies of what it needs.
 
+3. **Third parties' privates in shims.** A private of another distribution (aiosqlite's
+   ``Connection._execute``, SQLAlchemy's ``Pool._invalidate``) is used only in a module
+   named ``*_compat.py``, which holds every such use with the version bound it was checked
+   on and a test that fails when the installed version lacks it. Everywhere else (the
+   package, migrations, bench/), reading ``obj._x`` is reported when no sessionrepo or
+   bench code defines ``_x``: then it can only be someone else's. The underscore names
+   that are public by design (``Row._mapping``, the named-tuple API) are allowed.
+
 Run ``python tools/import_rules.py [ROOT]``: one line per violation, exit status 1 if any.
 """
 
@@ -143,8 +151,9 @@ def _bound_names(tree: ast.Module) -> tuple[frozenset[str] | None, set[str]]:
 
 
 def _defined_privates(tree: ast.AST) -> set[str]:
-    """Every private name the code defines: functions, classes, names and attributes
-    assigned (``self._x = ...``, class bodies), import aliases, ``__slots__`` entries."""
+    """Every private name the code defines: functions, classes, names assigned (class
+    bodies included), attributes assigned on ``self`` or ``cls``, import aliases,
+    ``__slots__`` entries."""
     found: set[str] = set()
     for node in ast.walk(tree):
         names: list[str] = []
@@ -152,7 +161,13 @@ def _defined_privates(tree: ast.AST) -> set[str]:
             names.append(node.name)
         elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
             names.append(node.id)
-        elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
+        elif (
+            isinstance(node, ast.Attribute)
+            and isinstance(node.ctx, ast.Store)
+            and isinstance(node.value, ast.Name)
+            and node.value.id in ("self", "cls")
+        ):
+            # Only on self or cls: ``session._marker = ...`` writes someone's private.
             names.append(node.attr)
         elif isinstance(node, ast.alias):
             names.append((node.asname or node.name).split(".")[0])
@@ -337,6 +352,48 @@ def migration_violations(source: str, path: str) -> list[Violation]:
     return found
 
 
+#: Underscore names that are public API: SQLAlchemy's ``Row`` and the named-tuple protocol.
+PUBLIC_UNDERSCORED: Final = frozenset(
+    {"_mapping", "_asdict", "_fields", "_field_defaults", "_make", "_replace", "_t", "_tuple"}
+)
+
+
+def third_party_violations(index: Index, source: str, path: str) -> list[Violation]:
+    """Reads of another distribution's private attributes outside a ``*_compat.py`` shim
+    (``index``: what sessionrepo and bench define, so that their own are not counted)."""
+    if path.endswith("_compat.py"):
+        return []
+    tree = ast.parse(source, path)
+    ours = set().union(*index.privates.values(), _defined_privates(tree), PUBLIC_UNDERSCORED)
+    found: list[Violation] = []
+    for node in ast.walk(tree):
+        name: str | None = None
+        receiver: ast.expr | None = None
+        if isinstance(node, ast.Attribute):
+            name, receiver = node.attr, node.value
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id in ("getattr", "setattr", "hasattr", "delattr")
+            and len(node.args) >= 2
+            and isinstance(node.args[1], ast.Constant)
+            and isinstance(node.args[1].value, str)
+        ):
+            name, receiver = node.args[1].value, node.args[0]
+        if name is None or not is_private(name) or name in ours:
+            continue
+        if isinstance(receiver, ast.Name) and receiver.id in ("self", "cls"):
+            continue
+        found.append(
+            Violation(
+                path,
+                getattr(node, "lineno", 0),
+                f"uses {name}, a third party's private, outside a *_compat.py shim",
+            )
+        )
+    return found
+
+
 def _checked_files(root: Path) -> Iterator[Path]:
     for package in CHECKED:
         folder = next(f for f, p in SOURCES.items() if package.startswith(p))
@@ -359,7 +416,10 @@ def check(root: Path) -> list[Violation]:
         )
     for path in sorted((root / MIGRATIONS).glob("*.py")):
         found += migration_violations(path.read_text(), str(path.relative_to(root)))
-    return found
+    for folder in (*SOURCES, "migrations", OUTSIDE):
+        for path in sorted((root / folder).rglob("*.py")):
+            found += third_party_violations(index, path.read_text(), str(path.relative_to(root)))
+    return sorted(found, key=lambda violation: (violation.path, violation.line))
 
 
 #: Violations on main when the rule came in (issue 23), each being fixed by the helper who
@@ -382,6 +442,9 @@ KNOWN: Final = frozenset(
         "sessionrepo.models._limits",
         "repo/importers/hermes/__init__.py: imports check_text from the private module "
         "sessionrepo.models._limits",
+        # ADK's Session._storage_update_marker, for a shim such as integrations/adk_compat.py.
+        "repo/integrations/adk.py: uses _storage_update_marker, a third party's private, "
+        "outside a *_compat.py shim",
     }
 )
 
