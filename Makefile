@@ -2,7 +2,10 @@
 #   make demo   three gateway processes flush overlapping transcripts; verified summary
 #   make test   the contract suite on SQLite and PostgreSQL
 #               (PostgreSQL from SESSIONREPO_TEST_POSTGRES_URL, see README)
-#   make lint   ruff, mypy --strict and the import contracts (layering) on the package
+#   make lint   ruff, mypy --strict and the import contracts (layering) on the package and
+#               bench/; tools/import_rules.py: the public-API rule (entry points and bench/
+#               use no other package's privates), third parties' privates only in
+#               *_compat.py shims, and migrations that import no library code
 
 PYTHON ?= python3
 VENV   ?= .venv
@@ -20,10 +23,15 @@ ifneq ($(strip $(PACKAGE_FILES)),$(strip $(shell cat $(VENV)/.package-files 2>/d
 .PHONY: $(STAMP)
 endif
 
+# Every user-facing extra, plus the dev dependency group (PEP 735: test, bench and the lint
+# tools), which needs pip 25.1 or newer.
+EXTRAS := web,metrics,tracing,openai-agents,langchain,adk
+
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[dev]' --config-settings editable_mode=strict
+	$(BIN)/python -m pip install --quiet --upgrade 'pip>=25.1'
+	$(BIN)/python -m pip install --quiet -e '.[$(EXTRAS)]' --group dev \
+		--config-settings editable_mode=strict
 	echo '$(PACKAGE_FILES)' > $(VENV)/.package-files
 	touch $(STAMP)
 
@@ -33,11 +41,14 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
+LINTED := models repo migrations tests bench tools
+
 lint: $(STAMP)
-	$(BIN)/ruff check models repo migrations tests
-	$(BIN)/ruff format --check models repo migrations tests
-	$(BIN)/mypy -p sessionrepo
+	$(BIN)/ruff check $(LINTED)
+	$(BIN)/ruff format --check $(LINTED)
+	$(BIN)/mypy -p sessionrepo -p bench -m tools.import_rules
 	$(BIN)/lint-imports
+	$(BIN)/python tools/import_rules.py
 
 check: lint test
 
@@ -52,9 +63,12 @@ screenshots: $(STAMP)
 #              PostgreSQL from BENCH_POSTGRES_URL (default postgresql://postgres@127.0.0.1:5432/postgres)
 #              With BENCH_CITUS_URL (a Citus coordinator), then bench/citus.py: sessionrepo on
 #              Citus against that PostgreSQL (BENCH_CITUS_ARGS=--quick for a smoke run).
+#              Before/after a change, in one interleaved run (each sessionrepo contender
+#              also on another checkout's package, paired round by round):
+#                git worktree add /tmp/before main
+#                make bench BENCH_ARGS="--baseline /tmp/before"
 .PHONY: bench
 bench: $(STAMP)
-	$(BIN)/python -m pip install --quiet -e '.[bench]' --config-settings editable_mode=strict
 	$(BIN)/python -m bench $(BENCH_ARGS)
 	$(if $(BENCH_CITUS_URL),$(BIN)/python -m bench.citus --citus-url '$(BENCH_CITUS_URL)' $(BENCH_CITUS_ARGS))
 

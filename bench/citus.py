@@ -35,12 +35,10 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
-from sqlalchemy import event
+from sqlalchemy import Engine, event
 from sqlalchemy.engine import make_url
 
 from sessionrepo import Message, open_repository
-from sessionrepo.store.database import Database
-from sessionrepo.store.schema import upgrade
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -55,17 +53,17 @@ def citus_store(admin_url: str) -> Iterator[str]:
     that name whose ``search_path`` it is; dropped on exit."""
     name = f"bench_citus_{os.getpid()}_{uuid.uuid4().hex[:6]}"
     with psycopg.connect(_conninfo(admin_url), autocommit=True) as conn:
-        conn.execute(f'CREATE ROLE "{name}" LOGIN SUPERUSER')  # type: ignore[arg-type]
-        conn.execute(f'CREATE SCHEMA "{name}" AUTHORIZATION "{name}"')  # type: ignore[arg-type]
-        conn.execute(f'ALTER ROLE "{name}" SET search_path = "{name}"')  # type: ignore[arg-type]
+        conn.execute(f'CREATE ROLE "{name}" LOGIN SUPERUSER')
+        conn.execute(f'CREATE SCHEMA "{name}" AUTHORIZATION "{name}"')
+        conn.execute(f'ALTER ROLE "{name}" SET search_path = "{name}"')
     url = make_url(admin_url).set(username=name).render_as_string(hide_password=False)
     try:
         _migrate(url)
         yield url
     finally:
         with psycopg.connect(_conninfo(admin_url), autocommit=True) as conn:
-            conn.execute(f'DROP SCHEMA IF EXISTS "{name}" CASCADE')  # type: ignore[arg-type]
-            conn.execute(f'DROP ROLE IF EXISTS "{name}"')  # type: ignore[arg-type]
+            conn.execute(f'DROP SCHEMA IF EXISTS "{name}" CASCADE')
+            conn.execute(f'DROP ROLE IF EXISTS "{name}"')
 
 
 @contextmanager
@@ -73,32 +71,30 @@ def postgres_store(admin_url: str) -> Iterator[str]:
     """A migrated database of its own on the plain PostgreSQL server; dropped on exit."""
     name = f"bench_citus_pg_{os.getpid()}"
     with psycopg.connect(_conninfo(admin_url), autocommit=True) as conn:
-        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')  # type: ignore[arg-type]
-        conn.execute(f'CREATE DATABASE "{name}"')  # type: ignore[arg-type]
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        conn.execute(f'CREATE DATABASE "{name}"')
     url = make_url(admin_url).set(database=name).render_as_string(hide_password=False)
     try:
         _migrate(url)
         yield url
     finally:
         with psycopg.connect(_conninfo(admin_url), autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')  # type: ignore[arg-type]
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 def _migrate(url: str) -> None:
-    database = Database(url)
-    try:
-        upgrade(database)
-    finally:
-        database.dispose()
+    # What `sessionrepo migrate` does: Alembic's upgrade under the advisory lock (on
+    # Citus, migration 0007 distributes the schema).
+    open_repository(url, auto_migrate=True).close()
 
 
 class Recorder:
     """The statements an engine sends while recording (text, first parameters, count)."""
 
-    def __init__(self, database: Database) -> None:
+    def __init__(self, engine: Engine) -> None:
         self.seen: dict[str, tuple[Any, int]] = {}
         self.on = False
-        event.listen(database.engine, "before_cursor_execute", self._record)
+        event.listen(engine, "before_cursor_execute", self._record)
 
     def _record(self, conn: Any, cursor: Any, statement: str, params: Any, *rest: Any) -> None:
         if not self.on:
@@ -159,7 +155,7 @@ def _timed(action: Callable[[], object], repeat: int) -> float:
 def hot_path(url: str, sessions: int, flushes: int, batch: int) -> dict[str, Any]:
     """Appends and loads of a gateway's shape: rates, and the routing of what they sent."""
     with open_repository(url) as repository:
-        recorder = Recorder(repository.database)
+        recorder = Recorder(repository.database.engine)
         ids = [f"hot-{index:05d}" for index in range(sessions)]
         recorder.on = True
         started = time.perf_counter()
@@ -220,7 +216,7 @@ def fill(url: str, sessions: int) -> float:
 def fan_out(url: str, repeat: int) -> dict[str, Any]:
     """Median latencies (ms) of the reads that span sessions, and their routing."""
     with open_repository(url) as repository:
-        recorder = Recorder(repository.database)
+        recorder = Recorder(repository.database.engine)
         recorder.on = True
         figures = {
             "list_newest_ms": _timed(lambda: repository.list_sessions(limit=50), repeat),

@@ -9,16 +9,17 @@ import os
 import shlex
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 import psycopg
 
-from bench import machine, report
+from bench import baseline, machine, report
 from bench.contenders import CONTENDERS
 from bench.databases import DEFAULT_POSTGRES_URL
 from bench.report import OURS
-from bench.runner import FULL, QUICK, BackendRun, config_dict, run_all
+from bench.runner import FULL, QUICK, BackendRun, Config, config_dict, run_all
 from bench.workload import describe
 
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -85,6 +86,13 @@ def _parser() -> argparse.ArgumentParser:
         f"{DEFAULT_POSTGRES_URL})",
     )
     parser.add_argument("--cap", type=float, help="seconds a contender may spend on one cell")
+    parser.add_argument(
+        "--baseline",
+        type=Path,
+        help="another checkout (e.g. `git worktree add /tmp/before main`): each sessionrepo "
+        "contender also runs on its package, interleaved round by round, and the report "
+        "pairs the two per round (see bench/baseline.py)",
+    )
     parser.add_argument("--out", type=Path, default=RESULTS, help="results directory")
     parser.add_argument("--name", help="results file name (default: bench-full / bench-quick)")
     return parser
@@ -137,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
     missing = [key for key in contenders if not _installed(key)]
     for key in missing:
         print(
-            f"skipping {key}: not installed (pip install -e '.[bench]')",
+            f"skipping {key}: not installed (pip install --group bench)",
             file=sys.stderr,
         )
     contenders = [key for key in contenders if key not in missing]
@@ -156,10 +164,39 @@ def main(argv: list[str] | None = None) -> int:
         print("no backend to run on", file=sys.stderr)
         return 1
 
+    with tempfile.TemporaryDirectory(prefix="bench-baseline-") as scratch:
+        tree = None
+        if args.baseline is not None:
+            tree = str(baseline.build_tree(args.baseline.resolve(), Path(scratch)))
+            ours = [key for key in contenders if key in OURS and not key.startswith("raw")]
+            contenders += [baseline.twin(key) for key in ours]
+        return _run(
+            args,
+            argv,
+            config=config,
+            contenders=contenders,
+            missing=missing,
+            backends=backends,
+            postgres_url=postgres_url,
+            tree=tree,
+        )
+
+
+def _run(
+    args: argparse.Namespace,
+    argv: list[str] | None,
+    *,
+    config: Config,
+    contenders: list[str],
+    missing: list[str],
+    backends: list[str],
+    postgres_url: str | None,
+    tree: str | None,
+) -> int:
     started = time.perf_counter()
     description = machine.describe(postgres_url)
     workload = describe(config.seed)
-    runs = run_all(config, contenders, backends, postgres_url)
+    runs = run_all(config, contenders, backends, postgres_url, baseline_tree=tree)
     profiles = _budgets(backends, postgres_url, 60 if args.quick else 500)
     seconds = time.perf_counter() - started
     command = "python -m bench" + (" " + shlex.join(argv if argv is not None else sys.argv[1:]))

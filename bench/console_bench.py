@@ -108,8 +108,8 @@ def bulk_sessions(url: str, count: int) -> None:
     if parsed.get_backend_name() == "sqlite":
         import sqlite3
 
-        conn = sqlite3.connect(parsed.database or "")
-        conn.execute(
+        sqlite = sqlite3.connect(parsed.database or "")
+        sqlite.execute(
             """
             WITH RECURSIVE n(i) AS (SELECT 0 UNION ALL SELECT i + 1 FROM n WHERE i + 1 < ?)
             INSERT INTO sessions (id, source, user_id, title, started_at, last_active_at,
@@ -126,9 +126,9 @@ def bulk_sessions(url: str, count: int) -> None:
             """,
             (count,),
         )
-        conn.commit()
-        conn.execute("ANALYZE")
-        conn.close()
+        sqlite.commit()
+        sqlite.execute("ANALYZE")
+        sqlite.close()
         return
     conninfo = parsed.set(drivername="postgresql").render_as_string(hide_password=False)
     with psycopg.connect(conninfo, autocommit=True) as conn:
@@ -159,12 +159,12 @@ def store(backend: str, postgres: str, tmp: Path, name: str) -> Iterator[str]:
     database = f"sessionrepo_console_bench_{name}_{os.getpid()}"
     conninfo = admin.render_as_string(hide_password=False)
     with psycopg.connect(conninfo, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{database}"')  # type: ignore[arg-type]
+        conn.execute(f'CREATE DATABASE "{database}"')
     try:
         yield admin.set(database=database).render_as_string(hide_password=False)
     finally:
         with psycopg.connect(conninfo, autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')  # type: ignore[arg-type]
+            conn.execute(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
 
 
 def demo_store(url: str, tmp: Path) -> None:

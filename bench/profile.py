@@ -21,6 +21,7 @@ from collections import defaultdict
 from typing import Any
 
 from bench.databases import DEFAULT_POSTGRES_URL, Databases
+from bench.peers_compat import pool_pre_ping
 from bench.workload import Transcripts
 
 #: (area, what a path contains), first match wins.
@@ -197,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
                 repo.list_sessions(limit=50)
 
         counts = _count_round_trips(repo.database.engine)
-        pre_ping = bool(getattr(repo.database.engine.pool, "_pre_ping", False))
+        pre_ping = pool_pre_ping(repo.database.engine.pool)
         profiler = cProfile.Profile()
         started = time.perf_counter()
         profiler.enable()

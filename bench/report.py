@@ -8,6 +8,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+from bench import baseline
 from bench.contenders import LABELS
 from bench.runner import BackendRun, Config
 
@@ -142,6 +143,8 @@ def summarize(run: BackendRun, config: Config) -> dict[str, Any]:
         "source_sha256": run.source_sha256,
         "cells": cells,
         "rounds": dict(run.cells),
+        # With --baseline: each contender against its twin on the other tree, per round.
+        "baseline": baseline.compare(run.cells, units),
     }
 
 
@@ -200,7 +203,7 @@ def goals(summaries: list[dict[str, Any]], config: Config) -> list[dict[str, Any
     for summary in summaries:
         backend = BACKEND_NAMES[summary["backend"]]
         keys = list(summary["contenders"])
-        peers = [key for key in keys if key not in OURS]
+        peers = [key for key in keys if key not in OURS and not baseline.is_baseline(key)]
         label = {key: summary["contenders"][key]["label"] for key in keys}
 
         # Our checks: plain-SQL counts against what was sent, and order.
@@ -593,7 +596,9 @@ def markdown(document: dict[str, Any]) -> str:
             + ", ".join(f"{name}={value}" for name, value in pg.items() if name != "version"),
             "",
         ]
-    lines += [f"Reproduce: `{document['command']}`", ""]
+    for summary in document["backends"]:
+        lines += baseline.markdown(summary["backend"], summary.get("baseline", []))
+    lines += ["", f"Reproduce: `{document['command']}`", ""]
     return "\n".join(lines)
 
 

@@ -18,6 +18,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from bench.baseline import base_key, is_baseline
 from bench.contenders import BACKENDS
 from bench.databases import Databases, Target
 from bench.machine import source_digest
@@ -128,11 +129,17 @@ class Runner:
         contenders: Sequence[str],
         databases: Databases,
         progress: Callable[[str], None] = _log,
+        baseline_tree: str | None = None,
     ) -> None:
         self.config = config
         self.contenders = list(contenders)
         self.databases = databases
         self.log = progress
+        #: Where the ``-baseline`` twins import sessionrepo from (see bench.baseline).
+        self.baseline_tree = baseline_tree
+
+    def _worker(self, key: str, target: Target, seed: int) -> Worker:
+        return Worker(key, target, seed, self.baseline_tree if is_baseline(key) else None)
 
     # -- plumbing -------------------------------------------------------------------
 
@@ -205,14 +212,18 @@ class Runner:
     def run_backend(self, backend: str) -> BackendRun:
         config = self.config
         started = time.perf_counter()
-        contenders = [key for key in self.contenders if backend in BACKENDS.get(key, (backend,))]
+        contenders = [
+            key for key in self.contenders if backend in BACKENDS.get(base_key(key), (backend,))
+        ]
         run = BackendRun(backend, contenders, source_sha256=source_digest())
         targets = {key: self.databases.create(backend, key.replace("-", "_")) for key in contenders}
-        workers = {key: Worker(key, targets[key], config.seed) for key in contenders}
+        workers = {key: self._worker(key, targets[key], config.seed) for key in contenders}
         extra: dict[str, list[Worker]] = {}
         try:
             self.log(f"[{backend}] opening {', '.join(contenders)}")
             for key, info in self._broadcast(run, workers, "open").items():
+                if is_baseline(key):
+                    info["label"] += " (baseline)"
                 run.info[key] = info
             flush_sessions = [f"s{index:04d}" for index in range(config.sessions)]
             reflush_sessions = [f"reflush-{index}" for index in range(config.rounds)]
@@ -257,10 +268,10 @@ class Runner:
                 )
                 self._round(run, workers, round_index, flush_sessions)
             if "concurrency" in config.steps and backend == "postgresql":
-                writers = [key for key in contenders if key in CONCURRENT]
+                writers = [key for key in contenders if base_key(key) in CONCURRENT]
                 extra = {
                     key: [
-                        Worker(key, targets[key], config.seed + index)
+                        self._worker(key, targets[key], config.seed + index)
                         for index in range(1, max(config.writers))
                     ]
                     for key in writers
@@ -424,11 +435,12 @@ def run_all(
     contenders: Sequence[str],
     backends: Sequence[str],
     postgres_url: str | None,
+    baseline_tree: str | None = None,
 ) -> list[BackendRun]:
     prefix = f"bench_{os.getpid()}"
     runs = []
     with Databases(postgres_url, prefix) as databases:
-        runner = Runner(config, contenders, databases)
+        runner = Runner(config, contenders, databases, baseline_tree=baseline_tree)
         for backend in backends:
             runs.append(runner.run_backend(backend))
     return runs

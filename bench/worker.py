@@ -12,12 +12,14 @@ from __future__ import annotations
 import gc
 import importlib.metadata
 import multiprocessing
+import sys
 import time
 import traceback
 import warnings
 from multiprocessing.connection import Connection
 from typing import Any
 
+from bench.baseline import base_key, use_tree
 from bench.contenders import Contender, Unsupported, contender_class
 from bench.databases import Target
 from bench.workload import Transcripts
@@ -48,7 +50,7 @@ def _distinct(keys: list[str]) -> list[str]:
 
 class _Server:
     def __init__(self, key: str, target: Target, seed: int) -> None:
-        self.contender: Contender = contender_class(key)(target)
+        self.contender: Contender = contender_class(base_key(key))(target)
         self.transcripts = Transcripts(seed)
         self.prepared: dict[str, Any] = {}
         self.kept: dict[str, list[Any]] = {}
@@ -74,6 +76,8 @@ class _Server:
             "label": cls.label,
             "usage": cls.usage,
             "batch_api": cls.batch_api,
+            # Which tree's package this process runs (a --baseline twin's is the other).
+            "sessionrepo_file": getattr(sys.modules.get("sessionrepo"), "__file__", None),
         }
 
     def create_sessions(self, session_ids: list[str]) -> None:
@@ -253,11 +257,16 @@ class _Server:
         self.contender.close()
 
 
-def serve(connection: Connection, key: str, target: Target, seed: int) -> None:
+def serve(
+    connection: Connection, key: str, target: Target, seed: int, tree: str | None = None
+) -> None:
     """The worker's main loop: ``(method, args)`` in, ``("ok" | "unsupported" | "error",
-    value)`` out, until ``close``."""
+    value)`` out, until ``close``. With ``tree``, sessionrepo comes from there (a
+    ``--baseline`` twin, see :mod:`bench.baseline`)."""
     warnings.simplefilter("ignore")  # peers' deprecation chatter is not ours to fix here
     try:
+        if tree is not None:
+            use_tree(tree)
         server = _Server(key, target, seed)
     except Exception:
         connection.send(("error", traceback.format_exc()))
@@ -284,12 +293,15 @@ def serve(connection: Connection, key: str, target: Target, seed: int) -> None:
 class Worker:
     """The harness's handle on one contender process."""
 
-    def __init__(self, key: str, target: Target, seed: int) -> None:
+    def __init__(self, key: str, target: Target, seed: int, tree: str | None = None) -> None:
         self.key = key
         context = multiprocessing.get_context("spawn")
         self._connection, child = context.Pipe()
         self._process = context.Process(
-            target=serve, args=(child, key, target, seed), name=f"bench-{key}", daemon=True
+            target=serve,
+            args=(child, key, target, seed, tree),
+            name=f"bench-{key}",
+            daemon=True,
         )
         self._process.start()
         child.close()

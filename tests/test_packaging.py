@@ -15,11 +15,13 @@ import subprocess
 import sys
 import sysconfig
 import textwrap
+import tomllib
 import zipfile
 from importlib.metadata import version
 from pathlib import Path
 
 import pytest
+from packaging.dependency_groups import resolve_dependency_groups
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
@@ -198,6 +200,33 @@ def _extra(requirements: list[Requirement], extra: str) -> list[Requirement]:
 
 def _names(requirements: list[Requirement]) -> set[str]:
     return {canonicalize_name(r.name) for r in requirements}
+
+
+#: The extras a user may ask for; the developers' dependencies (test, dev, bench) are PEP 735
+#: groups in pyproject.toml, which a wheel never publishes.
+USER_EXTRAS = {"web", "metrics", "tracing", *FRAMEWORKS}
+
+
+def test_the_wheel_publishes_only_the_user_facing_extras(wheel: Path) -> None:
+    """``sessionrepo[test]`` and the like would be an installable promise to users; the
+    tools only the developers run (pytest, mypy, the bench's peers) stay out of the
+    metadata altogether."""
+    extras, requirements = _requirements(wheel)
+    assert set(extras) == USER_EXTRAS
+    tools = {"pytest", "hypothesis", "mypy", "ruff", "import-linter", "asyncpg", "py-spy"}
+    assert not _names(requirements) & tools, sorted(_names(requirements) & tools)
+
+
+def test_the_dependency_groups_hold_what_the_developers_run() -> None:
+    """``make`` installs ``--group dev`` (the suite's, the bench's and the lint tools'
+    dependencies): it resolves (no cycle, no unknown include), and this environment holds
+    every requirement it names, in range."""
+    groups = tomllib.loads((ROOT / "pyproject.toml").read_text())["dependency-groups"]
+    assert {"test", "bench", "dev"} <= set(groups)
+    required = [Requirement(line) for line in resolve_dependency_groups(groups, "dev")]
+    assert {"pytest", "asyncpg", "mypy"} <= _names(required)
+    for requirement in required:
+        assert requirement.specifier.contains(version(requirement.name)), requirement
 
 
 def test_each_framework_comes_with_its_extra_and_the_core_brings_none(wheel: Path) -> None:

@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, ClassVar
+
+from sqlalchemy.util import greenlet_spawn
 
 from bench.contenders.base import (
     AsyncContender,
@@ -68,7 +70,13 @@ ANALYZE;
 class GoogleADK(AsyncContender):
     key = "adk"
     label = "Google ADK DatabaseSessionService"
-    packages = ("google-adk", "google-genai", "sqlalchemy", "asyncpg", "aiosqlite")
+    packages: ClassVar[tuple[str, ...]] = (
+        "google-adk",
+        "google-genai",
+        "sqlalchemy",
+        "asyncpg",
+        "aiosqlite",
+    )
     batch_api = False
     usage = (
         "`DatabaseSessionService(db_url)`; `create_session` per conversation (untimed); "
@@ -320,7 +328,9 @@ class SessionRepoADK(GoogleADK):
         self._event = Event
         self._types = types
         self.arepo = self.run(open_async_repository(self.target.location, auto_migrate=True))
-        self.service = SessionRepoSessionService(repository=self.arepo)  # type: ignore[assignment]
+        self.repo_service = SessionRepoSessionService(repository=self.arepo)
+        # ADK's own service's type, for the base class's helpers: they drive both alike.
+        self.service = self.repo_service  # type: ignore[assignment]
         self.sessions = {}
         self._tool_names = {}
         self._invocation = 0
@@ -337,7 +347,9 @@ class SessionRepoADK(GoogleADK):
             }
 
         database = self.arepo.database
-        values = self.run(self.arepo._calls.call(database.read, read))
+        # The async repository's connections need a greenlet to run sync code on the loop,
+        # as its own calls do (SQLAlchemy's bridge).
+        values: dict[str, Any] = self.run(greenlet_spawn(database.read, read))
         return values | {"driver": database.engine.dialect.driver}
 
     def keys_query(self) -> str | None:
@@ -412,7 +424,7 @@ class SessionRepoADK(GoogleADK):
 
     def list_newest(self, limit: int) -> dict[str, Any]:
         async def newest() -> list[Any]:
-            response = await self.service.list_sessions(app_name=APP, page_size=limit)
+            response = await self.repo_service.list_sessions(app_name=APP, page_size=limit)
             return list(response.sessions)
 
         sessions, seconds = self.run(atimed(newest()))

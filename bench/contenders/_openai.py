@@ -24,6 +24,7 @@ from bench.contenders.base import (
     atimed_calls,
     sqlite_pragmas,
 )
+from bench.peers_compat import sqlite_session_connection
 
 
 def _keys_sql(backend: str) -> str:
@@ -152,7 +153,7 @@ class OpenAISQLite(AsyncContender):
         session = self._session("setup")
 
         def read() -> dict[str, Any]:
-            with session._locked_connection() as connection:
+            with sqlite_session_connection(session) as connection:
                 return sqlite_pragmas(connection)
 
         return read() | {"driver": "sqlite3"}

@@ -5,7 +5,9 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, ClassVar
+
+from sqlalchemy.util import greenlet_spawn
 
 from bench.contenders._sessionrepo import SessionRepo, _as_messages
 from bench.contenders.base import AsyncContender, Call, Message, atimed, atimed_calls
@@ -14,7 +16,14 @@ from bench.contenders.base import AsyncContender, Call, Message, atimed, atimed_
 class SessionRepoAsync(AsyncContender, SessionRepo):
     key = "sessionrepo-async"
     label = "sessionrepo async append"
-    packages = ("sessionrepo", "sqlalchemy", "pydantic", "psycopg", "aiosqlite", "greenlet")
+    packages: ClassVar[tuple[str, ...]] = (
+        "sessionrepo",
+        "sqlalchemy",
+        "pydantic",
+        "psycopg",
+        "aiosqlite",
+        "greenlet",
+    )
     usage = (
         "`await open_async_repository(url)`; `await repo.append(session_id, messages)` of the "
         "same `Message` objects as sessionrepo append; `await load_transcript`; "
@@ -43,7 +52,9 @@ class SessionRepoAsync(AsyncContender, SessionRepo):
             }
 
         database = self.arepo.database
-        values = self.run(self.arepo._calls.call(database.read, read))
+        # The async repository's connections need a greenlet to run sync code on the loop,
+        # as its own calls do (SQLAlchemy's bridge).
+        values: dict[str, Any] = self.run(greenlet_spawn(database.read, read))
         return values | {"driver": database.engine.dialect.driver}
 
     def create_sessions(self, session_ids: Sequence[str]) -> None:

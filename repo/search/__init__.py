@@ -10,3 +10,7 @@ It sits below :mod:`sessionrepo.dialects`, which compile a parsed query into the
 SQL, and :mod:`sessionrepo.store.search_index`, which keeps the index beside the
 transcript; it imports nothing of theirs.
 """
+
+from sessionrepo.search.query import Query, Term, parse_query
+
+__all__ = ["Query", "Term", "parse_query"]

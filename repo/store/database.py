@@ -23,6 +23,7 @@ from sessionrepo.dialects import (
     normalize_url,
     safe_url,
 )
+from sessionrepo.dialects.sqlalchemy_compat import invalidate_generation
 from sessionrepo.errors import (
     ArgumentTypeError,
     BackendUnavailable,
@@ -310,7 +311,7 @@ class Database:
                 if lost:
                     # As SQLAlchemy does on a disconnect: this connection and every one
                     # made before it (a restarted server dropped them all) are replaced.
-                    engine.pool._invalidate(pooled, exc)
+                    invalidate_generation(engine.pool, pooled, exc)
                 raise sa_exc.DBAPIError.instance(
                     None, None, exc, self.dialect.driver_error, connection_invalidated=lost
                 ) from exc

@@ -20,6 +20,7 @@ from sqlalchemy import Connection, Uuid
 from sqlalchemy.dialects import sqlite
 from sqlalchemy.util import await_
 
+from sessionrepo.dialects.aiosqlite_compat import on_connection_thread
 from sessionrepo.dialects.base import (
     LOOKUP_CHUNK,
     NEW_SESSION_COLUMNS,
@@ -82,21 +83,21 @@ class SQLiteAppend(AppendRole):
         # whole append runs in its thread as one call (one hop, not one per statement).
         if isinstance(driver, sqlite3.Connection):
             return _sqlite_append(driver, append)
-        result: DirectResult = await_(driver._execute(_sqlite_append, driver._conn, append))
+        result: DirectResult = await_(on_connection_thread(driver, _sqlite_append, append))
         return result
 
     def message_at(self, driver: Any, session_id: str, seq: int, key: uuid.UUID) -> bool:
         params = (session_id, seq, _sqlite_key(key))
         if isinstance(driver, sqlite3.Connection):
             return driver.execute(_SQLITE_AT, params).fetchone() is not None
-        found: list[Any] = await_(driver._execute(_fetch_all, driver._conn, _SQLITE_AT, params))
+        found: list[Any] = await_(on_connection_thread(driver, _fetch_all, _SQLITE_AT, params))
         return bool(found)
 
     def load_direct(self, driver: Any, load: DirectLoad) -> list[Sequence[Any]] | None:
         sql, params = load.statement(lambda name: f":{name}")
         if isinstance(driver, sqlite3.Connection):
             return driver.execute(sql, params).fetchall()
-        rows: list[Sequence[Any]] = await_(driver._execute(_fetch_all, driver._conn, sql, params))
+        rows: list[Sequence[Any]] = await_(on_connection_thread(driver, _fetch_all, sql, params))
         return rows
 
 
