@@ -226,6 +226,10 @@ class BackendDialect:
         matches nearly every session, and the index is passed over for a full scan)."""
         return condition
 
+    def position(self, value: ColumnElement[Any], part: str) -> ColumnElement[int]:
+        """Where ``part`` first occurs in ``value``, counting from 1 (0: nowhere)."""
+        raise NotImplementedError
+
     # -- the append -------------------------------------------------------------------
 
     def lock_session(self, connection: Connection, session_id: str) -> int | None:

@@ -20,12 +20,13 @@ from typing import Any, Final
 
 import psycopg
 import psycopg.errors
-from sqlalchemy import Column, Connection, Engine, Insert, Row, Table, event, text
+from sqlalchemy import Column, Connection, Engine, Insert, Row, Table, event, func, text
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.dialects.postgresql.base import PGDialect
 from sqlalchemy.dialects.postgresql.psycopg import dialect as psycopg_dialect
 from sqlalchemy.engine import URL
+from sqlalchemy.sql.elements import ColumnElement
 from sqlalchemy.util import await_
 
 from sessionrepo.dialects.base import (
@@ -324,6 +325,10 @@ class PostgresDialect(BackendDialect):
         return postgresql.insert(table).on_conflict_do_nothing(
             index_elements=list(conflict_columns)
         )
+
+    def position(self, value: ColumnElement[Any], part: str) -> ColumnElement[int]:
+        result: ColumnElement[int] = func.strpos(value, part)
+        return result
 
     def lock_for_migration(self, connection: Connection) -> None:
         connection.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": MIGRATION_LOCK_KEY})

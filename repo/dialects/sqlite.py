@@ -280,6 +280,10 @@ class SQLiteDialect(BackendDialect):
         result: ColumnElement[bool] = func.unlikely(condition)
         return result
 
+    def position(self, value: ColumnElement[Any], part: str) -> ColumnElement[int]:
+        result: ColumnElement[int] = func.instr(value, part)
+        return result
+
     def sever(self, driver: Any) -> None:
         driver.interrupt()  # the statement (or its busy wait) ends with SQLITE_INTERRUPT
 

@@ -9,6 +9,7 @@ Queries (:mod:`.query`) and snippets (:mod:`.snippets`) split text into words th
 
 from __future__ import annotations
 
+import json
 import re
 import unicodedata
 from typing import Any, Final
@@ -99,6 +100,47 @@ def searchable(content: Any, extra: Any) -> Any:
             texts.append(content_text(value))
     texts = [text for text in texts if text]
     return [{"text": text} for text in texts] if texts else content
+
+
+#: How the text of a content part begins in stored content (compact JSON, as the store
+#: writes it). Outside a JSON string a quote is never escaped, so this is always a key.
+JSON_TEXT_KEY: Final = '"text":"'
+#: A JSON string's body (group 1) and its closing quote (group 2: none where it was cut).
+_JSON_STRING = re.compile(r'"((?:[^"\\]|\\.)*)(")?')
+_JSON_TEXT_VALUE = re.compile(r'"text":(?=")')
+_CUT_ESCAPE = re.compile(r"\\u[0-9a-fA-F]{0,3}$")
+
+
+def json_text_values(fragment: str) -> list[str]:
+    """The string values of the ``"text"`` keys in a piece of compact JSON that may be cut
+    anywhere (the last one as far as it goes): the text of content parts read from a
+    slice of the stored content, without the rest (a 5 MB image beside them, say)."""
+    texts: list[str] = []
+    for key in _JSON_TEXT_VALUE.finditer(fragment):
+        value = json_string_head(fragment, key.end())
+        if value is None:
+            break
+        texts.append(value)
+    return texts
+
+
+def json_string_head(fragment: str, at: int = 0) -> str | None:
+    """The JSON string that starts at ``fragment[at]``, as far as the fragment goes
+    (``None``: no JSON string starts there)."""
+    match = _JSON_STRING.match(fragment, at)
+    if match is None:
+        return None
+    body = match.group(1)
+    try:
+        value: str = json.loads(f'"{body}"')
+    except ValueError:
+        if match.group(2):  # a whole string that does not decode: not JSON after all
+            return None
+        try:  # cut inside a \u escape: the string up to it
+            value = json.loads(f'"{_CUT_ESCAPE.sub("", body)}"')
+        except ValueError:
+            return None
+    return value
 
 
 def _collect_text(value: Any, texts: list[str]) -> None:

@@ -62,7 +62,13 @@ from sessionrepo.models.tables import (
     outbox_table,
     sessions_table,
 )
-from sessionrepo.search.text import content_text, searchable
+from sessionrepo.search.text import (
+    JSON_TEXT_KEY,
+    content_text,
+    json_string_head,
+    json_text_values,
+    searchable,
+)
 from sessionrepo.store import codec as _codec
 from sessionrepo.store import schema
 from sessionrepo.store.arguments import (
@@ -310,13 +316,22 @@ class SessionRepository(SessionStore, SessionEditing):
             check_choice(status, "status", ("open", "ended"))
         limit = check_limit(limit, maximum=MAX_PAGE)
         last_page = None if cursor is None else _decode_cursor(cursor)
+        text_at = self._db.dialect.position(M.content, JSON_TEXT_KEY)
         first_user_message = (
             select(
                 case(
-                    # Content parts are stored as JSON: read enough of it to decode.
+                    # Content parts are stored as JSON, too big to read whole when they
+                    # hold an image: read from the first text part on (marked), or the head.
                     (
                         func.substr(M.content, 1, 1) == ENCODED_MARK,
-                        func.substr(M.content, 1, 8192, type_=Text),
+                        case(
+                            (
+                                text_at > 0,
+                                literal(ENCODED_MARK)
+                                + func.substr(M.content, text_at, 8 * PREVIEW_LENGTH, type_=Text),
+                            ),
+                            else_=func.substr(M.content, 1, 8192, type_=Text),
+                        ),
                     ),
                     else_=func.substr(M.content, 1, PREVIEW_LENGTH + 1, type_=Text),
                 )
@@ -1268,12 +1283,14 @@ def _runs(seqs: Sequence[int], start: int) -> list[list[int]]:
 def _preview(stored: str | None) -> str | None:
     if stored is None:
         return None
-    if stored.startswith(ENCODED_MARK):
+    if stored.startswith(ENCODED_MARK + JSON_TEXT_KEY):  # content parts from their text on
+        stored = " ".join(json_text_values(stored))
+    elif stored.startswith(ENCODED_MARK):
         try:
             value = decode_text(stored)
             stored = value if isinstance(value, str) else content_text(value)
-        except ValueError:  # cut inside the JSON: show its text without the mark
-            stored = stored[len(ENCODED_MARK) :]
+        except ValueError:  # cut: a long string as far as it goes; parts without text
+            stored = json_string_head(stored, len(ENCODED_MARK)) or ""
     text = " ".join(stored.split())
     return text if len(text) <= PREVIEW_LENGTH else text[: PREVIEW_LENGTH - 1] + "…"
 
