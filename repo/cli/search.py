@@ -139,7 +139,9 @@ def _catch_up(repository: SessionRepository) -> None:
 def reindex(url: str | None, as_json: bool) -> None:
     """Rebuild the full-text search index from the messages.
 
-    After `doctor` reports a stale or broken index, or after upgrading a populated store.
+    After `doctor` reports a stale or broken index, or after upgrading a populated store:
+    a store indexed by an older sessionrepo finds what this one indexes more of (tool
+    calls by their names and arguments, tool results by their tool) only once rebuilt.
     Transcript writes wait for it (or, through a TranscriptWriter, park in the outbox).
 
     \b

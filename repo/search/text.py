@@ -78,28 +78,71 @@ def content_text(content: Any) -> str:
 
 #: The keys of an OpenAI Responses item whose text is searchable beside its content:
 #: function and custom tool call arguments and input, tool outputs, reasoning summaries,
-#: code, search queries and results.
+#: code, search queries and results (and the ``name`` of the tool an item calls).
 ITEM_TEXT_KEYS: Final = ("arguments", "input", "output", "summary", "code", "queries", "result")
 
 
-def searchable(content: Any, extra: Any) -> Any:
-    """What is searched of a message: its content, and for a Responses item (``extra``
-    has a ``type``) the text of its :data:`ITEM_TEXT_KEYS` too, as content parts."""
-    if type(extra) is not dict or not isinstance(extra.get("type"), str):
-        return content
+def searchable(
+    content: Any, extra: Any, tool_calls: Any = None, tool_name: str | None = None
+) -> Any:
+    """What is searched of a message, as content parts when it is more than its content:
+    the content; the tool name a tool result names; each tool call it makes, as
+    ``name(arguments)`` (chat ``tool_calls``, function or custom; a legacy
+    ``function_call``); and for a Responses item (``extra`` has a ``type``) the name of
+    the tool it calls and the text of its :data:`ITEM_TEXT_KEYS`."""
     texts: list[str] = []
+    if tool_name:
+        texts.append(tool_name)
+    if isinstance(tool_calls, list):
+        texts += [_call_text(call) for call in tool_calls]
+    if type(extra) is dict:
+        if isinstance(extra.get("type"), str):
+            texts += _item_texts(extra)
+        elif isinstance(extra.get("function_call"), dict):
+            texts.append(_call_text({"function": extra["function_call"]}))
+    texts = [text for text in texts if text]
+    if not texts:
+        return content
     if content is not None:
-        texts.append(content_text(content))
+        texts.insert(0, content_text(content))
+    return [{"text": text} for text in texts]
+
+
+def _call_text(call: Any) -> str:
+    """``name(arguments)`` of a chat tool call (``{"function": {...}}``, or a custom
+    tool's ``{"type": "custom", "custom": {"name", "input"}}``)."""
+    if not isinstance(call, dict):
+        return ""
+    named = call.get("function")
+    if not isinstance(named, dict):
+        named = call.get(call.get("type")) if isinstance(call.get("type"), str) else None
+    if not isinstance(named, dict):
+        return ""
+    name = named.get("name")
+    arguments = named.get("arguments", named.get("input"))
+    if arguments is not None and not isinstance(arguments, str):
+        arguments = json.dumps(arguments, ensure_ascii=False)
+    name = name if isinstance(name, str) else ""
+    return f"{name}({arguments})" if arguments else name
+
+
+def _item_texts(item: dict[str, Any]) -> list[str]:
+    texts: list[str] = []
+    name = item.get("name")
     for key in ITEM_TEXT_KEYS:
-        value = extra.get(key)
-        if isinstance(value, str):
+        value = item.get(key)
+        if isinstance(name, str) and key == "arguments" and isinstance(value, str):
+            texts.append(f"{name}({value})")  # as a chat tool call reads
+            name = None
+        elif isinstance(value, str):
             texts.append(value)
-        elif isinstance(value, list) and all(isinstance(item, str) for item in value):
+        elif isinstance(value, list) and all(isinstance(entry, str) for entry in value):
             texts += value
         elif isinstance(value, dict | list):
             texts.append(content_text(value))
-    texts = [text for text in texts if text]
-    return [{"text": text} for text in texts] if texts else content
+    if isinstance(name, str):
+        texts.insert(0, name)
+    return texts
 
 
 #: How the text of a content part begins in stored content (compact JSON, as the store

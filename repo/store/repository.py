@@ -627,7 +627,10 @@ class SessionRepository(SessionStore, SessionEditing):
             return
         # "immediate": in a savepoint, so a broken index can never make the transcript
         # write fail (its failure marks the index stale instead; see store/search_index.py).
-        content = {m.client_msg_uuid: searchable(m.content, m.extra) for m in messages}
+        content = {
+            m.client_msg_uuid: searchable(m.content, m.extra, m.tool_calls, m.tool_name)
+            for m in messages
+        }
         self._search.index_in_transaction(
             conn,
             result.session_id,
