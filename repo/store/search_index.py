@@ -57,7 +57,7 @@ from sessionrepo.models.tables import (
     search_state_table,
 )
 from sessionrepo.search.query import Query, SearchFilters, parse_query
-from sessionrepo.search.snippets import make_snippet
+from sessionrepo.search.snippets import bracketed, snippet_parts
 from sessionrepo.search.text import INDEX_CHARS, content_text, document, searchable
 from sessionrepo.store.database import Database
 
@@ -455,8 +455,8 @@ class SearchIndex:
         extra = json.loads(row.extra) if row.extra is not None else None
         calls = json.loads(row.tool_calls) if row.tool_calls is not None else None
         text = content_text(searchable(content, extra, calls, row.tool_name))[:INDEX_CHARS]
-        snippet = make_snippet(text, parsed)
-        if snippet is None:
+        parts = snippet_parts(text, parsed)
+        if parts is None:
             # The index named a message that does not say what was asked: it is out of
             # step with the messages, and its answers cannot be trusted.
             raise SearchIndexUnavailable(
@@ -471,7 +471,8 @@ class SearchIndex:
             timestamp=row.timestamp,
             source=row.source,
             user_id=row.user_id,
-            snippet=snippet,
+            snippet=bracketed(parts),
+            snippet_parts=parts,
             rank=float(row.rank),
         )
 
