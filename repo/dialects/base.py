@@ -226,8 +226,10 @@ class BackendDialect:
         matches nearly every session, and the index is passed over for a full scan)."""
         return condition
 
-    def position(self, value: ColumnElement[Any], part: str) -> ColumnElement[int]:
-        """Where ``part`` first occurs in ``value``, counting from 1 (0: nowhere)."""
+    def text_after(self, value: ColumnElement[Any], part: str, length: int) -> ColumnElement[str]:
+        """Up to ``length`` characters of ``value`` after the first ``part`` (``''`` when
+        ``part`` is not in it), without counting characters up to there where the
+        backend can (PostgreSQL counts them slowly: a photo in a message is megabytes)."""
         raise NotImplementedError
 
     # -- the append -------------------------------------------------------------------

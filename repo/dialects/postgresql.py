@@ -326,8 +326,10 @@ class PostgresDialect(BackendDialect):
             index_elements=list(conflict_columns)
         )
 
-    def position(self, value: ColumnElement[Any], part: str) -> ColumnElement[int]:
-        result: ColumnElement[int] = func.strpos(value, part)
+    def text_after(self, value: ColumnElement[Any], part: str, length: int) -> ColumnElement[str]:
+        # split_part and left() work in bytes up to the cut; substr(value, strpos(...))
+        # would count characters through the whole value twice.
+        result: ColumnElement[str] = func.left(func.split_part(value, part, 2), length)
         return result
 
     def lock_for_migration(self, connection: Connection) -> None:

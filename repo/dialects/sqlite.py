@@ -280,8 +280,11 @@ class SQLiteDialect(BackendDialect):
         result: ColumnElement[bool] = func.unlikely(condition)
         return result
 
-    def position(self, value: ColumnElement[Any], part: str) -> ColumnElement[int]:
-        result: ColumnElement[int] = func.instr(value, part)
+    def text_after(self, value: ColumnElement[Any], part: str, length: int) -> ColumnElement[str]:
+        at = func.instr(value, part)
+        result: ColumnElement[str] = func.coalesce(
+            func.substr(value, func.nullif(at, 0) + len(part), length), ""
+        )
         return result
 
     def sever(self, driver: Any) -> None:

@@ -316,24 +316,24 @@ class SessionRepository(SessionStore, SessionEditing):
             check_choice(status, "status", ("open", "ended"))
         limit = check_limit(limit, maximum=MAX_PAGE)
         last_page = None if cursor is None else _decode_cursor(cursor)
-        text_at = self._db.dialect.position(M.content, JSON_TEXT_KEY)
+        head = func.substr(M.content, 1, 8192, type_=Text)
         first_user_message = (
             select(
                 case(
-                    # Content parts are stored as JSON, too big to read whole when they
-                    # hold an image: read from the first text part on (marked), or the head.
                     (
-                        func.substr(M.content, 1, 1) == ENCODED_MARK,
-                        case(
-                            (
-                                text_at > 0,
-                                literal(ENCODED_MARK)
-                                + func.substr(M.content, text_at, 8 * PREVIEW_LENGTH, type_=Text),
-                            ),
-                            else_=func.substr(M.content, 1, 8192, type_=Text),
-                        ),
+                        func.substr(M.content, 1, 1) != ENCODED_MARK,
+                        func.substr(M.content, 1, PREVIEW_LENGTH + 1, type_=Text),
                     ),
-                    else_=func.substr(M.content, 1, PREVIEW_LENGTH + 1, type_=Text),
+                    # Content parts are JSON: read their head, where the text usually is
+                    # (a long string holding NUL: its start); else, after an image of
+                    # megabytes, what follows the first text key (marked twice).
+                    (
+                        head.contains(JSON_TEXT_KEY, autoescape=True)
+                        | (func.substr(M.content, 2, 1) == '"'),
+                        head,
+                    ),
+                    else_=literal(ENCODED_MARK * 2)
+                    + self._db.dialect.text_after(M.content, JSON_TEXT_KEY, 8 * PREVIEW_LENGTH),
                 )
             )
             .where(M.session_id == S.id, M.role == "user", M.superseded.is_(None))
@@ -1286,14 +1286,17 @@ def _runs(seqs: Sequence[int], start: int) -> list[list[int]]:
 def _preview(stored: str | None) -> str | None:
     if stored is None:
         return None
-    if stored.startswith(ENCODED_MARK + JSON_TEXT_KEY):  # content parts from their text on
-        stored = " ".join(json_text_values(stored))
-    elif stored.startswith(ENCODED_MARK):
+    if stored.startswith(ENCODED_MARK * 2):  # what followed the first text key
+        stored = " ".join(json_text_values(JSON_TEXT_KEY + stored[2 * len(ENCODED_MARK) :]))
+    elif stored.startswith(ENCODED_MARK):  # the head of stored JSON: whole when short
         try:
             value = decode_text(stored)
+        except ValueError:  # cut: the text parts as far as they go, or a long string's start
+            head = stored[len(ENCODED_MARK) :]
+            texts = json_text_values(head)
+            stored = " ".join(texts) if texts else json_string_head(head) or ""
+        else:
             stored = value if isinstance(value, str) else content_text(value)
-        except ValueError:  # cut: a long string as far as it goes; parts without text
-            stored = json_string_head(stored, len(ENCODED_MARK)) or ""
     text = " ".join(stored.split())
     return text if len(text) <= PREVIEW_LENGTH else text[: PREVIEW_LENGTH - 1] + "…"
 
