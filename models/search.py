@@ -5,7 +5,7 @@ from __future__ import annotations
 import uuid
 from datetime import datetime
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 
 class SearchHit(BaseModel):
@@ -21,7 +21,10 @@ class SearchHit(BaseModel):
     timestamp: datetime
     source: str
     user_id: str | None = None
-    #: An extract around the first match, the matched words in [brackets].
+    #: An extract around the first match, the matched words in [brackets] (brackets the
+    #: message itself holds are not escaped: ``snippet_parts`` tells them apart).
     snippet: str
+    #: The same extract as ``(text, is_match)`` runs, for showing matches unambiguously.
+    snippet_parts: list[tuple[str, bool]] = Field(default_factory=list)
     #: Relevance (higher is better) for ``order="rank"``; 0 for ``order="newest"``.
     rank: float

@@ -4,9 +4,17 @@ from __future__ import annotations
 
 import uuid
 from datetime import datetime
-from typing import Any, Final
+from typing import Any, Final, Literal
 
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator
+from pydantic import (
+    AliasChoices,
+    BaseModel,
+    ConfigDict,
+    Field,
+    computed_field,
+    field_validator,
+    model_validator,
+)
 
 from sessionrepo.models._limits import check_identifier, check_json, check_text
 from sessionrepo.models.message import to_utc, utcnow
@@ -97,9 +105,29 @@ class Session(BaseModel):
 
 
 class SessionSummary(Session):
-    """A session as listed: the session plus a short preview of its first user message."""
+    """A session as listed by ``list_sessions``: every field of :class:`Session`, plus
+    ``status`` (``"open"`` or ``"ended"``, what ``list_sessions(status=...)`` filters on)
+    and ``preview``, the start of its first live user message's text (at most 120
+    characters, whitespace collapsed; ``None`` when it has no user message)."""
 
     preview: str | None = None
+
+    @computed_field  # type: ignore[prop-decorator]  # mypy does not follow pydantic's decorator on a property
+    @property
+    def status(self) -> Literal["open", "ended"]:
+        """``"open"`` until the session ends (derived from ``ended_at``)."""
+        return "open" if self.ended_at is None else "ended"
+
+    @model_validator(mode="before")
+    @classmethod
+    def _derived_status(cls, data: Any) -> Any:
+        # A dumped summary validates again: its status is checked, not stored.
+        if isinstance(data, dict) and "status" in data:
+            data = dict(data)
+            status = data.pop("status")
+            if status != ("open" if data.get("ended_at") is None else "ended"):
+                raise ValueError(f"status: {status!r} does not agree with ended_at")
+        return data
 
 
 class SessionPage(BaseModel):

@@ -78,6 +78,7 @@ def _arguments(path: tuple[str, ...], files: Path, out: Path, n: int) -> list[st
         ("sessions", "list"): [],
         ("sessions", "show"): ["s1"],
         ("sessions", "end"): ["s1", "--reason", "done"],
+        ("sessions", "reopen"): ["s1"],
         ("sessions", "rewind"): ["s1", "--to-seq", "1"],
         ("sessions", "clear"): ["s2"],
         ("sessions", "fork"): ["s1", "--at-seq", "1", "--new-id", f"fork-{n}"],

@@ -13,7 +13,8 @@ import sys
 import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import ExitStack, contextmanager
-from datetime import UTC, datetime
+from datetime import UTC, date, datetime, timedelta
+from datetime import time as dt_time
 from typing import Any, TypeVar
 
 import click
@@ -22,7 +23,8 @@ from sqlalchemy.engine import make_url
 
 from sessionrepo.dialects.urls import mask_secrets, url_secrets
 from sessionrepo.errors import RepoError
-from sessionrepo.ops import missing_sqlite_file
+from sessionrepo.models.message import utcnow
+from sessionrepo.ops import missing_sqlite_file, parse_duration
 from sessionrepo.store.repository import SessionRepository, open_repository
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -241,12 +243,55 @@ def when(value: datetime | None) -> str:
     return "-" if value is None else value.strftime("%Y-%m-%d %H:%M:%S")
 
 
-# Control characters (but newline and tab) and bidirectional overrides: printed as
-# escapes, so a transcript cannot drive the terminal or disguise what it shows.
-_UNPRINTABLE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+#: What a terminal would obey or not show: control characters (newline and tab, in text
+#: of several lines, are kept), bidirectional controls, zero-width and other invisible
+#: format characters, line and paragraph separators, tag characters. (The console,
+#: ``sessionrepo.web.views``, spells such characters out as well, as ``<U+202E>``.)
+_UNPRINTABLE = re.compile(
+    "[\x00-\x08\x0b-\x1f\x7f-\x9f\u00ad\u061c\u180e\u200b-\u200f\u2028-\u202e"
+    "\u2060-\u2069\ufeff\ufff9-\ufffb\U000e0000-\U000e007f]"
+)
 
 
 def printable(value: str, *, one_line: bool = False) -> str:
-    """Stored text made safe for a terminal; with ``one_line``, its whitespace collapsed."""
+    """The one rule for text a command prints that came from a store, a file or a user:
+    every character of :data:`_UNPRINTABLE` spelled as its Python escape (``\\x1b``,
+    ``\\u202e``), so no transcript can drive the terminal, hide text or reorder what is
+    shown. ``one_line`` (a column, an id, a header field): runs of whitespace, newlines
+    and tabs included, become one space."""
     value = _UNPRINTABLE.sub(lambda match: ascii(match.group())[1:-1], value)
     return " ".join(value.split()) if one_line else value
+
+
+def quoted(value: str) -> str:
+    """An id in a sentence, ``'discord:1234'``, by the same rule as a column."""
+    return f"'{printable(value, one_line=True)}'"
+
+
+def parse_when(value: str, *, until: bool = False) -> datetime:
+    """A moment given on the command line: an RFC 3339 time, UTC unless it says
+    (``2025-01-31T12:00:00Z``, ``2025-01-31 12:00+02:00``); a date, the start of that day
+    in UTC (with ``until``, of the next day: the date is included whole); or an age, that
+    long ago (``90d``, ``12h``: a whole number and s, m, h or d).
+
+    Raises:
+        click.BadParameter: none of these.
+    """
+    try:
+        return utcnow() - parse_duration(value)
+    except ValueError:
+        pass
+    try:
+        if _DATE.fullmatch(value):
+            day = datetime.combine(date.fromisoformat(value), dt_time(), UTC)
+            return day + timedelta(days=1) if until else day
+        moment = datetime.fromisoformat(value)
+    except ValueError:
+        raise click.BadParameter(
+            f"{printable(value, one_line=True)!r} is neither a date (2025-01-31), a time "
+            "(2025-01-31T12:00:00Z, UTC unless it says) nor an age (90d, 12h)"
+        ) from None
+    return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
+
+
+_DATE = re.compile(r"\d{4}-\d{2}-\d{2}", re.ASCII)

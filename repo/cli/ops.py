@@ -12,13 +12,23 @@ import json
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import IO, Literal
 
 import click
 
-from sessionrepo.cli._common import count, masked, open_store, printable, progress, url_option, when
+from sessionrepo.cli._common import (
+    count,
+    masked,
+    open_store,
+    parse_when,
+    printable,
+    progress,
+    quoted,
+    url_option,
+    when,
+)
 from sessionrepo.errors import RepoError
 from sessionrepo.models import Session
 from sessionrepo.models.message import utcnow
@@ -165,9 +175,10 @@ def _print_doctor(report: DoctorReport) -> None:
     width = max(len(check.name) for check in report.checks)
     labels = {"ok": "ok", "warn": "WARN", "fail": "FAIL", "skip": "skip"}
     for check in report.checks:
-        click.echo(f"  {labels[check.status]:<5} {check.name:<{width}}  {check.detail}")
+        detail = printable(check.detail, one_line=True)
+        click.echo(f"  {labels[check.status]:<5} {check.name:<{width}}  {detail}")
         if check.fix and check.status in ("warn", "fail"):
-            click.echo(f"  {'':<5} {'':<{width}}  fix: {check.fix}")
+            click.echo(f"  {'':<5} {'':<{width}}  fix: {printable(check.fix, one_line=True)}")
     if report.failures:
         names = ", ".join(check.name for check in report.failures)
         click.echo(f"verdict: UNHEALTHY ({names})")
@@ -184,20 +195,7 @@ def _print_doctor(report: DoctorReport) -> None:
 def _parse_ended_before(
     ctx: click.Context, param: click.Parameter, value: str | None
 ) -> datetime | None:
-    if value is None:
-        return None
-    try:
-        return utcnow() - parse_duration(value)
-    except ValueError:
-        pass
-    try:
-        moment = datetime.fromisoformat(value)
-    except ValueError:
-        raise click.BadParameter(
-            f"{value!r} is neither a duration (90d, 12h) nor a date (2025-01-31, "
-            "2025-01-31T12:00:00+00:00)"
-        ) from None
-    return moment if moment.tzinfo is not None else moment.replace(tzinfo=UTC)
+    return None if value is None else parse_when(value)
 
 
 def _parse_older_than(ctx: click.Context, param: click.Parameter, value: str) -> timedelta:
@@ -262,16 +260,21 @@ def export_(
     )
     with open_store(url, read_only=True) as repository:
         total = count_sessions(repository, selection)
-        with progress(total, "exporting sessions") as advance:
+        with (
+            _export_interrupted(output, total) as done,
+            progress(total, "exporting sessions") as advance,
+        ):
+
+            def exported(session: Session) -> None:
+                done.append(session.id)
+                advance(1)
+
             if output == "-":
                 report = export_sessions(
-                    repository,
-                    sys.stdout.buffer,
-                    selection,
-                    on_session=lambda _: advance(1),
+                    repository, sys.stdout.buffer, selection, on_session=exported
                 )
             else:
-                report = _export_to_file(repository, Path(output), selection, advance)
+                report = _export_to_file(repository, Path(output), selection, exported)
     if as_json:
         click.echo(report.model_dump_json(indent=2))
         return
@@ -283,16 +286,37 @@ def export_(
     )
 
 
+@contextmanager
+def _export_interrupted(output: str, total: int) -> Iterator[list[str]]:
+    """Says what an export stopped by Ctrl-C leaves (exit 130, as an interrupted import):
+    a file is removed, whole or not at all; what went to stdout lacks its end record.
+    Yields the list the export adds each written session's id to."""
+    done: list[str] = []
+    try:
+        yield done
+    except KeyboardInterrupt:
+        how_far = f"after {len(done):,} of {count(total, 'session')}"
+        if output == "-":
+            left = (
+                "what went to stdout lacks the end record (`sessionrepo import` of it "
+                "imports those sessions and says it was cut short)"
+            )
+        else:
+            left = f"{output} was removed (an export is written whole or not at all)"
+        click.echo(f"Error: export interrupted {how_far}: {left}; run it again", err=True)
+        raise click.exceptions.Exit(130) from None
+
+
 def _export_to_file(
     repository: SessionRepository,
     path: Path,
     selection: Selection,
-    advance: Callable[[int], None],
+    on_session: Callable[[Session], None],
 ) -> ExportReport:
     out = _create(path, "FILE")
     try:
         with out:
-            return export_sessions(repository, out, selection, on_session=lambda _: advance(1))
+            return export_sessions(repository, out, selection, on_session=on_session)
     except BaseException:
         path.unlink(missing_ok=True)  # half an export is worse than none
         raise
@@ -538,7 +562,8 @@ def _prune(
         for session in batch:
             reason = printable(session.end_reason or "-", one_line=True)
             click.echo(
-                f"would prune {session.id}  ended {when(session.ended_at)} ({reason})  "
+                f"would prune {printable(session.id, one_line=True)}  "
+                f"ended {when(session.ended_at)} ({reason})  "
                 f"last active {when(session.last_active_at)}  "
                 f"{count(session.message_count, 'message')}"
             )
@@ -574,7 +599,7 @@ def _print_prune(report: PruneReport, export_path: Path | None) -> None:
     if report.kept:
         click.echo(
             f"kept {count(len(report.kept), 'session')} changed while pruning (reopened "
-            f"or written to): {', '.join(report.kept[:10])}"
+            f"or written to): {', '.join(map(quoted, report.kept[:10]))}"
             + (" …" if len(report.kept) > 10 else "")
         )
     if report.outbox_rows:

@@ -4,6 +4,9 @@ messages, and the rebuild of its index."""
 from __future__ import annotations
 
 import json
+import os
+import sys
+from datetime import datetime
 from typing import Final
 
 import click
@@ -11,11 +14,14 @@ import click
 from sessionrepo.cli._common import (
     count,
     open_store,
+    parse_when,
     printable,
     progress,
     progress_to_total,
     when,
 )
+from sessionrepo.models.message import ROLES
+from sessionrepo.models.search import SearchHit
 from sessionrepo.store.repository import SessionRepository
 
 #: A search that finds at least this many messages waiting for the index indexes them
@@ -58,8 +64,21 @@ class _QueryCommand(click.Command):
 @click.argument("query", nargs=-1, required=True)
 @click.option("--session", "session_id", metavar="ID", help="Only this session.")
 @click.option("--source", help="Only sessions from this platform.")
-@click.option("--role", type=click.Choice(["system", "user", "assistant", "tool"]))
+@click.option("--role", type=click.Choice(ROLES), help="Only messages of this role.")
 @click.option("--user", "user_id", metavar="ID", help="Only this user's sessions.")
+@click.option(
+    "--since",
+    callback=lambda ctx, param, value: None if value is None else parse_when(value),
+    metavar="WHEN",
+    help="Only messages made at or after WHEN: a time (RFC 3339, UTC unless it says), "
+    "a date (from its start, UTC) or an age such as 7d.",
+)
+@click.option(
+    "--until",
+    callback=lambda ctx, param, value: None if value is None else parse_when(value, until=True),
+    metavar="WHEN",
+    help="Only messages made before WHEN: a time, a date (that whole day included) or an age.",
+)
 @click.option(
     "--newest", is_flag=True, help="Newest first instead of best first (cheaper on big stores)."
 )
@@ -74,6 +93,8 @@ def search_(
     source: str | None,
     role: str | None,
     user_id: str | None,
+    since: datetime | None,
+    until: datetime | None,
     newest: bool,
     limit: int,
     as_json: bool,
@@ -85,11 +106,19 @@ def search_(
     spaces), and may start with -: `search '-dog mochi'` and `search -- '-dog mochi'`
     are the same query. Exit 1 if the index is stale (run reindex).
 
+    Each hit is a line: session, #seq, time (UTC), role, and an extract with the matches
+    shown in bold on a terminal (unless $NO_COLOR is set); otherwise in [brackets], the
+    extract's own [, ] and \\ then written \\[, \\] and \\\\, so a bracket is a mark
+    only when it is not escaped. Invisible and control characters are escapes (\\u202e).
+    --json has the hit's "snippet_parts": [text, is_match] runs.
+
     \b
     Example:
         sessionrepo search 'mochi "vet visit" -dog'
         sessionrepo search -- '-dog mochi'
         sessionrepo search 'deploy*' --source slack --role user --newest --json
+        sessionrepo search invoice --since 2025-01-01 --until 2025-01-31
+        sessionrepo search 'error*' --since 7d
     """
     with open_store(url) as repository:
         _catch_up(repository)
@@ -99,19 +128,48 @@ def search_(
             source=source,
             role=role,
             user_id=user_id,
+            since=since,
+            until=until,
             order="newest" if newest else "rank",
             limit=limit,
         )
+    bold = stdout_is_terminal() and not os.environ.get("NO_COLOR")
     for hit in hits:
         if as_json:
             click.echo(hit.model_dump_json())
         else:
+            role = printable(hit.role or "item", one_line=True)
             click.echo(
-                f"{hit.session_id} #{hit.seq}  {when(hit.timestamp)}  {hit.role:<9} "
-                f"{printable(hit.snippet, one_line=True)}"
+                f"{printable(hit.session_id, one_line=True)} #{hit.seq}  "
+                f"{when(hit.timestamp)}  {role:<9} {shown_snippet(hit, bold=bold)}"
             )
     if not as_json:
         click.echo(f"{count(len(hits), 'hit')}", err=True)
+
+
+def stdout_is_terminal() -> bool:
+    """Whether the hits go to a terminal (which shows matches in bold)."""
+    return sys.stdout.isatty()
+
+
+#: ANSI bold on and off (the text between is escaped: it cannot hold an escape of its own).
+_BOLD, _NORMAL = "\x1b[1m", "\x1b[22m"
+_MARKERS = str.maketrans({"\\": "\\\\", "[": "\\[", "]": "\\]"})
+
+
+def shown_snippet(hit: SearchHit, *, bold: bool) -> str:
+    """The hit's extract as one line, matches in bold (``bold``) or else in [brackets],
+    with the extract's own brackets and backslashes escaped so that they cannot be taken
+    for marks; every run escaped by :func:`~sessionrepo.cli._common.printable`."""
+    pieces: list[str] = []
+    for run, matched in hit.snippet_parts:
+        # Each run is one line already (snippet_parts collapses whitespace).
+        text = printable(run if bold else run.translate(_MARKERS))
+        if matched:
+            pieces.append(f"{_BOLD}{text}{_NORMAL}" if bold else f"[{text}]")
+        else:
+            pieces.append(text)
+    return "".join(pieces)
 
 
 def _catch_up(repository: SessionRepository) -> None:
@@ -139,7 +197,9 @@ def _catch_up(repository: SessionRepository) -> None:
 def reindex(url: str | None, as_json: bool) -> None:
     """Rebuild the full-text search index from the messages.
 
-    After `doctor` reports a stale or broken index, or after upgrading a populated store.
+    After `doctor` reports a stale or broken index, or after upgrading a populated store:
+    a store indexed by an older sessionrepo finds what this one indexes more of (tool
+    calls by their names and arguments, tool results by their tool) only once rebuilt.
     Transcript writes wait for it (or, through a TranscriptWriter, park in the outbox).
 
     \b

@@ -1,9 +1,10 @@
-"""``sessionrepo sessions``: list sessions, read a transcript, end, rewind, clear or fork
-a session.
+"""``sessionrepo sessions``: list sessions, read a transcript, end, reopen, rewind, clear
+or fork a session.
 
 Over the repository's public reads (``list_sessions``, ``get_session``,
-``load_transcript``), ``end_session`` and the edits (``rewind``, ``clear_session``,
-``fork_session``); what is here is how a transcript is shown on a terminal.
+``load_transcript``), ``end_session``, ``reopen_session`` and the edits (``rewind``,
+``clear_session``, ``fork_session``); what is here is how a transcript is shown on a
+terminal.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import Any, Literal
 
 import click
 
-from sessionrepo.cli._common import Group, count, open_store, printable, rfc3339, when
+from sessionrepo.cli._common import Group, count, open_store, printable, quoted, rfc3339, when
 from sessionrepo.models import EditResult, Session, StoredMessage
 from sessionrepo.store.repository import SessionRepository
 
@@ -27,13 +28,14 @@ MAX_SEQ = 2**63 - 1
 
 @click.group(cls=Group)
 def sessions() -> None:
-    """List sessions, read a transcript, end, rewind, clear or fork a session.
+    """List sessions, read a transcript, end, reopen, rewind, clear or fork a session.
 
     \b
     Example:
         sessionrepo sessions list --source discord --status open
         sessionrepo sessions show discord:1234
         sessionrepo sessions end discord:1234 --reason user_left
+        sessionrepo sessions reopen discord:1234
         sessionrepo sessions rewind discord:1234 --to-seq 40
         sessionrepo sessions fork discord:1234 --at-seq 40 --new-id discord:1234-b
     """
@@ -83,8 +85,8 @@ def list_(
     rows = [
         (
             _clip(printable(s.id, one_line=True), 40),
-            _clip(s.source, 16),
-            _clip(s.user_id or "-", 20),
+            _clip(printable(s.source, one_line=True), 16),
+            _clip(printable(s.user_id or "-", one_line=True), 20),
             "open" if s.ended_at is None else "ended",
             f"{s.message_count:,}",
             when(s.last_active_at),
@@ -218,9 +220,12 @@ def _print_session_header(session: Session) -> None:
     status = (
         "open"
         if session.ended_at is None
-        else f"ended {when(session.ended_at)} ({printable(session.end_reason or '-')})"
+        else f"ended {when(session.ended_at)} ({_one_line(session.end_reason or '-')})"
     )
-    click.echo(f"session {session.id} · source {session.source} · user {session.user_id or '-'}")
+    click.echo(
+        f"session {_one_line(session.id)} · source {_one_line(session.source)}"
+        f" · user {_one_line(session.user_id or '-')}"
+    )
     click.echo(
         f"started {when(session.started_at)} · last active {when(session.last_active_at)}"
         f" · {count(session.message_count, 'message')}"
@@ -228,9 +233,9 @@ def _print_session_header(session: Session) -> None:
         f" · {status}"
     )
     details = [
-        f"model {session.model}" if session.model else "",
-        f"title {printable(session.title, one_line=True)!s}" if session.title else "",
-        f"continues {session.parent_session_id}" if session.parent_session_id else "",
+        f"model {_one_line(session.model)}" if session.model else "",
+        f"title {_one_line(session.title)}" if session.title else "",
+        f"continues {_one_line(session.parent_session_id)}" if session.parent_session_id else "",
     ]
     if any(details):
         click.echo(" · ".join(detail for detail in details if detail))
@@ -240,8 +245,9 @@ def _print_session_header(session: Session) -> None:
 def _print_message(message: StoredMessage, width: int, max_lines: int | None) -> None:
     about = ""
     if message.role == "tool":
-        about = f"  ({', '.join(v for v in (message.tool_name, message.tool_call_id) if v)})"
-    kind = message.role or f"item {printable(message.item_type or '?', one_line=True)}"
+        named = (message.tool_name, message.tool_call_id)
+        about = f"  ({_one_line(', '.join(v for v in named if v))})"
+    kind = message.role or f"item {_one_line(message.item_type or '?')}"
     state = f"  [{message.superseded}]" if message.superseded else ""
     click.echo(f"#{message.seq}  {when(message.timestamp)}  {kind}{about}{state}")
     indent = "    "
@@ -285,7 +291,7 @@ def _content_text(content: Any) -> str:
 def _tool_call(call: Any) -> str:
     """``→ name(arguments)  [id]`` for an OpenAI-format tool call."""
     if not isinstance(call, dict):
-        return f"→ {printable(json.dumps(call, ensure_ascii=False), one_line=True)}"
+        return f"→ {_one_line(json.dumps(call, ensure_ascii=False))}"
     function = call.get("function")
     if not isinstance(function, dict):
         function = {}
@@ -293,8 +299,8 @@ def _tool_call(call: Any) -> str:
     arguments = function.get("arguments", "")
     if not isinstance(arguments, str):
         arguments = json.dumps(arguments, ensure_ascii=False)
-    ident = f"  [{printable(str(call['id']), one_line=True)}]" if call.get("id") else ""
-    shown = printable(f"{name}({_clip(arguments, 200)})", one_line=True)
+    ident = f"  [{_one_line(str(call['id']))}]" if call.get("id") else ""
+    shown = _one_line(f"{name}({_clip(arguments, 200)})")
     return f"→ {shown}{ident}"
 
 
@@ -328,12 +334,37 @@ def end(url: str | None, session_id: str, reason: str, as_json: bool) -> None:
             )
         )
     elif ended:
-        click.echo(f"ended session {session.id!r} (reason: {printable(reason)})")
+        click.echo(f"ended session {quoted(session.id)} (reason: {_one_line(reason)})")
     else:
         click.echo(
-            f"session {session.id!r} had already ended at {when(session.ended_at)} "
-            f"(reason: {printable(session.end_reason or '-')}); nothing changed"
+            f"session {quoted(session.id)} had already ended at {when(session.ended_at)} "
+            f"(reason: {_one_line(session.end_reason or '-')}); nothing changed"
         )
+
+
+@sessions.command()
+@click.argument("session_id", metavar="ID")
+@click.option("--json", "as_json", is_flag=True, help="Print the outcome as JSON.")
+@click.pass_obj
+def reopen(url: str | None, session_id: str, as_json: bool) -> None:
+    """Reopen an ended session: it is open again, its end time and reason cleared (the
+    next `end` records a reason anew). Reopening an open session changes nothing, and says
+    so (exit 0 either way; --json has "reopened": true only when this call reopened it).
+
+    \b
+    Example:
+        sessionrepo sessions reopen discord:1234
+        sessionrepo sessions reopen discord:1234 --json
+    """
+    with open_store(url) as repository:
+        reopened = repository.reopen_session(session_id)
+        session = repository.get_session(session_id)
+    if as_json:
+        click.echo(json.dumps({"session_id": session.id, "reopened": reopened}))
+    elif reopened:
+        click.echo(f"reopened session {quoted(session.id)}")
+    else:
+        click.echo(f"session {quoted(session.id)} is open; nothing changed")
 
 
 def _print_edit(result: EditResult, what: str, as_json: bool) -> None:
@@ -341,12 +372,13 @@ def _print_edit(result: EditResult, what: str, as_json: bool) -> None:
         click.echo(result.model_dump_json())
     elif result.superseded:
         click.echo(
-            f"session {result.session_id!r}: {count(len(result.superseded), 'message')} {what} "
+            f"session {quoted(result.session_id)}: "
+            f"{count(len(result.superseded), 'message')} {what} "
             f"(kept as history: sessions show --include-retracted); "
             f"{count(result.message_count, 'message')} live"
         )
     else:
-        click.echo(f"session {result.session_id!r}: nothing to take back; nothing changed")
+        click.echo(f"session {quoted(result.session_id)}: nothing to take back; nothing changed")
 
 
 @sessions.command()
@@ -424,9 +456,13 @@ def fork(
         click.echo(session.model_dump_json(by_alias=True))
     else:
         click.echo(
-            f"session {session.id!r}: forked from {session_id!r} at seq {at_seq} "
+            f"session {quoted(session.id)}: forked from {quoted(session_id)} at seq {at_seq} "
             f"({count(session.message_count, 'message')} live)"
         )
+
+
+def _one_line(value: str) -> str:
+    return printable(value, one_line=True)
 
 
 def _clip(value: str, width: int) -> str:

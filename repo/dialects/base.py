@@ -234,6 +234,12 @@ class EngineRole(ABC):
         matches nearly every session, and the index is passed over for a full scan)."""
         return condition
 
+    @abstractmethod
+    def text_after(self, value: ColumnElement[Any], part: str, length: int) -> ColumnElement[str]:
+        """Up to ``length`` characters of ``value`` after the first ``part`` (``''`` when
+        ``part`` is not in it), without counting characters up to there where the
+        backend can (PostgreSQL counts them slowly: a photo in a message is megabytes)."""
+
     def sever(self, driver: Any) -> None:
         """From another thread: make the call blocked on ``driver`` (a DBAPI connection)
         fail now, for a server that does not answer at all. The default does nothing."""

@@ -38,6 +38,8 @@ _SEARCH_COLUMNS: dict[str, TypeEngine[Any]] = {
     "user_id": String(),
     "content": Text(),
     "extra": Text(),
+    "tool_calls": Text(),
+    "tool_name": String(),
     "rank": Float(),
 }
 
@@ -48,7 +50,8 @@ def page_of_hits(matches: str, outer_order: str) -> str:
     the choice)."""
     return (
         f"SELECT m.session_id, m.seq, m.client_msg_uuid, m.role, m.timestamp, s.source, "
-        f"s.user_id, {_CONTENT_HEAD} AS content, m.extra AS extra, top.rank AS rank "
+        f"s.user_id, {_CONTENT_HEAD} AS content, m.extra AS extra, "
+        "m.tool_calls AS tool_calls, m.tool_name AS tool_name, top.rank AS rank "
         f"FROM ({matches}) top "
         "JOIN messages m ON m.session_id = top.session_id AND m.seq = top.seq "
         "JOIN sessions s ON s.id = m.session_id "

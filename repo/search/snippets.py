@@ -1,4 +1,4 @@
-"""Snippets: a short extract of a hit's text around its first match, matches in [brackets].
+"""Snippets: a short extract of a hit's text around its first match, matches marked.
 
 Making one also checks the hit: a text that does not satisfy the query gets no snippet,
 which tells the caller that the index named a message it should not have.
@@ -7,7 +7,7 @@ which tells the caller that the index named a message it should not have.
 from __future__ import annotations
 
 import re
-from typing import Final
+from typing import Any, Final
 
 from sessionrepo.search.query import Query, Term
 from sessionrepo.search.text import CJK, document, words
@@ -16,9 +16,27 @@ from sessionrepo.search.text import CJK, document, words
 SNIPPET_CHARS: Final = 160
 
 
+#: A snippet as runs of text, each marked as a match of the query or not.
+SnippetParts = list[tuple[str, bool]]
+
+
 def make_snippet(text: str, parsed: Query) -> str | None:
     """A short extract around the first match, matches in [brackets]; ``None`` when the
-    text does not satisfy the query (so the index was wrong)."""
+    text does not satisfy the query (so the index was wrong). Brackets the text itself
+    holds are not escaped: :func:`snippet_parts` tells them apart."""
+    parts = snippet_parts(text, parsed)
+    return None if parts is None else bracketed(parts)
+
+
+def bracketed(parts: SnippetParts) -> str:
+    """The runs as one string, the matches in [brackets]."""
+    return "".join(f"[{run}]" if hit else run for run, hit in parts)
+
+
+def snippet_parts(text: str, parsed: Query) -> SnippetParts | None:
+    """The extract of :func:`make_snippet` as ``(text, is_match)`` runs (whitespace
+    collapsed, adjacent matches joined, ``…`` where text was left out); ``None`` when the
+    text does not satisfy the query."""
     indexed = " " + document(text) + " "
     positive = parsed.positive
     if not all(_occurs(term, indexed) for term in positive):
@@ -48,18 +66,42 @@ def make_snippet(text: str, parsed: Query) -> str | None:
             break
     if begin < 0:  # matched words the source splits differently: show the start
         begin, end = 0, min(len(text), SNIPPET_CHARS)
-    pieces: list[str] = ["…" if begin else ""]
+    runs: SnippetParts = [("…", False)] if begin else []
     cursor = begin
     for start, stop in sorted(marked):
         if start < cursor or stop > end:
             continue
-        pieces += [text[cursor:start], "[", text[start:stop], "]"]
+        runs += [(text[cursor:start], False), (text[start:stop], True)]
         cursor = stop
-    pieces.append(text[cursor:end])
+    runs.append((text[cursor:end], False))
     if end < len(text):
-        pieces.append("…")
-    # Adjacent marks ("[3][.][14]", "[東][京]") read as one.
-    return " ".join("".join(pieces).split()).replace("][", "")
+        runs.append(("…", False))
+    return _tidy(runs)
+
+
+def _tidy(runs: SnippetParts) -> SnippetParts:
+    """``runs`` with whitespace collapsed across them as ``" ".join(text.split())`` does to
+    one string, empty runs dropped and neighbours of the same kind joined ("3.14" matched
+    as 3, . and 14 reads as one match)."""
+    tidy: list[list[Any]] = []
+    space = False  # whitespace seen since the last text kept
+
+    def add(piece: str, hit: bool) -> None:
+        if tidy and tidy[-1][1] == hit:
+            tidy[-1][0] += piece
+        else:
+            tidy.append([piece, hit])
+
+    for run, hit in runs:
+        chunks = run.split()
+        if not chunks:
+            space = space or bool(run)
+            continue
+        if tidy and (space or run[0].isspace()):
+            add(" ", False)
+        add(" ".join(chunks), hit)
+        space = run[-1].isspace()
+    return [(piece, hit) for piece, hit in tidy]
 
 
 #: Source words: runs of letters and digits, and every CJK character or symbol.

@@ -9,6 +9,7 @@ Queries (:mod:`.query`) and snippets (:mod:`.snippets`) split text into words th
 
 from __future__ import annotations
 
+import json
 import re
 import unicodedata
 from typing import Any, Final
@@ -77,28 +78,112 @@ def content_text(content: Any) -> str:
 
 #: The keys of an OpenAI Responses item whose text is searchable beside its content:
 #: function and custom tool call arguments and input, tool outputs, reasoning summaries,
-#: code, search queries and results.
+#: code, search queries and results (and the ``name`` of the tool an item calls).
 ITEM_TEXT_KEYS: Final = ("arguments", "input", "output", "summary", "code", "queries", "result")
 
 
-def searchable(content: Any, extra: Any) -> Any:
-    """What is searched of a message: its content, and for a Responses item (``extra``
-    has a ``type``) the text of its :data:`ITEM_TEXT_KEYS` too, as content parts."""
-    if type(extra) is not dict or not isinstance(extra.get("type"), str):
-        return content
+def searchable(
+    content: Any, extra: Any, tool_calls: Any = None, tool_name: str | None = None
+) -> Any:
+    """What is searched of a message, as content parts when it is more than its content:
+    the content; the tool name a tool result names; each tool call it makes, as
+    ``name(arguments)`` (chat ``tool_calls``, function or custom; a legacy
+    ``function_call``); and for a Responses item (``extra`` has a ``type``) the name of
+    the tool it calls and the text of its :data:`ITEM_TEXT_KEYS`."""
     texts: list[str] = []
+    if tool_name:
+        texts.append(tool_name)
+    if isinstance(tool_calls, list):
+        texts += [_call_text(call) for call in tool_calls]
+    if type(extra) is dict:
+        if isinstance(extra.get("type"), str):
+            texts += _item_texts(extra)
+        elif isinstance(extra.get("function_call"), dict):
+            texts.append(_call_text({"function": extra["function_call"]}))
+    texts = [text for text in texts if text]
+    if not texts:
+        return content
     if content is not None:
-        texts.append(content_text(content))
+        texts.insert(0, content_text(content))
+    return [{"text": text} for text in texts]
+
+
+def _call_text(call: Any) -> str:
+    """``name(arguments)`` of a chat tool call (``{"function": {...}}``, or a custom
+    tool's ``{"type": "custom", "custom": {"name", "input"}}``)."""
+    if not isinstance(call, dict):
+        return ""
+    named = call.get("function")
+    if not isinstance(named, dict):
+        named = call.get(call.get("type")) if isinstance(call.get("type"), str) else None
+    if not isinstance(named, dict):
+        return ""
+    name = named.get("name")
+    arguments = named.get("arguments", named.get("input"))
+    if arguments is not None and not isinstance(arguments, str):
+        arguments = json.dumps(arguments, ensure_ascii=False)
+    name = name if isinstance(name, str) else ""
+    return f"{name}({arguments})" if arguments else name
+
+
+def _item_texts(item: dict[str, Any]) -> list[str]:
+    texts: list[str] = []
+    name = item.get("name")
     for key in ITEM_TEXT_KEYS:
-        value = extra.get(key)
-        if isinstance(value, str):
+        value = item.get(key)
+        if isinstance(name, str) and key == "arguments" and isinstance(value, str):
+            texts.append(f"{name}({value})")  # as a chat tool call reads
+            name = None
+        elif isinstance(value, str):
             texts.append(value)
-        elif isinstance(value, list) and all(isinstance(item, str) for item in value):
+        elif isinstance(value, list) and all(isinstance(entry, str) for entry in value):
             texts += value
         elif isinstance(value, dict | list):
             texts.append(content_text(value))
-    texts = [text for text in texts if text]
-    return [{"text": text} for text in texts] if texts else content
+    if isinstance(name, str):
+        texts.insert(0, name)
+    return texts
+
+
+#: How the text of a content part begins in stored content (compact JSON, as the store
+#: writes it). Outside a JSON string a quote is never escaped, so this is always a key.
+JSON_TEXT_KEY: Final = '"text":"'
+#: A JSON string's body (group 1) and its closing quote (group 2: none where it was cut).
+_JSON_STRING = re.compile(r'"((?:[^"\\]|\\.)*)(")?')
+_JSON_TEXT_VALUE = re.compile(r'"text":(?=")')
+_CUT_ESCAPE = re.compile(r"\\u[0-9a-fA-F]{0,3}$")
+
+
+def json_text_values(fragment: str) -> list[str]:
+    """The string values of the ``"text"`` keys in a piece of compact JSON that may be cut
+    anywhere (the last one as far as it goes): the text of content parts read from a
+    slice of the stored content, without the rest (a 5 MB image beside them, say)."""
+    texts: list[str] = []
+    for key in _JSON_TEXT_VALUE.finditer(fragment):
+        value = json_string_head(fragment, key.end())
+        if value is None:
+            break
+        texts.append(value)
+    return texts
+
+
+def json_string_head(fragment: str, at: int = 0) -> str | None:
+    """The JSON string that starts at ``fragment[at]``, as far as the fragment goes
+    (``None``: no JSON string starts there)."""
+    match = _JSON_STRING.match(fragment, at)
+    if match is None:
+        return None
+    body = match.group(1)
+    try:
+        value: str = json.loads(f'"{body}"')
+    except ValueError:
+        if match.group(2):  # a whole string that does not decode: not JSON after all
+            return None
+        try:  # cut inside a \u escape: the string up to it
+            value = json.loads(f'"{_CUT_ESCAPE.sub("", body)}"')
+        except ValueError:
+            return None
+    return value
 
 
 def _collect_text(value: Any, texts: list[str]) -> None:

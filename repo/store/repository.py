@@ -62,7 +62,13 @@ from sessionrepo.models.tables import (
     outbox_table,
     sessions_table,
 )
-from sessionrepo.search.text import content_text, searchable
+from sessionrepo.search.text import (
+    JSON_TEXT_KEY,
+    content_text,
+    json_string_head,
+    json_text_values,
+    searchable,
+)
 from sessionrepo.store import codec as _codec
 from sessionrepo.store import schema
 from sessionrepo.store.arguments import (
@@ -310,15 +316,24 @@ class SessionRepository(SessionStore, SessionEditing):
             check_choice(status, "status", ("open", "ended"))
         limit = check_limit(limit, maximum=MAX_PAGE)
         last_page = None if cursor is None else _decode_cursor(cursor)
+        head = func.substr(M.content, 1, 8192, type_=Text)
         first_user_message = (
             select(
                 case(
-                    # Content parts are stored as JSON: read enough of it to decode.
                     (
-                        func.substr(M.content, 1, 1) == ENCODED_MARK,
-                        func.substr(M.content, 1, 8192, type_=Text),
+                        func.substr(M.content, 1, 1) != ENCODED_MARK,
+                        func.substr(M.content, 1, PREVIEW_LENGTH + 1, type_=Text),
                     ),
-                    else_=func.substr(M.content, 1, PREVIEW_LENGTH + 1, type_=Text),
+                    # Content parts are JSON: read their head, where the text usually is
+                    # (a long string holding NUL: its start); else, after an image of
+                    # megabytes, what follows the first text key (marked twice).
+                    (
+                        head.contains(JSON_TEXT_KEY, autoescape=True)
+                        | (func.substr(M.content, 2, 1) == '"'),
+                        head,
+                    ),
+                    else_=literal(ENCODED_MARK * 2)
+                    + self._db.dialect.text_after(M.content, JSON_TEXT_KEY, 8 * PREVIEW_LENGTH),
                 )
             )
             .where(M.session_id == S.id, M.role == "user", M.superseded.is_(None))
@@ -612,7 +627,10 @@ class SessionRepository(SessionStore, SessionEditing):
             return
         # "immediate": in a savepoint, so a broken index can never make the transcript
         # write fail (its failure marks the index stale instead; see store/search_index.py).
-        content = {m.client_msg_uuid: searchable(m.content, m.extra) for m in messages}
+        content = {
+            m.client_msg_uuid: searchable(m.content, m.extra, m.tool_calls, m.tool_name)
+            for m in messages
+        }
         self._search.index_in_transaction(
             conn,
             result.session_id,
@@ -1268,12 +1286,17 @@ def _runs(seqs: Sequence[int], start: int) -> list[list[int]]:
 def _preview(stored: str | None) -> str | None:
     if stored is None:
         return None
-    if stored.startswith(ENCODED_MARK):
+    if stored.startswith(ENCODED_MARK * 2):  # what followed the first text key
+        stored = " ".join(json_text_values(JSON_TEXT_KEY + stored[2 * len(ENCODED_MARK) :]))
+    elif stored.startswith(ENCODED_MARK):  # the head of stored JSON: whole when short
         try:
             value = decode_text(stored)
+        except ValueError:  # cut: the text parts as far as they go, or a long string's start
+            head = stored[len(ENCODED_MARK) :]
+            texts = json_text_values(head)
+            stored = " ".join(texts) if texts else json_string_head(head) or ""
+        else:
             stored = value if isinstance(value, str) else content_text(value)
-        except ValueError:  # cut inside the JSON: show its text without the mark
-            stored = stored[len(ENCODED_MARK) :]
     text = " ".join(stored.split())
     return text if len(text) <= PREVIEW_LENGTH else text[: PREVIEW_LENGTH - 1] + "…"
 

@@ -8,21 +8,52 @@ from __future__ import annotations
 
 import functools
 import io
+import logging
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 from typing import Final
 
-from alembic import command
-from alembic.config import Config
-from alembic.runtime.migration import MigrationContext
-from alembic.script import ScriptDirectory
-from alembic.util.exc import CommandError
 from sqlalchemy import Connection
 from sqlalchemy.engine import URL
 
 from sessionrepo.errors import BackendUnavailable, RepoError, SchemaOutOfDate
 from sessionrepo.store.database import Database
+
+#: Alembic's loggers that speak at INFO when nothing is migrated: its plugins as it is
+#: imported, and every ``MigrationContext`` ("Context impl SQLiteImpl.", ...).
+_CHATTY_LOGGERS: Final = ("alembic.runtime.plugins", "alembic.runtime.migration")
+
+
+@contextmanager
+def _quiet_alembic() -> Iterator[None]:
+    """Drop what Alembic logs at INFO or below from this thread, meanwhile: opening a
+    store reads its revision, which is no news; a migration that runs is (see
+    :func:`upgrade`), and so is whatever other threads log."""
+    thread = threading.get_ident()
+
+    def keep(record: logging.LogRecord) -> bool:
+        return record.thread != thread or record.levelno > logging.INFO
+
+    loggers = [logging.getLogger(name) for name in _CHATTY_LOGGERS]
+    for logger in loggers:
+        logger.addFilter(keep)
+    try:
+        yield
+    finally:
+        for logger in loggers:
+            logger.removeFilter(keep)
+
+
+with _quiet_alembic():  # importing Alembic logs a line per plugin it sets up
+    from alembic import command
+    from alembic.config import Config
+    from alembic.runtime.migration import MigrationContext
+    from alembic.script import ScriptDirectory
+    from alembic.util.exc import CommandError
 
 #: The Alembic environment, installed as ``sessionrepo.migrations`` (found by name, not
 #: imported: the migrations sit above the store, whose code they run).
@@ -50,7 +81,12 @@ def head_revision() -> str:
 
 def current_revision(database: Database) -> str | None:
     """The revision the database is at; ``None`` for an empty database."""
-    return database.read(lambda conn: MigrationContext.configure(conn).get_current_revision())
+
+    def read(conn: Connection) -> str | None:
+        with _quiet_alembic():
+            return MigrationContext.configure(conn).get_current_revision()
+
+    return database.read(read)
 
 
 def upgrade(database: Database, revision: str = "head") -> None:

@@ -57,7 +57,7 @@ from sessionrepo.models.tables import (
     search_state_table,
 )
 from sessionrepo.search.query import Query, SearchFilters, parse_query
-from sessionrepo.search.snippets import make_snippet
+from sessionrepo.search.snippets import bracketed, snippet_parts
 from sessionrepo.search.text import INDEX_CHARS, content_text, document, searchable
 from sessionrepo.store.database import Database
 
@@ -75,6 +75,8 @@ CATCH_UP_MESSAGES: Final = 2000
 
 _INDEX_NAME: Final = "messages"
 M = messages_table.c
+#: The columns :func:`~sessionrepo.search.text.searchable` reads, in its order.
+SEARCHED_COLUMNS: Final = (M.content, M.extra, M.tool_calls, M.tool_name)
 ST = search_state_table.c
 B = search_backlog_table.c
 
@@ -232,7 +234,7 @@ class SearchIndex:
         entries: list[IndexEntry] = []
         for row in chosen:
             messages = conn.execute(
-                select(M.seq, M.timestamp, M.role, M.content, M.extra).where(
+                select(M.seq, M.timestamp, M.role, *SEARCHED_COLUMNS).where(
                     M.session_id == row.session_id,
                     M.seq >= row.first_seq,
                     M.seq < row.first_seq + row.messages,
@@ -240,8 +242,8 @@ class SearchIndex:
                 )
             )
             entries += [
-                (row.session_id, seq, timestamp, role, document(searchable(content, extra)))
-                for seq, timestamp, role, content, extra in messages
+                (row.session_id, seq, timestamp, role, document(searchable(*searched)))
+                for seq, timestamp, role, *searched in messages
             ]
         first = chosen[0]
         try:
@@ -323,8 +325,8 @@ class SearchIndex:
                 self.dialect.index_entries(
                     conn,
                     [
-                        (session_id, seq, timestamp, role, document(searchable(content, extra)))
-                        for session_id, seq, timestamp, role, content, extra in batch
+                        (session_id, seq, timestamp, role, document(searchable(*searched)))
+                        for session_id, seq, timestamp, role, *searched in batch
                     ],
                 )
                 done += len(batch)
@@ -451,9 +453,10 @@ class SearchIndex:
     def _hit(self, parsed: Query, row: Row[Any]) -> SearchHit:
         content = decode_text(row.content) if row.content is not None else None
         extra = json.loads(row.extra) if row.extra is not None else None
-        text = content_text(searchable(content, extra))[:INDEX_CHARS]
-        snippet = make_snippet(text, parsed)
-        if snippet is None:
+        calls = json.loads(row.tool_calls) if row.tool_calls is not None else None
+        text = content_text(searchable(content, extra, calls, row.tool_name))[:INDEX_CHARS]
+        parts = snippet_parts(text, parsed)
+        if parts is None:
             # The index named a message that does not say what was asked: it is out of
             # step with the messages, and its answers cannot be trusted.
             raise SearchIndexUnavailable(
@@ -468,7 +471,8 @@ class SearchIndex:
             timestamp=row.timestamp,
             source=row.source,
             user_id=row.user_id,
-            snippet=snippet,
+            snippet=bracketed(parts),
+            snippet_parts=parts,
             rank=float(row.rank),
         )
 
@@ -504,13 +508,11 @@ def _state_and_backlog(conn: Connection) -> tuple[str, str | None, bool]:
     return state, reason, behind
 
 
-def _message_batches(
-    conn: Connection, size: int = 5000
-) -> Iterator[list[tuple[str, int, datetime, str, Any, Any]]]:
-    """Every live message's (session_id, seq, timestamp, role, content, extra), in key
-    order, a batch at a time (an edit's superseded messages are not searched)."""
+def _message_batches(conn: Connection, size: int = 5000) -> Iterator[list[tuple[Any, ...]]]:
+    """Every live message's (session_id, seq, timestamp, role, *SEARCHED_COLUMNS), in
+    key order, a batch at a time (an edit's superseded messages are not searched)."""
     after: tuple[str, int] | None = None
-    columns = (M.session_id, M.seq, M.timestamp, M.role, M.content, M.extra)
+    columns = (M.session_id, M.seq, M.timestamp, M.role, *SEARCHED_COLUMNS)
     while True:
         query = (
             select(*columns).where(M.superseded.is_(None)).order_by(M.session_id, M.seq).limit(size)

@@ -13,10 +13,11 @@ from typing import Any, Final
 
 import psycopg
 import psycopg.errors
-from sqlalchemy import Connection, Engine, Insert, Table, event, text
+from sqlalchemy import Connection, Engine, Insert, Table, event, func, text
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.engine import URL
+from sqlalchemy.sql.elements import ColumnElement
 
 from sessionrepo.dialects.base import EngineRole, make_engine
 from sessionrepo.errors import BackendUnavailable, RepoError, WriteRejected
@@ -83,6 +84,12 @@ class PostgresEngine(EngineRole):
         return postgresql.insert(table).on_conflict_do_nothing(
             index_elements=list(conflict_columns)
         )
+
+    def text_after(self, value: ColumnElement[Any], part: str, length: int) -> ColumnElement[str]:
+        # split_part and left() work in bytes up to the cut; substr(value, strpos(...))
+        # would count characters through the whole value twice.
+        result: ColumnElement[str] = func.left(func.split_part(value, part, 2), length)
+        return result
 
     def lock_for_migration(self, connection: Connection) -> None:
         connection.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": MIGRATION_LOCK_KEY})

@@ -173,6 +173,13 @@ class SQLiteEngine(EngineRole):
         result: ColumnElement[bool] = func.unlikely(condition)
         return result
 
+    def text_after(self, value: ColumnElement[Any], part: str, length: int) -> ColumnElement[str]:
+        at = func.instr(value, part)
+        result: ColumnElement[str] = func.coalesce(
+            func.substr(value, func.nullif(at, 0) + len(part), length), ""
+        )
+        return result
+
     def sever(self, driver: Any) -> None:
         driver.interrupt()  # the statement (or its busy wait) ends with SQLITE_INTERRUPT
 
