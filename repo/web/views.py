@@ -19,6 +19,7 @@ from typing import Any, Final, Literal
 from sessionrepo.errors import InvalidArgument, RepoError
 from sessionrepo.models import SearchHit, Session, SessionSummary, StoredMessage
 from sessionrepo.models.outbox import OutboxStatus
+from sessionrepo.models.transcript import CLIENT_CALL_TYPES, answered_call
 from sessionrepo.ops import DoctorReport
 from sessionrepo.search.query import parse_query
 from sessionrepo.search.text import words
@@ -94,13 +95,18 @@ class MessageView:
     """One message of a transcript page."""
 
     seq: int
+    #: What the page calls it: the chat role, or a Responses item's type (escaped text).
     role: str
+    #: Its style, one of :data:`ROLE_CLASSES` (never built from stored text).
+    css: str
     timestamp: datetime
     key: str
     parts: list[Part]
     reasoning: str | None
     tool_calls: list[ToolCall]
     tool_call_id: str | None
+    #: The call this message answers (a tool message, a ``*_output`` item).
+    answers: str | None
     tool_name: str | None
     finish_reason: str | None
     token_count: int | None
@@ -124,15 +130,23 @@ def content_parts(content: Any) -> list[Part]:
     return [_part(item) for item in items]
 
 
+#: Content parts that are text, in the chat and Responses formats.
+_TEXT_PARTS: Final = frozenset(
+    ("text", "input_text", "output_text", "summary_text", "reasoning_text")
+)
+
+
 def _part(item: Any) -> Part:  # noqa: PLR0911 (one return per kind of part)
     if isinstance(item, str):
         return Part("text", clipped(item))
     if not isinstance(item, dict):
         return Part("other", as_json(item))
     kind = item.get("type")
-    if kind in ("text", "input_text", "output_text") and isinstance(item.get("text"), str):
+    if kind in _TEXT_PARTS and isinstance(item.get("text"), str):
         return Part("text", clipped(item["text"]))
-    if kind in ("image_url", "input_image", "image"):
+    if kind == "refusal" and isinstance(item.get("refusal"), str):
+        return Part("text", clipped("refused: " + item["refusal"]))
+    if kind in ("image_url", "input_image", "image", "computer_screenshot"):
         url = _image_url(item)
         if url is not None and _RASTER_DATA_URL.fullmatch(url):
             return Part("image", f"image ({len(url):,} characters)", data_url=url)
@@ -165,54 +179,135 @@ def _file_label(item: dict[str, Any]) -> str:
     return visible(f"{item.get('type')}: {name}{size}")
 
 
-def message_view(message: StoredMessage) -> MessageView:
+#: The CSS class of each kind of message (``role-<name>``): a fixed set, so stored data
+#: never names a class. A Responses item is styled as its chat equivalent: a call as the
+#: assistant's, its output as a tool answer, reasoning as its own kind, the rest as items.
+ROLE_CLASSES: Final = frozenset(
+    ("system", "developer", "user", "assistant", "tool", "function", "reasoning", "item")
+)
+#: Keys of a call item shown as its header (the rest is its arguments or "Other fields").
+_CALL_HEADER: Final = ("type", "call_id", "name")
+
+
+def _arguments(arguments: Any) -> str:
+    """A call's arguments for reading: a JSON string pretty-printed, anything else as JSON."""
+    if isinstance(arguments, str):
+        try:
+            return as_json(json.loads(arguments))
+        except ValueError:
+            return clipped(arguments, JSON_LIMIT)
+    return as_json(arguments)
+
+
+def _chat_calls(message: StoredMessage) -> list[ToolCall]:
     calls = []
     for number, call in enumerate(message.tool_calls or []):
         function = call.get("function") if isinstance(call, dict) else None
         function = function if isinstance(function, dict) else {}
         call_id = call.get("id") if isinstance(call, dict) else None
         arguments = function.get("arguments")
-        if isinstance(arguments, str):
-            try:
-                arguments = as_json(json.loads(arguments))
-            except ValueError:
-                arguments = clipped(arguments, JSON_LIMIT)
-        else:
-            arguments = as_json(arguments if arguments is not None else call)
         calls.append(
             ToolCall(
                 call_id=visible(str(call_id if call_id is not None else f"#{number}")),
                 name=visible(str(function.get("name") or "tool")),
-                arguments=arguments,
+                arguments=_arguments(arguments if arguments is not None else call),
             )
         )
-    return MessageView(
+    return calls
+
+
+def _item_kind(kind: str, message: StoredMessage) -> str:
+    """The fixed class (:data:`ROLE_CLASSES`) of a Responses item of type ``kind``."""
+    if kind == "reasoning":
+        return "reasoning"
+    if answered_call(message) is not None or kind.endswith("_output"):
+        return "tool"
+    if kind.endswith("_call") or kind in CLIENT_CALL_TYPES:
+        return "assistant"
+    return "item"
+
+
+def _item_view(message: StoredMessage, view: MessageView) -> None:
+    """Fill ``view`` for a Responses-API item, as its chat equivalent is shown: a call
+    as a folded tool call, an output as a tool answer (paired with its call), a
+    reasoning item's summary as its text and its reasoning folded."""
+    kind = message.item_type or "unknown"
+    extra = dict(message.extra)
+    view.role = visible(kind)
+    view.css = _item_kind(kind, message)
+    if view.css == "assistant" and isinstance(extra.get("call_id", extra.get("id")), str):
+        call_id = extra.get("call_id", extra.get("id"))
+        name = extra.get("name")
+        shown = {k: v for k, v in extra.items() if k not in (*_CALL_HEADER, "id", "status")}
+        if "arguments" in extra or "input" in extra:
+            arguments = _arguments(extra.pop("arguments", extra.pop("input", None)))
+        else:
+            arguments = as_json(shown)  # an action, a command, a patch: all of it
+            extra = {k: v for k, v in extra.items() if k not in shown}
+        for key in _CALL_HEADER:
+            extra.pop(key, None)
+        view.tool_calls = [
+            ToolCall(
+                call_id=visible(str(call_id)),
+                name=visible(str(name if name is not None else kind)),
+                arguments=arguments,
+            )
+        ]
+    elif view.css == "tool":
+        answered = answered_call(message)
+        view.answers = None if answered is None else visible(answered)
+        if "output" in extra:
+            view.parts = view.parts + content_parts(extra.pop("output"))
+        extra.pop("call_id", None)
+        extra.pop("type", None)
+    elif view.css == "reasoning":
+        summary = extra.pop("summary", None)
+        texts = [p for p in content_parts(summary) if p.kind == "text"] if summary else []
+        # The reasoning itself (``reasoning_text`` parts) is folded, as a chat
+        # message's ``reasoning`` is.
+        thought = [p.text for p in view.parts if p.kind == "text"]
+        others = [p for p in view.parts if p.kind != "text"]
+        view.parts = texts + others
+        view.reasoning = "\n\n".join(thought) or view.reasoning
+        extra.pop("type", None)
+    view.extra = as_json(extra) if extra else None
+
+
+def message_view(message: StoredMessage) -> MessageView:
+    view = MessageView(
         seq=message.seq,
-        # A Responses-API item has no role: it is shown (and styled) as its type.
-        role=message.role or visible(f"item: {message.item_type or 'unknown'}"),
+        role=message.role or "item",
+        css=message.role or "item",
         timestamp=message.timestamp,
         key=str(message.client_msg_uuid),
         parts=content_parts(message.content),
         reasoning=None if message.reasoning is None else clipped(message.reasoning),
-        tool_calls=calls,
+        tool_calls=_chat_calls(message),
         tool_call_id=None if message.tool_call_id is None else visible(message.tool_call_id),
+        answers=None,
         tool_name=None if message.tool_name is None else visible(message.tool_name),
         finish_reason=message.finish_reason,
         token_count=message.token_count,
         extra=as_json(message.extra) if message.extra else None,
         marks=[message.superseded] if message.superseded else [],
     )
+    if message.role is None:
+        _item_view(message, view)
+    elif message.role == "tool":
+        view.answers = view.tool_call_id
+    return view
 
 
 def pair_tool_outputs(views: Sequence[MessageView]) -> list[MessageView]:
-    """Put each tool answer inside the call it answers when both are on the page; the
-    answers so placed are marked ``paired`` (the page shows them only there)."""
+    """Put each tool answer (a ``tool`` message, a ``*_output`` item) inside the call it
+    answers when both are on the page; the answers so placed are marked ``paired`` (the
+    page shows them only there)."""
     open_calls: dict[str, ToolCall] = {}
     for view in views:
         for call in view.tool_calls:
             open_calls[call.call_id] = call
-        if view.role == "tool" and view.tool_call_id is not None:
-            answered = open_calls.pop(view.tool_call_id, None)
+        if view.answers is not None:
+            answered = open_calls.pop(view.answers, None)
             if answered is not None and answered.output is None:
                 answered.output = view
                 view.paired = True
