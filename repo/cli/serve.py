@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import click
 
-from sessionrepo.cli._common import masked, open_store, url_option
-from sessionrepo.errors import InvalidArgument
+from sessionrepo.cli._common import masked, one_line, url_option
+from sessionrepo.errors import BackendUnavailable, InvalidArgument
 from sessionrepo.ops import missing_sqlite_file
+from sessionrepo.store.repository import SessionRepository, open_repository
 
 
 @click.command()
@@ -64,7 +67,7 @@ def serve(
         import prometheus_client  # noqa: F401
     except ImportError:
         metrics = False
-    with open_store(url) as repository:
+    with _open_primary(url) as repository:
         outbox = None
         if outbox_url is not None:
             from sessionrepo.outbox.table import Outbox
@@ -98,3 +101,32 @@ def serve(
         finally:
             if outbox is not None:
                 outbox.database.dispose()
+
+
+@contextmanager
+def _open_primary(url: str | None) -> Iterator[SessionRepository]:
+    """The store, opened even while it cannot be reached: the console is what an operator
+    opens during an outage (its pages say the primary is down, the health page shows the
+    outbox, and it recovers once the primary answers). A missing SQLite file is still
+    refused: opening it would create an empty store."""
+    missing = missing_sqlite_file(url)
+    if missing is not None:
+        raise click.ClickException(
+            f"no database file at {missing}; check --url / SESSIONREPO_DATABASE_URL"
+        )
+    try:
+        repository = open_repository(url)
+    except BackendUnavailable as exc:
+        click.echo(
+            one_line(
+                f"warning: the primary database cannot be reached now ({exc}); serving anyway: "
+                "the pages say so until it answers",
+                url,
+            ),
+            err=True,
+        )
+        repository = open_repository(url, require_connection=False)
+    try:
+        yield repository
+    finally:
+        repository.close()

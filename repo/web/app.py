@@ -103,6 +103,8 @@ class Health(BaseModel):
     model_config = ConfigDict(frozen=True)
 
     doctor: DoctorReport
+    #: Why the primary database cannot be reached now (``None``: it answers).
+    primary_error: str | None
     outbox: OutboxStatus | None
     outbox_error: str | None
     search_backlog: int | None
@@ -220,8 +222,14 @@ class Console:
         except RepoError as exc:
             outbox_error = views.one_line(exc)
         backlog, state, reason, search_error = views.search_health(self.repository)
+        connection = next((c for c in doctor.checks if c.name == "connection"), None)
         return Health(
             doctor=doctor,
+            primary_error=(
+                connection.detail
+                if connection is not None and connection.status == "fail"
+                else None
+            ),
             outbox=outbox,
             outbox_error=outbox_error,
             search_backlog=backlog,
@@ -321,6 +329,9 @@ def _error_handlers(app: FastAPI, console: Console) -> None:
             status = 400
         elif isinstance(exc, BackendUnavailable | SearchIndexUnavailable):
             status = 503
+        if isinstance(exc, BackendUnavailable) and not request.url.path.startswith("/api/"):
+            # Down is a state the operator came to see, not a failure of the page.
+            return console.page("down.html", 503, message=views.one_line(exc))
         return answer(request, status, views.one_line(exc))
 
     async def invalid_request(request: Request, exc: Exception) -> Response:
