@@ -29,26 +29,43 @@ from sessionrepo.store.repository import SessionRepository, open_repository
     envvar="SESSIONREPO_OUTBOX_URL",
     help="The gateways' outbox, for the health page (default: the primary's own).",
 )
+@click.option(
+    "--session-hours",
+    default=12.0,
+    show_default=True,
+    type=click.FloatRange(min=0, min_open=True, max=24 * 365),
+    help="How long a sign-in lasts (with SESSIONREPO_CONSOLE_TOKEN).",
+)
 @click.pass_obj
-def serve(
-    url: str | None, host: str, port: int, allow_writes: bool, outbox_url: str | None
+def serve(  # noqa: PLR0917 (click passes every option by keyword, in this order)
+    url: str | None,
+    host: str,
+    port: int,
+    allow_writes: bool,
+    outbox_url: str | None,
+    session_hours: float,
 ) -> None:
     """Serve the operator console: sessions, transcripts, search, outbox health and
     /metrics, with a JSON API described at /openapi.json.
 
-    It listens on the loopback only, unless SESSIONREPO_CONSOLE_TOKEN is set (at least
-    16 characters): then any --host is allowed and every client must give the token
-    (the sign-in form, or Authorization: Bearer). It is read-only unless started with
-    --allow-writes. Needs the web extra: pip install 'sessionrepo[web]'.
+    It listens on the loopback only, unless SESSIONREPO_CONSOLE_TOKEN is set (a random
+    one: at least 24 characters, about 100 bits): then any --host is allowed and every
+    client must give the token (the sign-in form, or Authorization: Bearer). It speaks
+    plain HTTP: beyond the loopback, put a TLS reverse proxy in front. It is read-only
+    unless started with --allow-writes. It starts while the primary is down (the pages
+    say so). Needs the web extra: pip install 'sessionrepo[web]'.
 
     \b
     Example:
         sessionrepo --url postgresql://app@db/chat serve --port 8765
-        SESSIONREPO_CONSOLE_TOKEN=$(openssl rand -hex 24) sessionrepo serve --host 0.0.0.0
+        python -c 'import secrets; print(secrets.token_urlsafe(32))'  # a token
+        export SESSIONREPO_CONSOLE_TOKEN=...
+        sessionrepo serve --host 10.0.0.5   # behind a TLS reverse proxy
     """
     token = os.environ.get("SESSIONREPO_CONSOLE_TOKEN") or None
     try:
         from sessionrepo.web import check_bind, create_app
+        from sessionrepo.web.security import is_loopback
     except ImportError as exc:
         raise click.ClickException(
             f"the console needs the web extra ({exc.name} is missing): "
@@ -60,6 +77,14 @@ def serve(
         check_bind(host, token)
     except InvalidArgument as exc:
         raise click.UsageError(str(exc)) from None
+    if not is_loopback(host):
+        click.echo(
+            f"warning: serving {host} beyond the loopback over plain HTTP: the token, the "
+            "sign-in cookie and every page cross the network unencrypted. Put a TLS reverse "
+            "proxy in front of it (see the README's console section), or bind 127.0.0.1 "
+            "and reach it through the proxy or an SSH tunnel",
+            err=True,
+        )
     if outbox_url is not None and missing_sqlite_file(outbox_url) is not None:
         raise click.ClickException(f"no outbox file at {missing_sqlite_file(outbox_url)}")
     metrics = True
@@ -82,6 +107,7 @@ def serve(
             token=token,
             allow_writes=allow_writes,
             metrics=metrics,
+            session_lifetime=session_hours * 3600,
         )
         mode = "writes allowed" if allow_writes else "read-only"
         where = f"[{host}]" if ":" in host else host

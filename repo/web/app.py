@@ -44,7 +44,7 @@ from sessionrepo.outbox.table import Outbox
 from sessionrepo.search.query import parse_query
 from sessionrepo.store.repository import SessionRepository
 from sessionrepo.web import views
-from sessionrepo.web.security import COOKIE, Guard
+from sessionrepo.web.security import COOKIE, SESSION_LIFETIME, Guard, local_path
 
 log = logging.getLogger("sessionrepo.web")
 
@@ -253,6 +253,7 @@ def create_app(
     token: str | None = None,
     allow_writes: bool = False,
     metrics: bool = False,
+    session_lifetime: float = SESSION_LIFETIME,
 ) -> FastAPI:
     """The console over ``repository`` (served by ``sessionrepo serve``).
 
@@ -265,13 +266,14 @@ def create_app(
         metrics: record the library's metrics (:func:`sessionrepo.observability.enable_metrics`,
             prometheus-client's global registry unless one was enabled before) and export
             them, with this store's and outbox's gauges, at ``/metrics``.
+        session_lifetime: seconds a sign-in lasts (with ``token``).
     """
     console = Console(
         repository,
         url=url,
         outbox=outbox if outbox is not None else Outbox.of(repository),
         outbox_url=outbox_url,
-        guard=Guard(token=token, allow_writes=allow_writes),
+        guard=Guard(token=token, allow_writes=allow_writes, session_lifetime=session_lifetime),
     )
     watching: list[observability.Watch] = []
 
@@ -319,7 +321,7 @@ def _error_handlers(app: FastAPI, console: Console) -> None:
     def answer(request: Request, status: int, message: str) -> Response:
         if request.url.path.startswith("/api/"):
             return JSONResponse({"error": message}, status)
-        return console.page("error.html", status, message=message)
+        return console.page("error.html", status, message=message, back=None)
 
     async def repo_error(request: Request, exc: Exception) -> Response:
         status = 500
@@ -473,21 +475,38 @@ def _pages(app: FastAPI, console: Console) -> None:
         return console.page("health.html", health=console.health(), done=_DONE.get(done or ""))
 
     @app.get("/login", include_in_schema=False)
-    def login_form() -> Response:
-        return console.page("login.html", failed=False)
+    def login_form(next: Text = None) -> Response:
+        return console.page("login.html", failed=False, next=local_path(next))
 
     @app.post("/login", include_in_schema=False)
     async def login(request: Request) -> Response:
         form = await _form(request)
-        token = form.get("token", "")
+        target = local_path(form.get("next"))
         if console.guard.token is None:
-            return RedirectResponse("/", 303)
-        if not console.guard.token_matches(token):
-            return console.page("login.html", 401, failed=True)
-        response = RedirectResponse("/", 303)
+            return RedirectResponse(target, 303)
+        if not console.guard.token_matches(form.get("token", "")):
+            return console.page("login.html", 401, failed=True, next=target)
+        response = RedirectResponse(target, 303)
         response.set_cookie(
-            COOKIE, console.guard.cookie_value, httponly=True, samesite="strict", path="/"
+            COOKIE,
+            console.guard.sign_in(),
+            max_age=int(console.guard.session_lifetime),
+            httponly=True,
+            samesite="strict",
+            secure=request.url.scheme == "https",
+            path="/",
         )
+        return response
+
+    @app.post("/logout", include_in_schema=False)
+    async def logout(request: Request) -> Response:
+        form = await _form(request)
+        problem = console.guard.csrf_problem(request, form.get("csrf"))
+        if problem is not None:
+            return console.page("error.html", 403, message=problem, back="/")
+        console.guard.sign_out(request.cookies.get(COOKIE))
+        response = RedirectResponse("/login", 303)
+        response.delete_cookie(COOKIE, path="/", httponly=True, samesite="strict")
         return response
 
     @app.get("/metrics", include_in_schema=False)
@@ -635,22 +654,35 @@ def _api(app: FastAPI, console: Console) -> None:
 def _writes(app: FastAPI, console: Console) -> None:
     repository = console.repository
 
-    async def checked(request: Request) -> dict[str, str] | Response:
+    async def checked(
+        request: Request, page_of: Callable[[dict[str, str]], str]
+    ) -> dict[str, str] | Response:
+        """The form, or the refusal; ``page_of(form)`` is the page that offers it."""
         if not console.guard.allow_writes:
             return console.page(
-                "error.html", 403, message="read-only console (start it with --allow-writes)"
+                "error.html",
+                403,
+                message="read-only console (start it with --allow-writes)",
+                back=None,
             )
         form = await _form(request)
-        if not console.guard.csrf_ok(request, form.get("csrf")):
-            return console.page("error.html", 403, message="the form has expired: reload the page")
+        problem = console.guard.csrf_problem(request, form.get("csrf"))
+        if problem is not None:
+            return console.page("error.html", 403, message=problem, back=page_of(form))
         return form
+
+    def session_of(form: dict[str, str]) -> str:
+        return "/session?" + urlencode({"id": form.get("id", "")})
+
+    def health_of(form: dict[str, str]) -> str:
+        return "/health"
 
     def back_to_session(session_id: str, done: str) -> Response:
         return RedirectResponse("/session?" + urlencode({"id": session_id, "done": done}), 303)
 
     @app.post("/actions/end", include_in_schema=False)
     async def end(request: Request) -> Response:
-        form = await checked(request)
+        form = await checked(request, session_of)
         if isinstance(form, Response):
             return form
         sid = form.get("id", "")
@@ -661,7 +693,7 @@ def _writes(app: FastAPI, console: Console) -> None:
 
     @app.post("/actions/reopen", include_in_schema=False)
     async def reopen(request: Request) -> Response:
-        form = await checked(request)
+        form = await checked(request, session_of)
         if isinstance(form, Response):
             return form
         sid = form.get("id", "")
@@ -670,7 +702,7 @@ def _writes(app: FastAPI, console: Console) -> None:
 
     @app.post("/actions/retry-dead", include_in_schema=False)
     async def retry_dead(request: Request) -> Response:
-        form = await checked(request)
+        form = await checked(request, health_of)
         if isinstance(form, Response):
             return form
         await run_in_threadpool(console.outbox.retry_dead, form.get("session") or None)
@@ -678,7 +710,7 @@ def _writes(app: FastAPI, console: Console) -> None:
 
     @app.post("/actions/reindex", include_in_schema=False)
     async def reindex(request: Request) -> Response:
-        form = await checked(request)
+        form = await checked(request, health_of)
         if isinstance(form, Response):
             return form
         await run_in_threadpool(repository.reindex)

@@ -71,7 +71,7 @@ def test_a_bind_beyond_the_loopback_needs_a_token(tmp_path: Path) -> None:
     assert "needs a token: set SESSIONREPO_CONSOLE_TOKEN" in refused.output
     weak = _run("--url", url, "serve", env={"SESSIONREPO_CONSOLE_TOKEN": "short"})
     assert weak.exit_code == 2
-    assert "at least 16 characters" in weak.output
+    assert "at least 24 characters" in weak.output
     assert "short" not in weak.output.replace("SESSIONREPO", "")
 
 
