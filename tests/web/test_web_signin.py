@@ -137,7 +137,8 @@ def test_sign_in_lands_on_the_page_asked_for_and_sign_out_revokes(
     assert tab.url == console.url("/session?id=sess-a")
     assert tab.locator("#session-id").inner_text() == "sess-a"
     cookie = _cookie(tab)
-    assert cookie["httpOnly"] and cookie["sameSite"] == "Strict"
+    assert cookie["httpOnly"]
+    assert cookie["sameSite"] == "Strict"
     assert 2 * 3600 - 120 < cookie["expires"] - time.time() <= 2 * 3600  # bounded lifetime
     # Another sign-in gets another cookie.
     other = browser.new_context()
