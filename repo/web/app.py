@@ -44,6 +44,7 @@ from sessionrepo.outbox.table import Outbox
 from sessionrepo.search.query import parse_query
 from sessionrepo.store.repository import SessionRepository
 from sessionrepo.web import views
+from sessionrepo.web.reindex import BackgroundReindex, ReindexProgress
 from sessionrepo.web.security import COOKIE, SESSION_LIFETIME, Guard, local_path
 
 log = logging.getLogger("sessionrepo.web")
@@ -57,7 +58,8 @@ _DONE: Final = {
     "reopened": "The session was reopened.",
     "not-reopened": "The session was already open.",
     "retried": "Dead outbox rows were put back in line.",
-    "reindexed": "The search index was rebuilt.",
+    "reindex-started": "The search index is being rebuilt: its progress is below.",
+    "reindex-running": "A rebuild of the search index is running already: its progress is below.",
 }
 
 
@@ -111,6 +113,8 @@ class Health(BaseModel):
     search_state: str | None
     search_reason: str | None
     search_error: str | None
+    #: The console's running or last "Rebuild the index" (``None``: none since start).
+    reindex: ReindexProgress | None
 
 
 class ErrorAnswer(BaseModel):
@@ -194,6 +198,7 @@ class Console:
         self.outbox = outbox
         self.outbox_url = outbox_url
         self.guard = guard
+        self.reindexing = BackgroundReindex(repository)
         self.templates = jinja2.Environment(
             loader=jinja2.FileSystemLoader(_HERE / "templates"),
             autoescape=True,
@@ -236,6 +241,7 @@ class Console:
             search_state=state,
             search_reason=reason,
             search_error=search_error,
+            reindex=self.reindexing.progress,
         )
 
     def export(self, session_id: str) -> bytes:
@@ -408,6 +414,11 @@ def _pages(app: FastAPI, console: Console) -> None:
             page=page,
             done=_DONE.get(done or ""),
             link=lambda **args: "/session?" + urlencode({"id": id, **args}),
+            newest_link="/session?" + urlencode({"id": id, "before": MAX_SEQ}),
+            whole_link=lambda seq: "/session/message?" + urlencode({"id": id, "seq": seq}),
+            image_link=lambda seq, part: (
+                "/session/image?" + urlencode({"id": id, "seq": seq, "part": part})
+            ),
             session_link=lambda sid: "/session?" + urlencode({"id": sid}),
             export_link="/session/export?" + urlencode({"id": id}),
             visible=views.visible,
@@ -417,6 +428,31 @@ def _pages(app: FastAPI, console: Console) -> None:
     @app.get("/session/export", include_in_schema=False)
     def export_page(id: SessionId) -> Response:
         return _export(console, id)
+
+    def one_message(session_id: str, seq: int) -> StoredMessage:
+        found = repository.load_transcript(session_id, after_seq=seq - 1, limit=1)
+        if not found or found[0].seq != seq:
+            raise NotFound(f"no message #{seq} in session {session_id!r}")
+        return found[0]
+
+    @app.get("/session/message", include_in_schema=False)
+    def whole_message(id: SessionId, seq: Annotated[int, Query(ge=1, le=MAX_SEQ)]) -> Response:
+        """One message whole, as plain text: what the transcript page cut."""
+        text = views.whole_text(one_message(id, seq))
+        return Response(text, media_type="text/plain; charset=utf-8")
+
+    @app.get("/session/image", include_in_schema=False)
+    def image(
+        id: SessionId,
+        seq: Annotated[int, Query(ge=1, le=MAX_SEQ)],
+        part: Annotated[int, Query(ge=0, le=100_000)],
+    ) -> Response:
+        """A message's raster image by itself (one too big to draw on the page)."""
+        found = views.image_data(one_message(id, seq).content, part)
+        if found is None:
+            raise NotFound(f"no raster image in part {part} of message #{seq}")
+        media, data = found
+        return Response(data, media_type=media, headers={"Content-Disposition": "inline"})
 
     @app.get("/search", include_in_schema=False)
     def search_page(
@@ -442,7 +478,7 @@ def _pages(app: FastAPI, console: Console) -> None:
             "order": _order(order),
         }
         results = None
-        next_link = None
+        next_link = previous_link = None
         if q and parse_query(q).positive:
             results = views.search_page(
                 repository,
@@ -456,15 +492,18 @@ def _pages(app: FastAPI, console: Console) -> None:
                 since=_moment(since, "since"),
                 until=_moment(until, "until"),
             )
+            kept = {k: v for k, v in fields.items() if v}
             if results.next_cursor is not None:
-                kept = {k: v for k, v in fields.items() if v}
                 next_link = "/search?" + urlencode({**kept, "cursor": results.next_cursor})
+            if results.previous_cursor is not None:
+                previous_link = "/search?" + urlencode({**kept, "cursor": results.previous_cursor})
         return console.page(
             "search.html",
             fields=fields,
             asked=bool(q),
             results=results,
             next_link=next_link,
+            previous_link=previous_link,
             session_link=lambda sid, seq: (
                 "/session?" + urlencode({"id": sid, "after": max(seq - 1, 0)}) + f"#m{seq}"
             ),
@@ -713,8 +752,10 @@ def _writes(app: FastAPI, console: Console) -> None:
         form = await checked(request, health_of)
         if isinstance(form, Response):
             return form
-        await run_in_threadpool(repository.reindex)
-        return RedirectResponse("/health?done=reindexed", 303)
+        started = console.reindexing.start()
+        return RedirectResponse(
+            "/health?done=" + ("reindex-started" if started else "reindex-running"), 303
+        )
 
 
 async def _form(request: Request) -> dict[str, str]:

@@ -9,6 +9,7 @@ checked, and invisible or direction-changing characters are made visible.
 
 from __future__ import annotations
 
+import base64
 import json
 import re
 from collections.abc import Sequence
@@ -33,6 +34,9 @@ SEARCH_PAGE: Final = 20
 TEXT_LIMIT: Final = 20_000
 #: Characters of a JSON value (tool arguments, metadata, an unknown part) shown.
 JSON_LIMIT: Final = 8_000
+#: Characters of an image's ``data:`` URL drawn on the page; a bigger one is a link (a
+#: 4 MB photo would make a 5 MB page).
+IMAGE_INLINE_LIMIT: Final = 1_000_000
 
 # Control characters (but newline and tab), bidirectional controls, zero-width and other
 # invisible format characters: shown as <U+XXXX>, so a transcript cannot hide or reorder
@@ -55,7 +59,7 @@ def clipped(text: str, limit: int = TEXT_LIMIT) -> str:
     text = visible(text)
     if len(text) <= limit:
         return text
-    return f"{text[:limit]}… ({len(text) - limit:,} more characters: see the export)"
+    return f"{text[:limit]}… ({len(text) - limit:,} more characters: see the whole message)"
 
 
 def as_json(value: Any, limit: int = JSON_LIMIT) -> str:
@@ -74,10 +78,12 @@ def as_json(value: Any, limit: int = JSON_LIMIT) -> str:
 class Part:
     """One content part as the page shows it."""
 
-    kind: Literal["text", "image", "file", "other"]
+    kind: Literal["text", "image", "big-image", "file", "other"]
     text: str = ""
     #: A checked raster ``data:image/...;base64,`` URL (``image`` only).
     data_url: str | None = None
+    #: Its place in the message's content (for ``big-image``: the link to it).
+    index: int = 0
 
 
 @dataclass
@@ -116,6 +122,8 @@ class MessageView:
     marks: list[str] = field(default_factory=list)
     #: A tool answer shown inside its call on this page (not again on its own).
     paired: bool = False
+    #: Something of it was cut on the page: the whole message is a link away.
+    cut: bool = False
 
 
 def content_parts(content: Any) -> list[Part]:
@@ -127,7 +135,10 @@ def content_parts(content: Any) -> list[Part]:
     if isinstance(content, str):
         return [Part("text", clipped(content))]
     items = content if isinstance(content, list) else [content]
-    return [_part(item) for item in items]
+    parts = [_part(item) for item in items]
+    for index, part in enumerate(parts):
+        object.__setattr__(part, "index", index)  # a frozen dataclass, made just above
+    return parts
 
 
 #: Content parts that are text, in the chat and Responses formats.
@@ -149,12 +160,43 @@ def _part(item: Any) -> Part:  # noqa: PLR0911 (one return per kind of part)
     if kind in ("image_url", "input_image", "image", "computer_screenshot"):
         url = _image_url(item)
         if url is not None and _RASTER_DATA_URL.fullmatch(url):
+            if len(url) > IMAGE_INLINE_LIMIT:
+                return Part(
+                    "big-image",
+                    f"image ({len(url):,} characters, about {len(url) * 3 // 4 / 1e6:.1f} MB):"
+                    " too big to draw on the page",
+                )
             return Part("image", f"image ({len(url):,} characters)", data_url=url)
         # An image by address (or an SVG, or malformed): named, never fetched or linked.
         return Part("other", as_json(item))
     if kind in ("file", "input_file", "input_audio"):
         return Part("file", _file_label(item))
     return Part("other", as_json(item))
+
+
+def image_data(content: Any, index: int) -> tuple[str, bytes] | None:
+    """The media type and bytes of the raster ``data:`` image at ``content[index]``
+    (``None``: no such image). The bytes must be what the type says (their magic
+    number), so nothing but an image is ever served as one."""
+    if not isinstance(content, list) or not 0 <= index < len(content):
+        return None
+    item = content[index]
+    url = _image_url(item) if isinstance(item, dict) else None
+    if url is None or not _RASTER_DATA_URL.fullmatch(url):
+        return None
+    header, _, encoded = url.partition(",")
+    media = header.removeprefix("data:").removesuffix(";base64")
+    try:
+        data = base64.b64decode(encoded, validate=True)
+    except ValueError:
+        return None
+    magic = {
+        "image/png": data[:8] == b"\x89PNG\r\n\x1a\n",
+        "image/jpeg": data[:3] == b"\xff\xd8\xff",
+        "image/gif": data[:4] == b"GIF8",
+        "image/webp": data[:4] == b"RIFF" and data[8:12] == b"WEBP",
+    }
+    return (media, data) if magic.get(media) else None
 
 
 def _image_url(item: dict[str, Any]) -> str | None:
@@ -295,7 +337,57 @@ def message_view(message: StoredMessage) -> MessageView:
         _item_view(message, view)
     elif message.role == "tool":
         view.answers = view.tool_call_id
+    view.cut = (
+        _text_size(message.content) > TEXT_LIMIT
+        or len(message.reasoning or "") > TEXT_LIMIT
+        or _text_size(message.tool_calls) > JSON_LIMIT
+        or _text_size(message.extra) > JSON_LIMIT
+    )
     return view
+
+
+def _text_size(value: Any) -> int:
+    """About how many characters of ``value`` the page shows as text (an image's data
+    URL not counted: it is drawn, or linked, not cut)."""
+    if isinstance(value, str):
+        return 0 if value.startswith("data:") else len(value)
+    if isinstance(value, dict):
+        return sum(_text_size(v) + len(str(k)) for k, v in value.items())
+    if isinstance(value, list):
+        return sum(_text_size(v) for v in value)
+    return 0
+
+
+def whole_text(message: StoredMessage) -> str:
+    """Every value of ``message`` in full, as plain text for reading (invisible and
+    direction-changing characters spelled out, as on the page): its text, reasoning,
+    tool calls and the other fields as JSON."""
+    out = [f"#{message.seq} {message.role or message.item_type or 'item'}"]
+    content = message.content
+    for item in content if isinstance(content, list) else [content]:
+        if item is None:
+            continue
+        if isinstance(item, str):
+            out.append(item)
+        elif isinstance(item, dict) and isinstance(item.get("text"), str):
+            out.append(item["text"])
+        else:
+            out.append(json.dumps(item, indent=2, ensure_ascii=False, default=str))
+    if message.reasoning:
+        out.append("reasoning:\n" + message.reasoning)
+    for call in message.tool_calls or []:
+        function = call.get("function") if isinstance(call, dict) else None
+        if isinstance(function, dict) and isinstance(function.get("arguments"), str):
+            out.append(f"tool call {function.get('name')}:\n{function['arguments']}")
+        else:
+            out.append("tool call:\n" + json.dumps(call, indent=2, ensure_ascii=False))
+    extra = dict(message.extra)
+    for key in ("output", "arguments", "input"):
+        if isinstance(extra.get(key), str):
+            out.append(f"{key}:\n{extra.pop(key)}")
+    if extra:
+        out.append("other fields:\n" + json.dumps(extra, indent=2, ensure_ascii=False, default=str))
+    return visible("\n\n".join(out)) + "\n"
 
 
 def pair_tool_outputs(views: Sequence[MessageView]) -> list[MessageView]:
@@ -344,8 +436,11 @@ def transcript_page(
     if before is not None:
         loaded = repository.load_transcript(session_id, before_seq=before, limit=limit + 1)
         page = loaded[-limit:]
-        # Paging back from ``before``: the messages from there on are the next page.
-        next_after = page[-1].seq if page else max(before - 1, 0)
+        # Paging back from ``before``: the messages from there on are the next page,
+        # when there are any (the newest page, ``before`` past the end, has none).
+        later = page[-1].seq if page else max(before - 1, 0)
+        more = repository.load_transcript(session_id, after_seq=later, limit=1)
+        next_after = later if more else None
         previous_before = page[0].seq if len(loaded) > limit else None
     else:
         loaded = repository.load_transcript(session_id, after_seq=after, limit=limit + 1)
@@ -445,6 +540,8 @@ class SearchPage:
     hits: list[HitView]
     #: ``cursor=`` of the next page (``None``: no more hits).
     next_cursor: int | None
+    #: ``cursor=`` of the previous page (``None``: this is the first).
+    previous_cursor: int | None = None
 
 
 def search_page(
@@ -458,7 +555,11 @@ def search_page(
 ) -> SearchPage:
     hits = repository.search(query, order=order, limit=limit + 1, cursor=cursor, **filters)
     views = [HitView(hit, highlighted(hit.snippet, query)) for hit in hits[:limit]]
-    return SearchPage(views, cursor + limit if len(hits) > limit else None)
+    return SearchPage(
+        views,
+        cursor + limit if len(hits) > limit else None,
+        max(cursor - limit, 0) if cursor > 0 else None,
+    )
 
 
 # -- health -------------------------------------------------------------------------------
