@@ -302,6 +302,24 @@ def _xss(repository: SessionRepository) -> None:
                 timestamp=_at(400 + number + 0.2),
             )
         )
+    for number, payload in enumerate(XSS):
+        # Responses items whose type, call id, name and values are hostile.
+        call_id = f"item-{number}-{payload}"
+        kinds = (f"{payload}_call", f"{payload}_call_output", "reasoning")
+        messages += [
+            Message.from_openai(
+                {"type": kinds[0], "call_id": call_id, "name": payload, "arguments": payload},
+                timestamp=_at(415 + number / 60),
+            ),
+            Message.from_openai(
+                {"type": kinds[1], "call_id": call_id, "output": payload},
+                timestamp=_at(415 + number / 60),
+            ),
+            Message.from_openai(
+                {"type": kinds[2], "summary": [{"type": "summary_text", "text": payload}]},
+                timestamp=_at(415 + number / 60),
+            ),
+        ]
     messages.append(
         Message(
             role="user",
