@@ -143,6 +143,9 @@ def test_serve_starts_with_the_primary_down_and_recovers(
     assert api.status_code == 503
     assert "error" in api.json()
     assert httpx.get(console.url("/api/health")).json()["primary_error"]
+    metrics = httpx.get(console.url("/metrics"))  # a scrape answers during the outage
+    assert metrics.status_code == 200
+    assert "sessionrepo_outbox_pending" in metrics.text
 
     bring_up()
     tab.goto(console.url("/"))

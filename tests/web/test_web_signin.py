@@ -164,6 +164,17 @@ def test_sign_in_lands_on_the_page_asked_for_and_sign_out_revokes(
     console.stop()
     restarted: Server = serve(store, env={"SESSIONREPO_CONSOLE_TOKEN": TOKEN})
     assert httpx.get(restarted.url("/api/sessions"), cookies={COOKIE: value}).status_code == 401
+    # Behind a TLS reverse proxy on this machine (X-Forwarded-Proto: https), the cookie
+    # is marked Secure; over plain HTTP it cannot be (the browser would drop it).
+    signed = [
+        httpx.post(
+            restarted.url("/login"), data={"token": TOKEN}, headers=headers, follow_redirects=False
+        ).headers["set-cookie"]
+        for headers in ({"X-Forwarded-Proto": "https"}, {})
+    ]
+    assert "secure" in signed[0].lower()
+    assert "secure" not in signed[1].lower()
+    assert "max-age=43200" in signed[1].lower()  # the default lifetime: 12 h
     # No open redirect: a foreign target lands on /.
     for hostile in ("//evil.example/", "https://evil.example/", "/\\evil.example"):
         answer = httpx.post(
