@@ -282,7 +282,7 @@ def _item_view(message: StoredMessage, view: MessageView) -> None:
         name = extra.get("name")
         shown = {k: v for k, v in extra.items() if k not in (*_CALL_HEADER, "id", "status")}
         if "arguments" in extra or "input" in extra:
-            arguments = _arguments(extra.pop("arguments", extra.pop("input", None)))
+            arguments = _arguments(extra.pop("arguments" if "arguments" in extra else "input"))
         else:
             arguments = as_json(shown)  # an action, a command, a patch: all of it
             extra = {k: v for k, v in extra.items() if k not in shown}
@@ -296,8 +296,9 @@ def _item_view(message: StoredMessage, view: MessageView) -> None:
             )
         ]
     elif view.css == "tool":
-        answered = answered_call(message)
-        view.answers = None if answered is None else visible(answered)
+        # The client-run calls' outputs, and any other ``*_output`` naming its call.
+        answered = answered_call(message) or extra.get("call_id")
+        view.answers = visible(answered) if isinstance(answered, str) else None
         if "output" in extra:
             view.parts = view.parts + content_parts(extra.pop("output"))
         extra.pop("call_id", None)

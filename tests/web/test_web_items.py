@@ -6,11 +6,17 @@ fixed class, never by its raw type."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from _console_data import AGENTS
+from _responses_items import RESPONSES_ITEMS
 from conftest import Server, Watched
 
-from sessionrepo.web.views import ROLE_CLASSES
+from sessionrepo import Message
+from sessionrepo.models import StoredMessage
+from sessionrepo.models.transcript import OUTPUT_TYPES
+from sessionrepo.web.views import ROLE_CLASSES, message_view, pair_tool_outputs
 
 pytestmark = pytest.mark.slow
 
@@ -62,3 +68,22 @@ def test_items_are_folded_and_shown_like_chat_messages(page: Watched, console: S
     assert answer.inner_text() == "21.5 °C and clear in Kyoto."
     assert page.errors == []
     assert page.sentinel() == ["untouched", True]
+
+
+def test_every_responses_item_gets_a_fixed_class_and_outputs_pair_with_their_calls() -> None:
+    stored = [
+        StoredMessage(**Message.from_openai(item).model_dump(), session_id="s", seq=n)
+        for n, (_, item) in enumerate(RESPONSES_ITEMS, 1)
+    ]
+    views = pair_tool_outputs([message_view(m) for m in stored])
+    assert {v.css for v in views} <= ROLE_CLASSES
+    by_type: dict[str | None, Any] = {}
+    for message, view in zip(stored, views, strict=True):
+        if message.role is None:
+            by_type.setdefault(message.item_type, view)  # the first of each type
+    # Each client-run call's first output sits inside its call (made before it).
+    for kind in OUTPUT_TYPES & by_type.keys():
+        assert by_type[kind].paired, kind
+    assert by_type["function_call"].tool_calls[0].name == "get_weather"
+    assert by_type["reasoning"].parts[0].text == "The user wants the vet date; look in the file."
+    assert by_type["reasoning"].reasoning == "Search the vet file first."
