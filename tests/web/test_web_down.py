@@ -130,7 +130,9 @@ def test_serve_starts_with_the_primary_down_and_recovers(
     tab = page.page
 
     tab.goto(console.url("/health"))
-    assert "The primary database is unreachable" in tab.locator("#primary-down").inner_text()
+    down_text = tab.locator("#primary-down").inner_text()
+    assert "The primary database is unreachable" in down_text
+    assert "The outbox below is a separate file" in down_text
     assert tab.locator("#outbox-pending").inner_text() == "2"
     assert tab.locator("tr.backlog[data-session='sess-outage'] td").nth(1).inner_text() == "2"
     for path in ("/", "/session?id=sess-a", "/search?q=hello"):
