@@ -44,7 +44,8 @@ from sessionrepo.outbox.table import Outbox
 from sessionrepo.search.query import parse_query
 from sessionrepo.store.repository import SessionRepository
 from sessionrepo.web import views
-from sessionrepo.web.security import COOKIE, Guard
+from sessionrepo.web.reindex import BackgroundReindex, ReindexProgress
+from sessionrepo.web.security import COOKIE, SESSION_LIFETIME, Guard, local_path
 
 log = logging.getLogger("sessionrepo.web")
 
@@ -57,7 +58,8 @@ _DONE: Final = {
     "reopened": "The session was reopened.",
     "not-reopened": "The session was already open.",
     "retried": "Dead outbox rows were put back in line.",
-    "reindexed": "The search index was rebuilt.",
+    "reindex-started": "The search index is being rebuilt: its progress is below.",
+    "reindex-running": "A rebuild of the search index is running already: its progress is below.",
 }
 
 
@@ -103,12 +105,16 @@ class Health(BaseModel):
     model_config = ConfigDict(frozen=True)
 
     doctor: DoctorReport
+    #: Why the primary database cannot be reached now (``None``: it answers).
+    primary_error: str | None
     outbox: OutboxStatus | None
     outbox_error: str | None
     search_backlog: int | None
     search_state: str | None
     search_reason: str | None
     search_error: str | None
+    #: The console's running or last "Rebuild the index" (``None``: none since start).
+    reindex: ReindexProgress | None
 
 
 class ErrorAnswer(BaseModel):
@@ -192,6 +198,7 @@ class Console:
         self.outbox = outbox
         self.outbox_url = outbox_url
         self.guard = guard
+        self.reindexing = BackgroundReindex(repository)
         self.templates = jinja2.Environment(
             loader=jinja2.FileSystemLoader(_HERE / "templates"),
             autoescape=True,
@@ -220,14 +227,21 @@ class Console:
         except RepoError as exc:
             outbox_error = views.one_line(exc)
         backlog, state, reason, search_error = views.search_health(self.repository)
+        connection = next((c for c in doctor.checks if c.name == "connection"), None)
         return Health(
             doctor=doctor,
+            primary_error=(
+                connection.detail
+                if connection is not None and connection.status == "fail"
+                else None
+            ),
             outbox=outbox,
             outbox_error=outbox_error,
             search_backlog=backlog,
             search_state=state,
             search_reason=reason,
             search_error=search_error,
+            reindex=self.reindexing.progress,
         )
 
     def export(self, session_id: str) -> bytes:
@@ -245,6 +259,7 @@ def create_app(
     token: str | None = None,
     allow_writes: bool = False,
     metrics: bool = False,
+    session_lifetime: float = SESSION_LIFETIME,
 ) -> FastAPI:
     """The console over ``repository`` (served by ``sessionrepo serve``).
 
@@ -257,13 +272,14 @@ def create_app(
         metrics: record the library's metrics (:func:`sessionrepo.observability.enable_metrics`,
             prometheus-client's global registry unless one was enabled before) and export
             them, with this store's and outbox's gauges, at ``/metrics``.
+        session_lifetime: seconds a sign-in lasts (with ``token``).
     """
     console = Console(
         repository,
         url=url,
         outbox=outbox if outbox is not None else Outbox.of(repository),
         outbox_url=outbox_url,
-        guard=Guard(token=token, allow_writes=allow_writes),
+        guard=Guard(token=token, allow_writes=allow_writes, session_lifetime=session_lifetime),
     )
     watching: list[observability.Watch] = []
 
@@ -311,7 +327,7 @@ def _error_handlers(app: FastAPI, console: Console) -> None:
     def answer(request: Request, status: int, message: str) -> Response:
         if request.url.path.startswith("/api/"):
             return JSONResponse({"error": message}, status)
-        return console.page("error.html", status, message=message)
+        return console.page("error.html", status, message=message, back=None)
 
     async def repo_error(request: Request, exc: Exception) -> Response:
         status = 500
@@ -321,6 +337,9 @@ def _error_handlers(app: FastAPI, console: Console) -> None:
             status = 400
         elif isinstance(exc, BackendUnavailable | SearchIndexUnavailable):
             status = 503
+        if isinstance(exc, BackendUnavailable) and not request.url.path.startswith("/api/"):
+            # Down is a state the operator came to see, not a failure of the page.
+            return console.page("down.html", 503, message=views.one_line(exc))
         return answer(request, status, views.one_line(exc))
 
     async def invalid_request(request: Request, exc: Exception) -> Response:
@@ -395,6 +414,11 @@ def _pages(app: FastAPI, console: Console) -> None:
             page=page,
             done=_DONE.get(done or ""),
             link=lambda **args: "/session?" + urlencode({"id": id, **args}),
+            newest_link="/session?" + urlencode({"id": id, "before": MAX_SEQ}),
+            whole_link=lambda seq: "/session/message?" + urlencode({"id": id, "seq": seq}),
+            image_link=lambda seq, part: (
+                "/session/image?" + urlencode({"id": id, "seq": seq, "part": part})
+            ),
             session_link=lambda sid: "/session?" + urlencode({"id": sid}),
             export_link="/session/export?" + urlencode({"id": id}),
             visible=views.visible,
@@ -404,6 +428,31 @@ def _pages(app: FastAPI, console: Console) -> None:
     @app.get("/session/export", include_in_schema=False)
     def export_page(id: SessionId) -> Response:
         return _export(console, id)
+
+    def one_message(session_id: str, seq: int) -> StoredMessage:
+        found = repository.load_transcript(session_id, after_seq=seq - 1, limit=1)
+        if not found or found[0].seq != seq:
+            raise NotFound(f"no message #{seq} in session {session_id!r}")
+        return found[0]
+
+    @app.get("/session/message", include_in_schema=False)
+    def whole_message(id: SessionId, seq: Annotated[int, Query(ge=1, le=MAX_SEQ)]) -> Response:
+        """One message whole, as plain text: what the transcript page cut."""
+        text = views.whole_text(one_message(id, seq))
+        return Response(text, media_type="text/plain; charset=utf-8")
+
+    @app.get("/session/image", include_in_schema=False)
+    def image(
+        id: SessionId,
+        seq: Annotated[int, Query(ge=1, le=MAX_SEQ)],
+        part: Annotated[int, Query(ge=0, le=100_000)],
+    ) -> Response:
+        """A message's raster image by itself (one too big to draw on the page)."""
+        found = views.image_data(one_message(id, seq).content, part)
+        if found is None:
+            raise NotFound(f"no raster image in part {part} of message #{seq}")
+        media, data = found
+        return Response(data, media_type=media, headers={"Content-Disposition": "inline"})
 
     @app.get("/search", include_in_schema=False)
     def search_page(
@@ -429,7 +478,7 @@ def _pages(app: FastAPI, console: Console) -> None:
             "order": _order(order),
         }
         results = None
-        next_link = None
+        next_link = previous_link = None
         if q and parse_query(q).positive:
             results = views.search_page(
                 repository,
@@ -443,15 +492,18 @@ def _pages(app: FastAPI, console: Console) -> None:
                 since=_moment(since, "since"),
                 until=_moment(until, "until"),
             )
+            kept = {k: v for k, v in fields.items() if v}
             if results.next_cursor is not None:
-                kept = {k: v for k, v in fields.items() if v}
                 next_link = "/search?" + urlencode({**kept, "cursor": results.next_cursor})
+            if results.previous_cursor is not None:
+                previous_link = "/search?" + urlencode({**kept, "cursor": results.previous_cursor})
         return console.page(
             "search.html",
             fields=fields,
             asked=bool(q),
             results=results,
             next_link=next_link,
+            previous_link=previous_link,
             session_link=lambda sid, seq: (
                 "/session?" + urlencode({"id": sid, "after": max(seq - 1, 0)}) + f"#m{seq}"
             ),
@@ -462,21 +514,38 @@ def _pages(app: FastAPI, console: Console) -> None:
         return console.page("health.html", health=console.health(), done=_DONE.get(done or ""))
 
     @app.get("/login", include_in_schema=False)
-    def login_form() -> Response:
-        return console.page("login.html", failed=False)
+    def login_form(next: Text = None) -> Response:
+        return console.page("login.html", failed=False, next=local_path(next))
 
     @app.post("/login", include_in_schema=False)
     async def login(request: Request) -> Response:
         form = await _form(request)
-        token = form.get("token", "")
+        target = local_path(form.get("next"))
         if console.guard.token is None:
-            return RedirectResponse("/", 303)
-        if not console.guard.token_matches(token):
-            return console.page("login.html", 401, failed=True)
-        response = RedirectResponse("/", 303)
+            return RedirectResponse(target, 303)
+        if not console.guard.token_matches(form.get("token", "")):
+            return console.page("login.html", 401, failed=True, next=target)
+        response = RedirectResponse(target, 303)
         response.set_cookie(
-            COOKIE, console.guard.cookie_value, httponly=True, samesite="strict", path="/"
+            COOKIE,
+            console.guard.sign_in(),
+            max_age=int(console.guard.session_lifetime),
+            httponly=True,
+            samesite="strict",
+            secure=request.url.scheme == "https",
+            path="/",
         )
+        return response
+
+    @app.post("/logout", include_in_schema=False)
+    async def logout(request: Request) -> Response:
+        form = await _form(request)
+        problem = console.guard.csrf_problem(request, form.get("csrf"))
+        if problem is not None:
+            return console.page("error.html", 403, message=problem, back="/")
+        console.guard.sign_out(request.cookies.get(COOKIE))
+        response = RedirectResponse("/login", 303)
+        response.delete_cookie(COOKIE, path="/", httponly=True, samesite="strict")
         return response
 
     @app.get("/metrics", include_in_schema=False)
@@ -624,22 +693,35 @@ def _api(app: FastAPI, console: Console) -> None:
 def _writes(app: FastAPI, console: Console) -> None:
     repository = console.repository
 
-    async def checked(request: Request) -> dict[str, str] | Response:
+    async def checked(
+        request: Request, page_of: Callable[[dict[str, str]], str]
+    ) -> dict[str, str] | Response:
+        """The form, or the refusal; ``page_of(form)`` is the page that offers it."""
         if not console.guard.allow_writes:
             return console.page(
-                "error.html", 403, message="read-only console (start it with --allow-writes)"
+                "error.html",
+                403,
+                message="read-only console (start it with --allow-writes)",
+                back=None,
             )
         form = await _form(request)
-        if not console.guard.csrf_ok(request, form.get("csrf")):
-            return console.page("error.html", 403, message="the form has expired: reload the page")
+        problem = console.guard.csrf_problem(request, form.get("csrf"))
+        if problem is not None:
+            return console.page("error.html", 403, message=problem, back=page_of(form))
         return form
+
+    def session_of(form: dict[str, str]) -> str:
+        return "/session?" + urlencode({"id": form.get("id", "")})
+
+    def health_of(form: dict[str, str]) -> str:
+        return "/health"
 
     def back_to_session(session_id: str, done: str) -> Response:
         return RedirectResponse("/session?" + urlencode({"id": session_id, "done": done}), 303)
 
     @app.post("/actions/end", include_in_schema=False)
     async def end(request: Request) -> Response:
-        form = await checked(request)
+        form = await checked(request, session_of)
         if isinstance(form, Response):
             return form
         sid = form.get("id", "")
@@ -650,7 +732,7 @@ def _writes(app: FastAPI, console: Console) -> None:
 
     @app.post("/actions/reopen", include_in_schema=False)
     async def reopen(request: Request) -> Response:
-        form = await checked(request)
+        form = await checked(request, session_of)
         if isinstance(form, Response):
             return form
         sid = form.get("id", "")
@@ -659,7 +741,7 @@ def _writes(app: FastAPI, console: Console) -> None:
 
     @app.post("/actions/retry-dead", include_in_schema=False)
     async def retry_dead(request: Request) -> Response:
-        form = await checked(request)
+        form = await checked(request, health_of)
         if isinstance(form, Response):
             return form
         await run_in_threadpool(console.outbox.retry_dead, form.get("session") or None)
@@ -667,11 +749,13 @@ def _writes(app: FastAPI, console: Console) -> None:
 
     @app.post("/actions/reindex", include_in_schema=False)
     async def reindex(request: Request) -> Response:
-        form = await checked(request)
+        form = await checked(request, health_of)
         if isinstance(form, Response):
             return form
-        await run_in_threadpool(repository.reindex)
-        return RedirectResponse("/health?done=reindexed", 303)
+        started = console.reindexing.start()
+        return RedirectResponse(
+            "/health?done=" + ("reindex-started" if started else "reindex-running"), 303
+        )
 
 
 async def _form(request: Request) -> dict[str, str]:

@@ -9,6 +9,7 @@ checked, and invisible or direction-changing characters are made visible.
 
 from __future__ import annotations
 
+import base64
 import json
 import re
 from collections.abc import Sequence
@@ -19,6 +20,7 @@ from typing import Any, Final, Literal
 from sessionrepo.errors import InvalidArgument, RepoError
 from sessionrepo.models import SearchHit, Session, SessionSummary, StoredMessage
 from sessionrepo.models.outbox import OutboxStatus
+from sessionrepo.models.transcript import CLIENT_CALL_TYPES, answered_call
 from sessionrepo.ops import DoctorReport
 from sessionrepo.search.query import parse_query
 from sessionrepo.search.text import words
@@ -32,6 +34,9 @@ SEARCH_PAGE: Final = 20
 TEXT_LIMIT: Final = 20_000
 #: Characters of a JSON value (tool arguments, metadata, an unknown part) shown.
 JSON_LIMIT: Final = 8_000
+#: Characters of an image's ``data:`` URL drawn on the page; a bigger one is a link (a
+#: 4 MB photo would make a 5 MB page).
+IMAGE_INLINE_LIMIT: Final = 1_000_000
 
 # Control characters (but newline and tab), bidirectional controls, zero-width and other
 # invisible format characters: shown as <U+XXXX>, so a transcript cannot hide or reorder
@@ -54,7 +59,7 @@ def clipped(text: str, limit: int = TEXT_LIMIT) -> str:
     text = visible(text)
     if len(text) <= limit:
         return text
-    return f"{text[:limit]}… ({len(text) - limit:,} more characters: see the export)"
+    return f"{text[:limit]}… ({len(text) - limit:,} more characters: see the whole message)"
 
 
 def as_json(value: Any, limit: int = JSON_LIMIT) -> str:
@@ -73,10 +78,12 @@ def as_json(value: Any, limit: int = JSON_LIMIT) -> str:
 class Part:
     """One content part as the page shows it."""
 
-    kind: Literal["text", "image", "file", "other"]
+    kind: Literal["text", "image", "big-image", "file", "other"]
     text: str = ""
     #: A checked raster ``data:image/...;base64,`` URL (``image`` only).
     data_url: str | None = None
+    #: Its place in the message's content (for ``big-image``: the link to it).
+    index: int = 0
 
 
 @dataclass
@@ -94,13 +101,18 @@ class MessageView:
     """One message of a transcript page."""
 
     seq: int
+    #: What the page calls it: the chat role, or a Responses item's type (escaped text).
     role: str
+    #: Its style, one of :data:`ROLE_CLASSES` (never built from stored text).
+    css: str
     timestamp: datetime
     key: str
     parts: list[Part]
     reasoning: str | None
     tool_calls: list[ToolCall]
     tool_call_id: str | None
+    #: The call this message answers (a tool message, a ``*_output`` item).
+    answers: str | None
     tool_name: str | None
     finish_reason: str | None
     token_count: int | None
@@ -110,6 +122,8 @@ class MessageView:
     marks: list[str] = field(default_factory=list)
     #: A tool answer shown inside its call on this page (not again on its own).
     paired: bool = False
+    #: Something of it was cut on the page: the whole message is a link away.
+    cut: bool = False
 
 
 def content_parts(content: Any) -> list[Part]:
@@ -121,7 +135,16 @@ def content_parts(content: Any) -> list[Part]:
     if isinstance(content, str):
         return [Part("text", clipped(content))]
     items = content if isinstance(content, list) else [content]
-    return [_part(item) for item in items]
+    parts = [_part(item) for item in items]
+    for index, part in enumerate(parts):
+        object.__setattr__(part, "index", index)  # a frozen dataclass, made just above
+    return parts
+
+
+#: Content parts that are text, in the chat and Responses formats.
+_TEXT_PARTS: Final = frozenset(
+    ("text", "input_text", "output_text", "summary_text", "reasoning_text")
+)
 
 
 def _part(item: Any) -> Part:  # noqa: PLR0911 (one return per kind of part)
@@ -130,17 +153,50 @@ def _part(item: Any) -> Part:  # noqa: PLR0911 (one return per kind of part)
     if not isinstance(item, dict):
         return Part("other", as_json(item))
     kind = item.get("type")
-    if kind in ("text", "input_text", "output_text") and isinstance(item.get("text"), str):
+    if kind in _TEXT_PARTS and isinstance(item.get("text"), str):
         return Part("text", clipped(item["text"]))
-    if kind in ("image_url", "input_image", "image"):
+    if kind == "refusal" and isinstance(item.get("refusal"), str):
+        return Part("text", clipped("refused: " + item["refusal"]))
+    if kind in ("image_url", "input_image", "image", "computer_screenshot"):
         url = _image_url(item)
         if url is not None and _RASTER_DATA_URL.fullmatch(url):
+            if len(url) > IMAGE_INLINE_LIMIT:
+                return Part(
+                    "big-image",
+                    f"image ({len(url):,} characters, about {len(url) * 3 // 4 / 1e6:.1f} MB):"
+                    " too big to draw on the page",
+                )
             return Part("image", f"image ({len(url):,} characters)", data_url=url)
         # An image by address (or an SVG, or malformed): named, never fetched or linked.
         return Part("other", as_json(item))
     if kind in ("file", "input_file", "input_audio"):
         return Part("file", _file_label(item))
     return Part("other", as_json(item))
+
+
+def image_data(content: Any, index: int) -> tuple[str, bytes] | None:
+    """The media type and bytes of the raster ``data:`` image at ``content[index]``
+    (``None``: no such image). The bytes must be what the type says (their magic
+    number), so nothing but an image is ever served as one."""
+    if not isinstance(content, list) or not 0 <= index < len(content):
+        return None
+    item = content[index]
+    url = _image_url(item) if isinstance(item, dict) else None
+    if url is None or not _RASTER_DATA_URL.fullmatch(url):
+        return None
+    header, _, encoded = url.partition(",")
+    media = header.removeprefix("data:").removesuffix(";base64")
+    try:
+        data = base64.b64decode(encoded, validate=True)
+    except ValueError:
+        return None
+    magic = {
+        "image/png": data[:8] == b"\x89PNG\r\n\x1a\n",
+        "image/jpeg": data[:3] == b"\xff\xd8\xff",
+        "image/gif": data[:4] == b"GIF8",
+        "image/webp": data[:4] == b"RIFF" and data[8:12] == b"WEBP",
+    }
+    return (media, data) if magic.get(media) else None
 
 
 def _image_url(item: dict[str, Any]) -> str | None:
@@ -165,54 +221,186 @@ def _file_label(item: dict[str, Any]) -> str:
     return visible(f"{item.get('type')}: {name}{size}")
 
 
-def message_view(message: StoredMessage) -> MessageView:
+#: The CSS class of each kind of message (``role-<name>``): a fixed set, so stored data
+#: never names a class. A Responses item is styled as its chat equivalent: a call as the
+#: assistant's, its output as a tool answer, reasoning as its own kind, the rest as items.
+ROLE_CLASSES: Final = frozenset(
+    ("system", "developer", "user", "assistant", "tool", "function", "reasoning", "item")
+)
+#: Keys of a call item shown as its header (the rest is its arguments or "Other fields").
+_CALL_HEADER: Final = ("type", "call_id", "name")
+
+
+def _arguments(arguments: Any) -> str:
+    """A call's arguments for reading: a JSON string pretty-printed, anything else as JSON."""
+    if isinstance(arguments, str):
+        try:
+            return as_json(json.loads(arguments))
+        except ValueError:
+            return clipped(arguments, JSON_LIMIT)
+    return as_json(arguments)
+
+
+def _chat_calls(message: StoredMessage) -> list[ToolCall]:
     calls = []
     for number, call in enumerate(message.tool_calls or []):
         function = call.get("function") if isinstance(call, dict) else None
         function = function if isinstance(function, dict) else {}
         call_id = call.get("id") if isinstance(call, dict) else None
         arguments = function.get("arguments")
-        if isinstance(arguments, str):
-            try:
-                arguments = as_json(json.loads(arguments))
-            except ValueError:
-                arguments = clipped(arguments, JSON_LIMIT)
-        else:
-            arguments = as_json(arguments if arguments is not None else call)
         calls.append(
             ToolCall(
                 call_id=visible(str(call_id if call_id is not None else f"#{number}")),
                 name=visible(str(function.get("name") or "tool")),
-                arguments=arguments,
+                arguments=_arguments(arguments if arguments is not None else call),
             )
         )
-    return MessageView(
+    return calls
+
+
+def _item_kind(kind: str, message: StoredMessage) -> str:
+    """The fixed class (:data:`ROLE_CLASSES`) of a Responses item of type ``kind``."""
+    if kind == "reasoning":
+        return "reasoning"
+    if answered_call(message) is not None or kind.endswith("_output"):
+        return "tool"
+    if kind.endswith("_call") or kind in CLIENT_CALL_TYPES:
+        return "assistant"
+    return "item"
+
+
+def _item_view(message: StoredMessage, view: MessageView) -> None:
+    """Fill ``view`` for a Responses-API item, as its chat equivalent is shown: a call
+    as a folded tool call, an output as a tool answer (paired with its call), a
+    reasoning item's summary as its text and its reasoning folded."""
+    kind = message.item_type or "unknown"
+    extra = dict(message.extra)
+    view.role = visible(kind)
+    view.css = _item_kind(kind, message)
+    if view.css == "assistant" and isinstance(extra.get("call_id", extra.get("id")), str):
+        call_id = extra.get("call_id", extra.get("id"))
+        name = extra.get("name")
+        shown = {k: v for k, v in extra.items() if k not in (*_CALL_HEADER, "id", "status")}
+        if "arguments" in extra or "input" in extra:
+            arguments = _arguments(extra.pop("arguments" if "arguments" in extra else "input"))
+        else:
+            arguments = as_json(shown)  # an action, a command, a patch: all of it
+            extra = {k: v for k, v in extra.items() if k not in shown}
+        for key in _CALL_HEADER:
+            extra.pop(key, None)
+        view.tool_calls = [
+            ToolCall(
+                call_id=visible(str(call_id)),
+                name=visible(str(name if name is not None else kind)),
+                arguments=arguments,
+            )
+        ]
+    elif view.css == "tool":
+        # The client-run calls' outputs, and any other ``*_output`` naming its call.
+        answered = answered_call(message) or extra.get("call_id")
+        view.answers = visible(answered) if isinstance(answered, str) else None
+        if "output" in extra:
+            view.parts = view.parts + content_parts(extra.pop("output"))
+        extra.pop("call_id", None)
+        extra.pop("type", None)
+    elif view.css == "reasoning":
+        summary = extra.pop("summary", None)
+        texts = [p for p in content_parts(summary) if p.kind == "text"] if summary else []
+        # The reasoning itself (``reasoning_text`` parts) is folded, as a chat
+        # message's ``reasoning`` is.
+        thought = [p.text for p in view.parts if p.kind == "text"]
+        others = [p for p in view.parts if p.kind != "text"]
+        view.parts = texts + others
+        view.reasoning = "\n\n".join(thought) or view.reasoning
+        extra.pop("type", None)
+    view.extra = as_json(extra) if extra else None
+
+
+def message_view(message: StoredMessage) -> MessageView:
+    view = MessageView(
         seq=message.seq,
-        # A Responses-API item has no role: it is shown (and styled) as its type.
-        role=message.role or visible(f"item: {message.item_type or 'unknown'}"),
+        role=message.role or "item",
+        css=message.role or "item",
         timestamp=message.timestamp,
         key=str(message.client_msg_uuid),
         parts=content_parts(message.content),
         reasoning=None if message.reasoning is None else clipped(message.reasoning),
-        tool_calls=calls,
+        tool_calls=_chat_calls(message),
         tool_call_id=None if message.tool_call_id is None else visible(message.tool_call_id),
+        answers=None,
         tool_name=None if message.tool_name is None else visible(message.tool_name),
         finish_reason=message.finish_reason,
         token_count=message.token_count,
         extra=as_json(message.extra) if message.extra else None,
         marks=[message.superseded] if message.superseded else [],
     )
+    if message.role is None:
+        _item_view(message, view)
+    elif message.role == "tool":
+        view.answers = view.tool_call_id
+    view.cut = (
+        _text_size(message.content) > TEXT_LIMIT
+        or len(message.reasoning or "") > TEXT_LIMIT
+        or _text_size(message.tool_calls) > JSON_LIMIT
+        or _text_size(message.extra) > JSON_LIMIT
+    )
+    return view
+
+
+def _text_size(value: Any) -> int:
+    """About how many characters of ``value`` the page shows as text (an image's data
+    URL not counted: it is drawn, or linked, not cut)."""
+    if isinstance(value, str):
+        return 0 if value.startswith("data:") else len(value)
+    if isinstance(value, dict):
+        return sum(_text_size(v) + len(str(k)) for k, v in value.items())
+    if isinstance(value, list):
+        return sum(_text_size(v) for v in value)
+    return 0
+
+
+def whole_text(message: StoredMessage) -> str:
+    """Every value of ``message`` in full, as plain text for reading (invisible and
+    direction-changing characters spelled out, as on the page): its text, reasoning,
+    tool calls and the other fields as JSON."""
+    out = [f"#{message.seq} {message.role or message.item_type or 'item'}"]
+    content = message.content
+    for item in content if isinstance(content, list) else [content]:
+        if item is None:
+            continue
+        if isinstance(item, str):
+            out.append(item)
+        elif isinstance(item, dict) and isinstance(item.get("text"), str):
+            out.append(item["text"])
+        else:
+            out.append(json.dumps(item, indent=2, ensure_ascii=False, default=str))
+    if message.reasoning:
+        out.append("reasoning:\n" + message.reasoning)
+    for call in message.tool_calls or []:
+        function = call.get("function") if isinstance(call, dict) else None
+        if isinstance(function, dict) and isinstance(function.get("arguments"), str):
+            out.append(f"tool call {function.get('name')}:\n{function['arguments']}")
+        else:
+            out.append("tool call:\n" + json.dumps(call, indent=2, ensure_ascii=False))
+    extra = dict(message.extra)
+    for key in ("output", "arguments", "input"):
+        if isinstance(extra.get(key), str):
+            out.append(f"{key}:\n{extra.pop(key)}")
+    if extra:
+        out.append("other fields:\n" + json.dumps(extra, indent=2, ensure_ascii=False, default=str))
+    return visible("\n\n".join(out)) + "\n"
 
 
 def pair_tool_outputs(views: Sequence[MessageView]) -> list[MessageView]:
-    """Put each tool answer inside the call it answers when both are on the page; the
-    answers so placed are marked ``paired`` (the page shows them only there)."""
+    """Put each tool answer (a ``tool`` message, a ``*_output`` item) inside the call it
+    answers when both are on the page; the answers so placed are marked ``paired`` (the
+    page shows them only there)."""
     open_calls: dict[str, ToolCall] = {}
     for view in views:
         for call in view.tool_calls:
             open_calls[call.call_id] = call
-        if view.role == "tool" and view.tool_call_id is not None:
-            answered = open_calls.pop(view.tool_call_id, None)
+        if view.answers is not None:
+            answered = open_calls.pop(view.answers, None)
             if answered is not None and answered.output is None:
                 answered.output = view
                 view.paired = True
@@ -249,8 +437,11 @@ def transcript_page(
     if before is not None:
         loaded = repository.load_transcript(session_id, before_seq=before, limit=limit + 1)
         page = loaded[-limit:]
-        # Paging back from ``before``: the messages from there on are the next page.
-        next_after = page[-1].seq if page else max(before - 1, 0)
+        # Paging back from ``before``: the messages from there on are the next page,
+        # when there are any (the newest page, ``before`` past the end, has none).
+        later = page[-1].seq if page else max(before - 1, 0)
+        more = repository.load_transcript(session_id, after_seq=later, limit=1)
+        next_after = later if more else None
         previous_before = page[0].seq if len(loaded) > limit else None
     else:
         loaded = repository.load_transcript(session_id, after_seq=after, limit=limit + 1)
@@ -350,6 +541,8 @@ class SearchPage:
     hits: list[HitView]
     #: ``cursor=`` of the next page (``None``: no more hits).
     next_cursor: int | None
+    #: ``cursor=`` of the previous page (``None``: this is the first).
+    previous_cursor: int | None = None
 
 
 def search_page(
@@ -363,7 +556,11 @@ def search_page(
 ) -> SearchPage:
     hits = repository.search(query, order=order, limit=limit + 1, cursor=cursor, **filters)
     views = [HitView(hit, highlighted(hit.snippet, query)) for hit in hits[:limit]]
-    return SearchPage(views, cursor + limit if len(hits) > limit else None)
+    return SearchPage(
+        views,
+        cursor + limit if len(hits) > limit else None,
+        max(cursor - limit, 0) if cursor > 0 else None,
+    )
 
 
 # -- health -------------------------------------------------------------------------------

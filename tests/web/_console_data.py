@@ -19,6 +19,9 @@ LONG: Final = "long-transcript"
 LONG_MESSAGES: Final = 130
 RICH: Final = "rich-debug-session"
 RICH_PARENT: Final = "rich-debug-session-before-compression"
+#: What the OpenAI Agents adapter stores: Responses-API items (a function call and its
+#: output, reasoning with a summary, a provider-run web search, a message item).
+AGENTS: Final = "agents-sdk-session"
 XSS_SESSION: Final = 'xss"><script>window.__pwned=1</script>'
 #: The phrase the search tests look for (in the rich session only).
 NEEDLE: Final = "flaky migration"
@@ -115,6 +118,7 @@ def seed(repository: SessionRepository) -> None:
     )
     repository.backdate_activity(LONG, _at(205), stamped_since=START)
     _rich(repository)
+    _agents(repository)
     _xss(repository)
 
 
@@ -211,6 +215,59 @@ def _rich(repository: SessionRepository) -> None:
     repository.backdate_activity(RICH, _at(304), stamped_since=START)
 
 
+AGENT_ITEMS: Final[tuple[dict[str, Any], ...]] = (
+    {"content": "What is the weather in Kyoto?", "role": "user"},
+    {
+        "id": "rs_01",
+        "summary": [
+            {"text": "The user wants Kyoto's weather: call the tool.", "type": "summary_text"}
+        ],
+        "type": "reasoning",
+        "content": [{"text": "get_weather takes a city and a unit.", "type": "reasoning_text"}],
+        "encrypted_content": "gAAAAABn-ENCRYPTED==",
+    },
+    {
+        "arguments": '{"city": "Kyoto", "unit": "celsius"}',
+        "call_id": "call_fn_01",
+        "name": "get_weather",
+        "type": "function_call",
+        "id": "fc_01",
+        "status": "completed",
+    },
+    {
+        "id": "ws_01",
+        "action": {"query": "Kyoto weather tomorrow", "type": "search"},
+        "status": "completed",
+        "type": "web_search_call",
+    },
+    {
+        "output": '{"temperature": 21.5, "sky": "clear"}',
+        "type": "function_call_output",
+        "call_id": "call_fn_01",
+    },
+    {
+        "id": "msg_01",
+        "content": [
+            {"annotations": [], "text": "21.5 °C and clear in Kyoto.", "type": "output_text"}
+        ],
+        "role": "assistant",
+        "status": "completed",
+        "type": "message",
+    },
+)
+
+
+def _agents(repository: SessionRepository) -> None:
+    repository.append(
+        AGENTS,
+        [Message.from_openai(item) for item in AGENT_ITEMS],
+        source="openai-agents",
+        user_id="erin",
+        title="Weather in Kyoto (Agents SDK)",
+    )
+    repository.backdate_activity(AGENTS, _at(350), stamped_since=START)
+
+
 def _xss(repository: SessionRepository) -> None:
     messages: list[Message | dict[str, Any]] = []
     for number, payload in enumerate(XSS):
@@ -245,6 +302,24 @@ def _xss(repository: SessionRepository) -> None:
                 timestamp=_at(400 + number + 0.2),
             )
         )
+    for number, payload in enumerate(XSS):
+        # Responses items whose type, call id, name and values are hostile.
+        call_id = f"item-{number}-{payload}"
+        kinds = (f"{payload}_call", f"{payload}_call_output", "reasoning")
+        messages += [
+            Message.from_openai(
+                {"type": kinds[0], "call_id": call_id, "name": payload, "arguments": payload},
+                timestamp=_at(415 + number / 60),
+            ),
+            Message.from_openai(
+                {"type": kinds[1], "call_id": call_id, "output": payload},
+                timestamp=_at(415 + number / 60),
+            ),
+            Message.from_openai(
+                {"type": kinds[2], "summary": [{"type": "summary_text", "text": payload}]},
+                timestamp=_at(415 + number / 60),
+            ),
+        ]
     messages.append(
         Message(
             role="user",

@@ -56,7 +56,12 @@ class Server:
 
 
 def start_server(
-    url: str, tmp: Path, *options: str, env: dict[str, str] | None = None, host: str = "127.0.0.1"
+    url: str,
+    tmp: Path,
+    *options: str,
+    env: dict[str, str] | None = None,
+    host: str = "127.0.0.1",
+    cwd: Path | None = None,
 ) -> Server:
     port = free_port()
     log = tmp / f"serve-{port}.log"
@@ -79,6 +84,7 @@ def start_server(
             stderr=subprocess.STDOUT,
             env=environment,
             text=True,
+            cwd=cwd,
         )
     server = Server(process, f"http://127.0.0.1:{port}", log)
     deadline = time.monotonic() + START_TIMEOUT

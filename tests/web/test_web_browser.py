@@ -34,7 +34,7 @@ def test_listing_pages_through_every_session_newest_first(page: Watched, console
             break
         nxt.click()
         tab.wait_for_load_state()
-    total = PLAIN + 4  # the long, rich, its parent and the XSS session
+    total = PLAIN + 5  # the long, rich, its parent, the Agents SDK and the XSS session
     assert len(seen) == total
     assert len(set(seen)) == total  # keyset paging: no repeat, no gap
     assert seen[0].startswith("xss")  # the newest activity

@@ -13,6 +13,8 @@ import pytest
 from _console_data import XSS, XSS_SESSION
 from conftest import Server, Watched
 
+from sessionrepo.web.views import ROLE_CLASSES
+
 pytestmark = pytest.mark.slow
 
 #: What the document may hold besides escaped text: the console's own elements only.
@@ -86,4 +88,13 @@ def test_the_corpus_is_shown_as_text_with_hidden_characters_spelled_out(
     assert tab.locator("#session-id").inner_text() == XSS_SESSION
     # An SVG or javascript: "image" is never drawn, only described.
     assert tab.locator("figure.image").count() == 0
+    # Hostile item types are shown as text and styled by a fixed class, never by name.
+    classes = tab.locator("article.message").evaluate_all(
+        "els => [...new Set(els.flatMap(e => [...e.classList]))]"
+    )
+    assert set(classes) <= {"message"} | {f"role-{name}" for name in ROLE_CLASSES}
+    assert "role-assistant" in classes  # the hostile "..._call" items, as calls
+    roles = tab.locator("article.message").evaluate_all("els => els.map(e => e.dataset.role)")
+    for payload in XSS[:11]:
+        assert f"{payload}_call_output" in roles
     _assert_inert(page)

@@ -1,5 +1,6 @@
 // sessionrepo console: the only script. It never reads or writes markup (no innerHTML):
-// it marks the page as scripted and opens or closes every <details> on request.
+// it marks the page as scripted, opens or closes every <details> on request, and reloads
+// a page that asks for it (data-refresh="<seconds>": the health page while a rebuild runs).
 "use strict";
 document.documentElement.classList.add("js");
 document.addEventListener("click", function (event) {
@@ -11,3 +12,8 @@ document.addEventListener("click", function (event) {
     element.open = action === "open";
   });
 });
+var refreshing = document.querySelector("[data-refresh]");
+if (refreshing !== null) {
+  var seconds = Number(refreshing.getAttribute("data-refresh"));
+  if (seconds > 0) setTimeout(function () { location.reload(); }, seconds * 1000);
+}
