@@ -29,7 +29,8 @@ What it keeps of the SDK's contract, and where it is stricter:
   loses nothing in a compaction: the history before it stays stored. (Its atomic
   suffix replacement, a private hook of the SDK's own stores, is not offered: automatic
   compaction then needs the whole history to match, as for any other backend.)
-- With ``use_outbox=True`` the writes go through :class:`~sessionrepo.AsyncTranscriptWriter`:
+- With ``use_outbox=True`` the writes go through a :class:`~sessionrepo.TranscriptWriter`
+  (an :class:`~sessionrepo.AsyncTranscriptWriter` over an async repository):
   when the primary is down or locked, ``add_items`` (and the edits) park in the outbox and
   return; they are replayed in order later, idempotently. Reads need the primary, and a
   session with parked writes is drained before it is read (or the read raises

@@ -700,6 +700,14 @@ def test_an_async_repository_ties_the_session_to_its_loop(database_url: str) -> 
             run(session.get_items)
         assert contents(loop.run_until_complete(session.get_items())) == ["hi"]
         session.close()
+        # With the outbox its writer is an asyncio one too: closed awaited, on its loop.
+        writing = SessionRepoSession("loops", repository=repository, use_outbox=True)
+        loop.run_until_complete(writing.add_items([{"role": "user", "content": "again"}]))
+        with pytest.raises(RepoError, match="aclose"):
+            writing.close()
+        loop.run_until_complete(writing.aclose())
+        with pytest.raises(RepoError, match="closed"):
+            loop.run_until_complete(writing.get_items())
         loop.run_until_complete(repository.close())
     finally:
         loop.close()
