@@ -421,16 +421,20 @@ class SessionRepoSession:
 
         Exactly one item, as the SDK's rewind expects (it pops and compares item by
         item): a retract of the newest key, not ``pop_last``, whose logical step takes a
-        tool call together with its outputs.
+        tool call together with its outputs. Concurrent pops (other objects, other
+        processes) each take another item: one that finds its item taken out by another
+        pop between reading and retracting it pops the next newest.
         """
         del wrapper
-        newest = await self._live(1)
-        if not newest:
-            return None
-        (message,) = newest
-        await self._retract([message.client_msg_uuid])
-        self._taken_out.add(message.client_msg_uuid)
-        return cast("TResponseInputItem", message.to_item())
+        while True:
+            newest = await self._live(1)
+            if not newest:
+                return None
+            (message,) = newest
+            taken = await self._retract([message.client_msg_uuid])
+            if taken is None or message.client_msg_uuid in taken:  # None: parked
+                self._taken_out.add(message.client_msg_uuid)
+                return cast("TResponseInputItem", message.to_item())
 
     async def clear_session(self, *, wrapper: RunContextWrapper[Any] | None = None) -> None:
         """Empty the live history (kept as history: nothing is deleted)."""
@@ -472,11 +476,14 @@ class SessionRepoSession:
         except NotFound:
             return []
 
-    async def _retract(self, keys: list[uuid.UUID]) -> None:
+    async def _retract(self, keys: list[uuid.UUID]) -> list[uuid.UUID] | None:
+        """Take ``keys`` out of the live history: the keys this call took out (not those
+        out of it already), or ``None`` when the edit was parked in the outbox."""
         if self._use_outbox:
-            await self._write_call(TranscriptWriter.retract, self.session_id, keys)
-        else:
-            await self._call(SessionRepository.retract, self.session_id, keys)
+            outcome = await self._write_call(TranscriptWriter.retract, self.session_id, keys)
+            return None if outcome.edit is None else outcome.edit.superseded
+        edit = await self._call(SessionRepository.retract, self.session_id, keys)
+        return edit.superseded
 
     def _item_dict(self, item: object, index: int) -> dict[str, Any]:
         if not isinstance(item, Mapping):

@@ -63,11 +63,25 @@ _CORRUPT_ROWS = (
 )
 _FAULT_INJECTION = "patches SQLiteSession's private transaction helpers to inject a fault"
 
+_SQLALCHEMY = "tests/extensions/memory/test_sqlalchemy_session.py::"
+_OWN_TABLES = (
+    "reads or writes the SDK's own agent_messages rows through its private session factory"
+)
+_OWN_ENGINE = (
+    "drives SQLAlchemySession's own engine, table-creation locks or engine registry "
+    "(attributes a SessionRepoSession does not have)"
+)
+_OWN_SQL = "asserts the SQL statements SQLAlchemySession issues"
+
 FRAMEWORKS: dict[str, Framework] = {
     "openai-agents": Framework(
         name="openai-agents",
         shim="shim_openai_agents",
-        files=("tests/memory/test_session.py", "tests/memory/test_session_limit.py"),
+        files=(
+            "tests/memory/test_session.py",
+            "tests/memory/test_session_limit.py",
+            "tests/extensions/memory/test_sqlalchemy_session.py",
+        ),
         deselected={
             "tests/memory/test_session.py::test_sqlite_session_close_closes_worker_thread_connections": _SQLITE_INTERNALS,  # noqa: E501
             "tests/memory/test_session.py::test_sqlite_session_reaps_connections_from_exited_worker_threads": _SQLITE_INTERNALS,  # noqa: E501
@@ -85,6 +99,42 @@ FRAMEWORKS: dict[str, Framework] = {
             "tests/memory/test_session.py::test_sqlite_session_rollback_failure_evicts_connection": _FAULT_INJECTION,  # noqa: E501
             "tests/memory/test_session.py::test_sqlite_session_close_retries_quarantined_connection": _FAULT_INJECTION,  # noqa: E501
             "tests/memory/test_session.py::test_sqlite_session_post_commit_cancellation_propagates_after_known_outcome": _FAULT_INJECTION,  # noqa: E501
+            # A node id is a prefix: a parametrized test's every case.
+            **{
+                _SQLALCHEMY + test: reason
+                for test, reason in {
+                    "test_sqlalchemy_session_defaults_to_escaped_non_ascii_storage": _OWN_TABLES,
+                    "test_sqlalchemy_session_can_store_non_ascii_without_escaping": _OWN_TABLES,
+                    "test_get_items_same_timestamp_consistent_order": _OWN_TABLES,
+                    "test_pop_item_same_timestamp_returns_latest": _OWN_TABLES,
+                    "test_get_items_orders_by_id_for_ties": _OWN_TABLES,
+                    "test_pop_item_skips_corrupt_most_recent": _CORRUPT_ROWS,
+                    "test_get_items_limit_skips_corrupt_newest_rows": _CORRUPT_ROWS,
+                    "test_pop_item_returns_none_after_dropping_only_corrupt_rows": _CORRUPT_ROWS,
+                    "test_pop_item_supports_unknown_delete_rowcount": _FAULT_INJECTION,
+                    "test_pop_item_retries_returning_claim_lost_to_concurrent_delete": (
+                        _FAULT_INJECTION
+                    ),
+                    "test_mutation_cancellation_waits_for_transaction_exit": _FAULT_INJECTION,
+                    "test_sqlite_fallback_reserves_writer_before_tail_claim": _OWN_SQL,
+                    "test_add_items_waits_for_transient_sqlite_write_lock": _OWN_ENGINE,
+                    "test_add_items_concurrent_first_access_across_from_url_sessions": (
+                        _OWN_ENGINE
+                    ),
+                    "test_add_items_concurrent_first_access_with_shared_session_cross_loop": (
+                        _OWN_ENGINE
+                    ),
+                    "test_add_items_cancelled_waiter_does_not_strand_table_init_lock": (
+                        _OWN_ENGINE
+                    ),
+                    "test_create_tables_false_does_not_allocate_shared_init_lock": _OWN_ENGINE,
+                    "test_engine_property_from_url": _OWN_ENGINE,
+                    "test_engine_property_from_external_engine": _OWN_ENGINE,
+                    "test_engine_property_is_read_only": _OWN_ENGINE,
+                    "test_sqlite_configuration_registry_releases_collected_engines": (_OWN_ENGINE),
+                    "test_sqlite_configuration_registry_does_not_grow_unbounded": _OWN_ENGINE,
+                }.items()
+            },
         },
     ),
     "langchain-core": Framework(

@@ -155,6 +155,55 @@ def test_pop_item(database_url: str) -> None:
     run(main)
 
 
+def test_concurrent_pops_take_different_items(database_url: str) -> None:
+    """Follows the SQLAlchemy ``test_concurrent_pop_item_returns_each_row_once`` and
+    ``test_sqlite_fallback_reserves_writer_before_tail_claim``: two objects pop one session
+    at once; each takes another item, and with one item left only one gets it. Here the
+    race is forced: the first pop reads the newest item, then waits until the second pop
+    has taken it out."""
+
+    async def main() -> None:
+        writer = SessionRepoSession("pops", url=database_url)
+        other = SessionRepoSession("pops", url=database_url)
+        read = asyncio.Event()
+        taken = asyncio.Event()
+        live = writer._live
+        paused = False
+
+        async def read_then_wait(limit: int | None) -> Any:
+            nonlocal paused
+            newest = await live(limit)
+            if not paused:
+                paused = True
+                read.set()
+                await taken.wait()
+            return newest
+
+        writer._live = read_then_wait  # type: ignore[method-assign]
+
+        async def other_pops() -> Any:
+            await read.wait()
+            item = await other.pop_item()
+            taken.set()
+            return item
+
+        await writer.add_items(
+            [{"role": "user", "content": "first"}, {"role": "user", "content": "second"}]
+        )
+        mine, theirs = await asyncio.gather(writer.pop_item(), other_pops())
+        assert (mine["content"], theirs["content"]) == ("first", "second")
+        assert await other.get_items() == []
+
+        await writer.add_items([{"role": "user", "content": "only"}])
+        paused, read, taken = False, asyncio.Event(), asyncio.Event()
+        mine, theirs = await asyncio.gather(writer.pop_item(), other_pops())
+        assert (mine, theirs["content"]) == (None, "only")
+        writer.close()
+        other.close()
+
+    run(main)
+
+
 def test_pop_takes_one_item_not_a_tool_round(database_url: str) -> None:
     """The SDK's rewind pops and compares item by item: a pop after a tool output takes the
     output alone (sessionrepo's ``pop_last`` would take the call with it)."""
