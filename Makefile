@@ -85,5 +85,14 @@ CITUS_CI_TESTS := tests/dialects/test_citus.py tests/contract/test_append.py \
 test-citus: $(STAMP)
 	$(BIN)/python tests/citus_cluster.py run -- $(BIN)/python -m pytest $(CITUS_TESTS)
 
+# make test-frameworks   the frameworks' own session tests (OpenAI Agents SDK, LangChain, Google
+#                        ADK; the installed releases' test files, from their sdists on PyPI)
+#                        against sessionrepo's adapters, on SQLite and PostgreSQL
+#                        (SESSIONREPO_TEST_POSTGRES_URL); ADK's from ADK_TESTS=<checkout>.
+#                        FRAMEWORK_ARGS: e.g. --backend sqlite --framework langchain
+.PHONY: test-frameworks
+test-frameworks: $(STAMP)
+	$(BIN)/python tests/frameworks/run.py $(FRAMEWORK_ARGS)
+
 clean:
 	rm -rf $(VENV) build .mypy_cache .ruff_cache .pytest_cache .hypothesis

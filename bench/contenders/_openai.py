@@ -250,4 +250,4 @@ class SessionRepoOpenAIAgents(SessionRepoAsync):
 
     async def _close_sessions(self) -> None:
         for session in self.sessions.values():
-            await session.close()  # the repository is the contender's: closed after
+            await session.aclose()  # the repository is the contender's: closed after

@@ -18,7 +18,14 @@ What goes where:
   ``role`` ``user`` for the user's events, ``tool`` for function responses,
   ``assistant`` for the rest. Its key is ``uuid5`` of the session and ``Event.id``, so a
   retried ``append_event`` is a no-op (ADK's ``DatabaseSessionService`` raises an
-  ``IntegrityError``).
+  ``IntegrityError``), and a *different* event under a stored id raises
+  :class:`~sessionrepo.ConflictError` (as ADK's database services refuse it; nothing is
+  dropped silently).
+- Session ids are trimmed, as ADK's services trim them: ``" s1 "`` is the session
+  ``"s1"``, and a blank id gets a generated one (a padded id stored before is still
+  found under its padded form).
+- State values JSON cannot encode (a callable, NaN) are stored in their string form
+  (NaN as ``null``) with a warning, as ADK's services store them.
 - State: ``app:`` and ``user:`` keys in ``adk_app_states`` / ``adk_user_states``, the
   session's own in ``adk_sessions`` (migration 0008); ``temp:`` keys are never stored.
 
@@ -54,6 +61,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -86,6 +94,7 @@ from sessionrepo.aio.api import AsyncSessionRepository, AsyncTranscriptWriter, o
 from sessionrepo.errors import (
     ArgumentTypeError,
     BackendUnavailable,
+    ConflictError,
     InvalidArgument,
     InvalidMessage,
     NotFound,
@@ -109,6 +118,8 @@ __all__ = [
 ]
 
 T = TypeVar("T")
+
+log = logging.getLogger("sessionrepo")
 
 #: The namespace of the event keys: ``uuid5(EVENT_KEYS, f"{session}\n{event id}")``.
 EVENT_KEYS: Final = uuid.UUID("5b0c6a0e-7d1f-5d43-9a4e-0a6b1d2c3e4f")
@@ -143,13 +154,24 @@ def event_key(session: str, event_id: str) -> uuid.UUID:
 
 
 def _json_state(value: Mapping[str, Any], field: str) -> dict[str, Any]:
-    """State as JSON data, checked before anything is written (values that are not
-    JSON, a datetime say, are converted as ADK's own services convert them)."""
+    """State as JSON data, checked before anything is written. Values that are not JSON
+    are converted as ADK's own services convert them: a datetime (a Pydantic model...)
+    faithfully; one nothing can encode (a callable, NaN) to its string form (NaN and
+    infinities to ``null``, as in the event's own JSON), with a warning, and stored."""
     try:
         converted = to_jsonable_python(dict(value))
         dump_json(converted)
-    except (TypeError, ValueError) as exc:
-        raise InvalidMessage(field, f"state cannot be stored as JSON: {exc}") from exc
+    except (TypeError, ValueError):
+        log.warning(
+            "ADK %s holds values JSON cannot encode: they are stored in their string form",
+            field,
+            exc_info=True,
+        )
+        try:
+            converted = to_jsonable_python(dict(value), serialize_unknown=True, inf_nan_mode="null")
+            dump_json(converted)
+        except (TypeError, ValueError) as exc:
+            raise InvalidMessage(field, f"state cannot be stored as JSON: {exc}") from exc
     if not isinstance(converted, dict):  # pragma: no cover - a dict converts to a dict
         raise InvalidMessage(field, "state must be a JSON object")
     return converted
@@ -344,7 +366,9 @@ class SessionRepoSessionService(BaseSessionService):
         state: dict[str, Any] | None = None,
         session_id: str | None = None,
     ) -> AdkSession:
-        session_id = session_id or platform_uuid.new_uuid()
+        if session_id:
+            session_id = await self._resolved_id(app_name, user_id, session_id)
+        session_id = session_id or platform_uuid.new_uuid()  # blank: generated, as ADK does
         sid = session_key(app_name, user_id, session_id)
         deltas = _Deltas.of(state, "state")
         now = platform_time.get_time()
@@ -405,6 +429,7 @@ class SessionRepoSessionService(BaseSessionService):
         session_id: str,
         config: GetSessionConfig | None = None,
     ) -> AdkSession | None:
+        session_id = await self._resolved_id(app_name, user_id, session_id)
         sid = session_key(app_name, user_id, session_id)
         loaded = await self._load(sid, app_name, user_id)
         if loaded is not None and loaded.applied_seq < loaded.next_seq - 1:
@@ -424,6 +449,23 @@ class SessionRepoSessionService(BaseSessionService):
         )
         session._storage_update_marker = str(loaded.next_seq)
         return session
+
+    async def _resolved_id(self, app_name: str, user_id: str, session_id: str) -> str:
+        """``session_id`` trimmed, as ADK's services trim it, unless a session is stored
+        under its padded form (one made before ids were trimmed: found as it was)."""
+        if not isinstance(session_id, str) or session_id == session_id.strip():
+            return session_id  # nothing to trim (a wrong type is refused further on)
+        padded = session_key(app_name, user_id, session_id)
+
+        def work(sync: SessionRepository) -> bool:
+            return sync.database.read(
+                lambda conn: (
+                    conn.execute(select(A.session_id).where(A.session_id == padded)).first()
+                    is not None
+                )
+            )
+
+        return session_id if await self._run(work) else session_id.strip()
 
     async def _load(
         self, sid: str, app_name: str, user_id: str, *, bounded: bool = False
@@ -594,6 +636,7 @@ class SessionRepoSessionService(BaseSessionService):
         """Delete the session, its events and its state for real (sessionrepo's prune:
         ended, then deleted). A session that does not exist: nothing happens. Events of
         it still parked in an outbox are kept (they are the only copy)."""
+        session_id = await self._resolved_id(app_name, user_id, session_id)
         sid = session_key(app_name, user_id, session_id)
         repo = await self._repo()
         try:
@@ -635,6 +678,8 @@ class SessionRepoSessionService(BaseSessionService):
         Raises:
             SessionNotFoundError: no such session.
             StaleSessionError: the session was appended to since ``session`` was loaded.
+            ConflictError: another event with this event's id is stored (nothing was
+                written), as ADK's database services refuse it.
             InvalidMessage: the event or its state cannot be stored (nothing was).
         """
         if event.partial:
@@ -662,6 +707,15 @@ class SessionRepoSessionService(BaseSessionService):
             raise SessionNotFoundError(f"Session {session.id} not found.")
         if outcome == "stale":
             raise StaleSessionError(_STALE)
+        if outcome == "conflict":
+            # As ADK's database services refuse it (an IntegrityError there): the
+            # stored event stays, this one is not stored, and nothing is silently lost.
+            raise ConflictError(
+                f"Session {session.id} holds another event with id {event.id!r}: "
+                "an event id is stored once (a retry of the same event is a no-op)",
+                session_id=sid,
+                conflicts=[pending.key],
+            )
         duplicate = isinstance(outcome, _Duplicate)
         seq = outcome.next_seq if isinstance(outcome, _Duplicate) else outcome
         session._storage_update_marker = None if seq is None else str(seq)
@@ -691,16 +745,16 @@ class SessionRepoSessionService(BaseSessionService):
                 if known and marker != str(loaded.next_seq):
                     stored = await self._run(
                         lambda sync: sync.bounded_database(self._deadline).read(
-                            partial(_stored_in, sid, pending.key)
+                            partial(_as_stored, pending, next_seq=loaded.next_seq)
                         )
                     )
-                    if not stored:
-                        return "stale"
-                    return _Duplicate(loaded.next_seq)  # a retry: the writer has it
+                    return stored or "stale"  # a retry: the writer has it
         except BackendUnavailable:
             pass  # the primary is away: the writer parks, behind what it parked before
         result = await writer.write(sid, pending.batch.messages)
-        if result.duplicates or result.conflicts:
+        if result.conflicts:
+            return "conflict"
+        if result.duplicates:
             # Stored already (a retry), or parked already with the same key: a no-op.
             return _Duplicate(None if expected is None else expected - 1)
         if result.status == "parked" and result.parked == 0:
@@ -739,10 +793,26 @@ class _Pending:
     def key(self) -> uuid.UUID:
         return event_key(self.sid, self.event.id)
 
+    @property
+    def content_hash(self) -> bytes:
+        return bytes(self.batch.rows[0]["content_hash"])
 
-def _stored_in(sid: str, key: uuid.UUID, conn: Connection) -> bool:
-    found = conn.execute(select(M.seq).where(M.session_id == sid, M.client_msg_uuid == key))
-    return found.first() is not None
+
+def _stored_hash(sid: str, key: uuid.UUID, conn: Connection) -> bytes | None:
+    """The content hash of the message stored under ``key`` (``None``: none is)."""
+    found = conn.execute(
+        select(M.content_hash).where(M.session_id == sid, M.client_msg_uuid == key)
+    )
+    return found.scalar()
+
+
+def _as_stored(pending: _Pending, conn: Connection, next_seq: int) -> _Duplicate | str | None:
+    """What the event's key holds already: this very event (a retry: ``_Duplicate``),
+    another event under the same id (``"conflict"``), or nothing (``None``)."""
+    stored = _stored_hash(pending.sid, pending.key, conn)
+    if stored is None:
+        return None
+    return _Duplicate(next_seq) if stored == pending.content_hash else "conflict"
 
 
 def _append_in(
@@ -762,12 +832,13 @@ def _append_in(
     if marker is not None and marker != str(next_seq):
         # Appended to since this object was loaded: by this very event (a retry whose
         # first attempt committed: a no-op), or by someone else (stale).
-        return _Duplicate(next_seq) if _stored_in(sid, pending.key, conn) else "stale"
+        return _as_stored(pending, conn, next_seq) or "stale"
     if marker is None and row.update_time > session.last_update_time:
         # A session object without a marker (made by hand): stale unless what is
         # stored last is what it holds last, as ADK's DatabaseSessionService decides.
-        if _stored_in(sid, pending.key, conn):
-            return _Duplicate(next_seq)
+        stored = _as_stored(pending, conn, next_seq)
+        if stored is not None:
+            return stored
         last = conn.execute(
             select(M.client_msg_uuid).where(M.session_id == sid, M.seq == next_seq - 1)
         ).scalar()
@@ -782,7 +853,9 @@ def _append_in(
     new_session = _codec.session_row(pending.batch.session)
     result = sync._append(conn, sid, pending.batch.rows, new_session)
     if not result.inserted:
-        return _Duplicate(next_seq)  # stored before this object was loaded: a retry
+        # Stored before this object was loaded: this event (a retry), or another one
+        # under its id.
+        return "conflict" if result.conflicts else _Duplicate(next_seq)
     sync._index_inserted(conn, result, pending.batch.messages)
     _apply(
         conn,

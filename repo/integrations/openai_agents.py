@@ -29,7 +29,8 @@ What it keeps of the SDK's contract, and where it is stricter:
   loses nothing in a compaction: the history before it stays stored. (Its atomic
   suffix replacement, a private hook of the SDK's own stores, is not offered: automatic
   compaction then needs the whole history to match, as for any other backend.)
-- With ``use_outbox=True`` the writes go through :class:`~sessionrepo.AsyncTranscriptWriter`:
+- With ``use_outbox=True`` the writes go through a :class:`~sessionrepo.TranscriptWriter`
+  (an :class:`~sessionrepo.AsyncTranscriptWriter` over an async repository):
   when the primary is down or locked, ``add_items`` (and the edits) park in the outbox and
   return; they are replayed in order later, idempotently. Reads need the primary, and a
   session with parked writes is drained before it is read (or the read raises
@@ -39,17 +40,26 @@ What it keeps of the SDK's contract, and where it is stricter:
   are replayed (the replay cannot tell it from a retry).
 
 The ``wrapper`` keyword the SDK passes to sessions that accept it (the run context) is
-accepted on the four methods and not used. One object belongs to one event loop (its
-repository's connections do); ``Runner.run_sync`` reuses the thread's loop, so it works.
+accepted on the four methods and not used.
+
+One object serves any event loop, one call or many at a time, as the SDK's own sessions
+do (a sync web server's worker threads each run a turn with ``asyncio.run`` on one cached
+session object): what it opens from ``url=`` is a sync :class:`~sessionrepo.SessionRepository`
+(thread-safe, its connections pooled, bound to no loop), each call run in a worker thread
+of the calling loop. One engine per object, however many loops used it; ``close()``
+(sync, as ``SQLiteSession.close()``) releases it. An
+:class:`~sessionrepo.AsyncSessionRepository` passed in is awaited on the loop it belongs
+to, and the session with it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import inspect
+import threading
 import uuid
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, Final, cast
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any, Concatenate, Final, ParamSpec, TypeVar, cast
 
 try:  # the framework comes with the extra: say which, not just "No module named"
     import agents  # noqa: F401
@@ -70,7 +80,8 @@ from sessionrepo import (
     BackendUnavailable,
     NotFound,
     SessionRepository,
-    open_async_repository,
+    TranscriptWriter,
+    open_repository,
 )
 from sessionrepo.errors import ArgumentTypeError, InvalidArgument, InvalidMessage, RepoError
 from sessionrepo.models import StoredMessage
@@ -91,12 +102,24 @@ ITEM_KEY_NAMESPACE: Final = uuid.UUID("b692089a-6533-5d64-9373-310eb164749c")
 #: ``before_seq`` past every message: ``load_transcript`` pages backward from the end.
 _END: Final = 2**63 - 1
 
-#: What ``writer_options`` may hold: the writer's own keyword arguments.
-_WRITER_OPTIONS: Final = frozenset(
-    name
-    for name, parameter in inspect.signature(AsyncTranscriptWriter).parameters.items()
-    if parameter.kind is inspect.Parameter.KEYWORD_ONLY and name != "outbox_url"
-)
+P = ParamSpec("P")
+T = TypeVar("T")
+
+
+def _writer_options(writer: type[object]) -> frozenset[str]:
+    """What ``writer_options`` may hold for ``writer``: its own keyword arguments."""
+    return frozenset(
+        name
+        for name, parameter in inspect.signature(writer).parameters.items()
+        if parameter.kind is inspect.Parameter.KEYWORD_ONLY
+        and name not in {"outbox_url", "task_pool"}
+    )
+
+
+_WRITER_OPTIONS: Final = {
+    TranscriptWriter: _writer_options(TranscriptWriter),
+    AsyncTranscriptWriter: _writer_options(AsyncTranscriptWriter),
+}
 
 #: Where the sessions this class creates say they come from (``Session.source``).
 DEFAULT_SOURCE: Final = "openai-agents"
@@ -128,24 +151,25 @@ def _item_id(item: Mapping[str, Any]) -> str | None:
 class SessionRepoSession:
     """An OpenAI Agents SDK ``Session`` stored by sessionrepo (see the module docstring).
 
-    Use it from one event loop, as its repository is (the first call opens what it was
-    given a URL for, on the running loop). ``close()`` (or ``async with``) releases what
-    it opened itself; a ``repository=`` passed in stays the caller's.
+    Use it from any event loop (see the module docstring), and ``close()`` it (or use it
+    as ``async with``) to release what it opened itself; a ``repository=`` passed in stays
+    the caller's.
 
     Args:
         session_id: the conversation (sessionrepo's session id).
         url: the database (``postgresql://...``, ``sqlite:///path``, a file path); ``None``:
             ``SESSIONREPO_DATABASE_URL``, else the embedded SQLite default.
-        repository: an opened :class:`~sessionrepo.AsyncSessionRepository` instead of
-            ``url`` (a sync ``SessionRepository`` is refused: its connections are not the
-            event loop's).
+        repository: an opened repository instead of ``url``: a
+            :class:`~sessionrepo.SessionRepository` (any loop), or an
+            :class:`~sessionrepo.AsyncSessionRepository` (then the session is used from
+            that repository's event loop only).
         session_settings: the SDK's settings (``limit``: how many items ``get_items``
             returns by default).
-        use_outbox: write through an :class:`~sessionrepo.AsyncTranscriptWriter`.
+        use_outbox: write through a :class:`~sessionrepo.TranscriptWriter` (an
+            :class:`~sessionrepo.AsyncTranscriptWriter` over an async repository).
         outbox_url: where that writer parks (default: ``SESSIONREPO_OUTBOX_URL``, else
             the primary database).
-        writer_options: more :class:`~sessionrepo.AsyncTranscriptWriter` arguments
-            (``deadline``, ``max_attempts``...).
+        writer_options: more arguments of that writer (``deadline``, ``max_attempts``...).
         session_defaults: the fields of the session row the first write creates
             (``source`` defaults to ``"openai-agents"``; ``user_id``, ``title``...).
 
@@ -163,7 +187,7 @@ class SessionRepoSession:
         session_id: str,
         *,
         url: str | None = None,
-        repository: AsyncSessionRepository | None = None,
+        repository: SessionRepository | AsyncSessionRepository | None = None,
         session_settings: SessionSettings | dict[str, Any] | None = None,
         use_outbox: bool = False,
         outbox_url: str | None = None,
@@ -178,18 +202,23 @@ class SessionRepoSession:
             raise InvalidArgument("url", "give url= or repository=, not both")
         if url is not None and not isinstance(url, str):
             raise ArgumentTypeError("url", "a database URL is a str")
-        if isinstance(repository, SessionRepository):
+        if repository is not None and not isinstance(
+            repository, SessionRepository | AsyncSessionRepository
+        ):
             raise ArgumentTypeError(
-                "repository", "a sync SessionRepository; use open_async_repository()"
+                "repository", "expected a SessionRepository or an AsyncSessionRepository"
             )
-        if repository is not None and not isinstance(repository, AsyncSessionRepository):
-            raise ArgumentTypeError("repository", "expected an AsyncSessionRepository")
         if not use_outbox and (outbox_url is not None or writer_options):
             raise InvalidArgument("outbox_url", "outbox settings without use_outbox=True")
-        unknown = sorted(set(writer_options or {}) - _WRITER_OPTIONS)
+        writer_class = (
+            AsyncTranscriptWriter
+            if isinstance(repository, AsyncSessionRepository)
+            else TranscriptWriter
+        )
+        unknown = sorted(set(writer_options or {}) - _WRITER_OPTIONS[writer_class])
         if unknown:
             raise InvalidArgument(
-                "writer_options", f"{', '.join(unknown)}: not an AsyncTranscriptWriter option"
+                "writer_options", f"{', '.join(unknown)}: not an option of {writer_class.__name__}"
             )
         self.session_id = session_id
         self.session_settings = (
@@ -198,75 +227,151 @@ class SessionRepoSession:
             else SessionSettings()
         )
         self._url = url
-        self._repository = repository
+        self._repository: SessionRepository | None = (
+            repository if isinstance(repository, SessionRepository) else None
+        )
+        #: A caller's async repository: awaited on its own loop (see _check_loop).
+        self._async: AsyncSessionRepository | None = (
+            repository if isinstance(repository, AsyncSessionRepository) else None
+        )
         self._owns_repository = repository is None
         self._use_outbox = bool(use_outbox)
         self._outbox_url = outbox_url
         self._writer_options = dict(writer_options or {})
         self._session_defaults = {"source": DEFAULT_SOURCE} | dict(session_defaults or {})
-        self._writer: AsyncTranscriptWriter | None = None
-        self._opening = asyncio.Lock()
+        self._writer: TranscriptWriter | AsyncTranscriptWriter | None = None
+        # A thread lock, not an asyncio one: the first calls may come from several loops.
+        self._opening = threading.Lock()
         self._loop: asyncio.AbstractEventLoop | None = None
         #: Keys this object took out of the live history (see add_items).
         self._taken_out: set[uuid.UUID] = set()
         self._closed = False
 
     def __repr__(self) -> str:
-        where = self._repository.display_url if self._repository is not None else "unopened"
+        opened = self._async or self._repository
+        where = opened.display_url if opened is not None else "unopened"
         return f"SessionRepoSession({self.session_id!r}, {where})"
 
     # -- what it opens ------------------------------------------------------------------
 
-    async def repository(self) -> AsyncSessionRepository:
-        """The repository it stores in, opened on first use."""
-        if self._closed:
-            raise RepoError("this SessionRepoSession is closed")
-        self._check_loop()
-        if self._repository is None:
-            async with self._opening:
-                if self._repository is None:
-                    self._repository = await open_async_repository(self._url)
-        return self._repository
+    async def repository(self) -> SessionRepository | AsyncSessionRepository:
+        """The repository it stores in, opened on first use: a
+        :class:`~sessionrepo.SessionRepository`, or the async one it was given."""
+        if self._async is not None:
+            self._check_open()
+            return self._async
+        return await asyncio.to_thread(self._opened)
 
-    async def writer(self) -> AsyncTranscriptWriter | None:
-        """The outbox writer (``use_outbox=True``), else ``None``."""
-        repository = await self.repository()
-        if self._use_outbox and self._writer is None:
-            self._writer = AsyncTranscriptWriter(
-                repository, outbox_url=self._outbox_url, **self._writer_options
-            )
+    async def writer(self) -> TranscriptWriter | AsyncTranscriptWriter | None:
+        """The outbox writer (``use_outbox=True``), else ``None``: a
+        :class:`~sessionrepo.TranscriptWriter`, or an
+        :class:`~sessionrepo.AsyncTranscriptWriter` over an async repository."""
+        if self._async is not None:
+            self._check_open()
+            if self._use_outbox and self._writer is None:
+                self._writer = AsyncTranscriptWriter(
+                    self._async, outbox_url=self._outbox_url, **self._writer_options
+                )
+            return self._writer
+        await asyncio.to_thread(self._opened)
         return self._writer
 
-    async def close(self) -> None:
-        """Close the writer it made and the repository it opened (not one passed in)."""
-        if self._closed:
-            return
-        self._check_loop()
-        self._closed = True
-        writer, self._writer = self._writer, None
-        if writer is not None:
-            await writer.close()
-        if self._owns_repository and self._repository is not None:
-            await self._repository.close()
+    def _opened(self) -> SessionRepository:
+        """The sync repository (and writer), opened on first use. Blocking: called in a
+        worker thread."""
+        with self._opening:
+            if self._closed:
+                raise RepoError("this SessionRepoSession is closed")
+            if self._repository is None:
+                self._repository = open_repository(self._url)
+            if self._use_outbox and self._writer is None:
+                self._writer = TranscriptWriter(
+                    self._repository, outbox_url=self._outbox_url, **self._writer_options
+                )
+            return self._repository
 
-    def _check_loop(self) -> None:
+    def _check_open(self) -> None:
+        if self._closed:
+            raise RepoError("this SessionRepoSession is closed")
         loop = asyncio.get_running_loop()
         if self._loop is None:
             self._loop = loop
         elif loop is not self._loop:
-            # Its connections belong to the first loop: on another one they fail later,
-            # and less clearly (Runner.run_sync reuses one loop per thread; asyncio.run
-            # makes a new one each time).
+            # The caller's async repository has its connections on its own loop: on
+            # another one they would fail later, and less clearly.
             raise RuntimeError(
-                "this SessionRepoSession is used from another event loop than the one it "
-                "was first used from; make one per loop"
+                "this SessionRepoSession stores in an AsyncSessionRepository of another "
+                "event loop; pass a SessionRepository (or url=) to use it from any loop"
             )
+
+    async def _call(
+        self,
+        method: Callable[Concatenate[SessionRepository, P], T],
+        /,
+        *args: P.args,
+        **kwargs: P.kwargs,
+    ) -> T:
+        """``repository.method(*args, **kwargs)``, awaited: in a worker thread for the
+        sync repository, on the loop for an async one (whose methods are the same, only
+        awaited)."""
+        if self._async is not None:
+            self._check_open()
+            return cast("T", await getattr(self._async, method.__name__)(*args, **kwargs))
+        return await asyncio.to_thread(lambda: method(self._opened(), *args, **kwargs))
+
+    async def _write_call(
+        self,
+        method: Callable[Concatenate[TranscriptWriter, P], T],
+        /,
+        *args: P.args,
+        **kwargs: P.kwargs,
+    ) -> T:
+        """``writer.method(*args, **kwargs)``, awaited as :meth:`_call` awaits."""
+        writer = await self.writer()
+        if isinstance(writer, AsyncTranscriptWriter):
+            return cast("T", await getattr(writer, method.__name__)(*args, **kwargs))
+        if writer is None:  # pragma: no cover - only called with use_outbox
+            raise RepoError("this SessionRepoSession has no outbox writer")
+        return await asyncio.to_thread(method, writer, *args, **kwargs)
+
+    def close(self) -> None:
+        """Close the writer it made and the repository it opened (not one passed in).
+
+        Sync, as the SDK's ``SQLiteSession.close()``; a call still running in a worker
+        thread ends first. With an async repository and ``use_outbox``, the writer is an
+        asyncio one: use :meth:`aclose` (``async with`` does).
+        """
+        with self._opening:
+            if self._closed:
+                return
+            if isinstance(self._writer, AsyncTranscriptWriter):
+                raise RepoError(
+                    "this SessionRepoSession writes through an AsyncTranscriptWriter: "
+                    "close it with `await session.aclose()`"
+                )
+            self._closed = True
+            writer, self._writer = self._writer, None
+            if writer is not None:
+                writer.close()
+            if self._owns_repository and self._repository is not None:
+                self._repository.close()
+
+    async def aclose(self) -> None:
+        """:meth:`close`, awaited: the closing waits in a worker thread, or, for an async
+        writer, on the loop."""
+        if isinstance(self._writer, AsyncTranscriptWriter):
+            self._check_open()
+            self._closed = True
+            writer, self._writer = self._writer, None
+            await writer.close()
+            return
+        await asyncio.to_thread(self.close)
 
     async def __aenter__(self) -> SessionRepoSession:
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:
-        await self.close()
+        await self.aclose()
 
     # -- the Session protocol -----------------------------------------------------------
 
@@ -316,27 +421,30 @@ class SessionRepoSession:
 
         Exactly one item, as the SDK's rewind expects (it pops and compares item by
         item): a retract of the newest key, not ``pop_last``, whose logical step takes a
-        tool call together with its outputs.
+        tool call together with its outputs. Concurrent pops (other objects, other
+        processes) each take another item: one that finds its item taken out by another
+        pop between reading and retracting it pops the next newest.
         """
         del wrapper
-        newest = await self._live(1)
-        if not newest:
-            return None
-        (message,) = newest
-        await self._retract([message.client_msg_uuid])
-        self._taken_out.add(message.client_msg_uuid)
-        return cast("TResponseInputItem", message.to_item())
+        while True:
+            newest = await self._live(1)
+            if not newest:
+                return None
+            (message,) = newest
+            taken = await self._retract([message.client_msg_uuid])
+            if taken is None or message.client_msg_uuid in taken:  # None: parked
+                self._taken_out.add(message.client_msg_uuid)
+                return cast("TResponseInputItem", message.to_item())
 
     async def clear_session(self, *, wrapper: RunContextWrapper[Any] | None = None) -> None:
         """Empty the live history (kept as history: nothing is deleted)."""
         del wrapper
-        repository = await self.repository()
-        writer = await self.writer()
         try:
-            if writer is not None:
-                edit = (await writer.clear_session(self.session_id)).edit
+            if self._use_outbox:
+                outcome = await self._write_call(TranscriptWriter.clear_session, self.session_id)
+                edit = outcome.edit
             else:
-                edit = await repository.clear_session(self.session_id)
+                edit = await self._call(SessionRepository.clear_session, self.session_id)
         except NotFound:
             return  # never written to: already empty
         if edit is not None:  # None: parked; _bring_back sees to what was cleared
@@ -346,11 +454,14 @@ class SessionRepoSession:
 
     async def _live(self, limit: int | None) -> list[StoredMessage]:
         """The newest ``limit`` live messages (``None``: all), oldest first."""
-        repository = await self.repository()
-        writer = await self.writer()
-        if writer is not None and await writer.pending(self.session_id):
-            await writer.drain(session_id=self.session_id, ignore_backoff=True)
-            waiting = await writer.pending(self.session_id)
+        parked = 0
+        if self._use_outbox:
+            parked = await self._write_call(TranscriptWriter.pending, self.session_id)
+        if parked:
+            await self._write_call(
+                TranscriptWriter.drain, session_id=self.session_id, ignore_backoff=True
+            )
+            waiting = await self._write_call(TranscriptWriter.pending, self.session_id)
             if waiting:
                 raise BackendUnavailable(
                     f"{waiting} writes of this session wait in the outbox: its history "
@@ -358,18 +469,21 @@ class SessionRepoSession:
                 )
         try:
             if limit is None:
-                return await repository.load_transcript(self.session_id)
-            return await repository.load_transcript(self.session_id, before_seq=_END, limit=limit)
+                return await self._call(SessionRepository.load_transcript, self.session_id)
+            return await self._call(
+                SessionRepository.load_transcript, self.session_id, before_seq=_END, limit=limit
+            )
         except NotFound:
             return []
 
-    async def _retract(self, keys: list[uuid.UUID]) -> None:
-        repository = await self.repository()
-        writer = await self.writer()
-        if writer is not None:
-            await writer.retract(self.session_id, keys)
-        else:
-            await repository.retract(self.session_id, keys)
+    async def _retract(self, keys: list[uuid.UUID]) -> list[uuid.UUID] | None:
+        """Take ``keys`` out of the live history: the keys this call took out (not those
+        out of it already), or ``None`` when the edit was parked in the outbox."""
+        if self._use_outbox:
+            outcome = await self._write_call(TranscriptWriter.retract, self.session_id, keys)
+            return None if outcome.edit is None else outcome.edit.superseded
+        edit = await self._call(SessionRepository.retract, self.session_id, keys)
+        return edit.superseded
 
     def _item_dict(self, item: object, index: int) -> dict[str, Any]:
         if not isinstance(item, Mapping):
@@ -391,21 +505,24 @@ class SessionRepoSession:
         or ``None`` when it was parked."""
         if not batch:
             return [], []
-        writer = await self.writer()
-        if writer is not None:
-            outcome = await writer.write(self.session_id, batch, **self._session_defaults)
+        if self._use_outbox:
+            outcome = await self._write_call(
+                TranscriptWriter.write, self.session_id, batch, **self._session_defaults
+            )
             if outcome.status == "parked":
                 return None
             return outcome.inserted, [*outcome.duplicates, *outcome.conflicts]
         repository = await self.repository()
-        result = await repository.append(self.session_id, batch, **self._session_defaults)
+        prepared = repository.prepare(self.session_id, batch, **self._session_defaults)
+        result = await self._call(SessionRepository.append_prepared, prepared)
         return result.inserted, [*result.duplicates, *result.conflicts]
 
     async def _stored(self) -> dict[uuid.UUID, StoredMessage]:
         """Every message the session holds, live or not, by key."""
-        repository = await self.repository()
         try:
-            history = await repository.load_transcript(self.session_id, include_retracted=True)
+            history = await self._call(
+                SessionRepository.load_transcript, self.session_id, include_retracted=True
+            )
         except NotFound:
             return {}
         return {message.client_msg_uuid: message for message in history}

@@ -11,6 +11,9 @@ The Runner runs offline on a scripted model (``_openai_fake_model``).
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import inspect
+import threading
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from types import SimpleNamespace
@@ -67,6 +70,14 @@ def run(coroutine: Callable[[], Awaitable[T]]) -> T:
     return asyncio.run(main())
 
 
+async def on_repository(
+    session: SessionRepoSession, method: str, /, *args: Any, **kwargs: Any
+) -> Any:
+    """``method`` of the session's repository (sync for ``url=``, async when passed in)."""
+    result = getattr(await session.repository(), method)(*args, **kwargs)
+    return await result if inspect.isawaitable(result) else result
+
+
 def contents(items: Items) -> list[Any]:
     return [item.get("content") for item in items]
 
@@ -91,7 +102,7 @@ def test_add_get_clear(database_url: str) -> None:
             assert await session.get_items() == items
             await session.clear_session()
             assert await session.get_items() == []
-            stored = await (await session.repository()).get_session("direct")
+            stored = await on_repository(session, "get_session", "direct")
             assert stored.source == "openai-agents"
 
     run(main)
@@ -133,9 +144,57 @@ def test_pop_item(database_url: str) -> None:
             assert await session.pop_item() == items[0]
             assert await session.pop_item() is None
             assert await session.get_items() == []
-            repository = await session.repository()
-            kept = await repository.load_transcript("pop", include_retracted=True)
+            kept = await on_repository(session, "load_transcript", "pop", include_retracted=True)
             assert [m.superseded for m in kept] == ["retracted"] * 3
+
+    run(main)
+
+
+def test_concurrent_pops_take_different_items(database_url: str) -> None:
+    """Follows the SQLAlchemy ``test_concurrent_pop_item_returns_each_row_once`` and
+    ``test_sqlite_fallback_reserves_writer_before_tail_claim``: two objects pop one session
+    at once; each takes another item, and with one item left only one gets it. Here the
+    race is forced: the first pop reads the newest item, then waits until the second pop
+    has taken it out."""
+
+    async def main() -> None:
+        writer = SessionRepoSession("pops", url=database_url)
+        other = SessionRepoSession("pops", url=database_url)
+        read = asyncio.Event()
+        taken = asyncio.Event()
+        live = writer._live
+        paused = False
+
+        async def read_then_wait(limit: int | None) -> Any:
+            nonlocal paused
+            newest = await live(limit)
+            if not paused:
+                paused = True
+                read.set()
+                await taken.wait()
+            return newest
+
+        writer._live = read_then_wait  # type: ignore[method-assign]
+
+        async def other_pops() -> Any:
+            await read.wait()
+            item = await other.pop_item()
+            taken.set()
+            return item
+
+        await writer.add_items(
+            [{"role": "user", "content": "first"}, {"role": "user", "content": "second"}]
+        )
+        mine, theirs = await asyncio.gather(writer.pop_item(), other_pops())
+        assert (mine["content"], theirs["content"]) == ("first", "second")
+        assert await other.get_items() == []
+
+        await writer.add_items([{"role": "user", "content": "only"}])
+        paused, read, taken = False, asyncio.Event(), asyncio.Event()
+        mine, theirs = await asyncio.gather(writer.pop_item(), other_pops())
+        assert (mine, theirs["content"]) == (None, "only")
+        writer.close()
+        other.close()
 
     run(main)
 
@@ -186,8 +245,8 @@ def test_pop_and_clear_touch_one_session(database_url: str) -> None:
             assert contents(await two.get_items()) == ["Session 2 message 1"]
             await two.clear_session()
             assert contents(await one.get_items()) == ["Session 1 message"]
-            await one.close()
-            await two.close()
+            one.close()
+            await two.aclose()
             # A repository passed in stays the caller's: still open.
             assert len(await repository.load_transcript("session_1")) == 1
 
@@ -330,7 +389,7 @@ def test_a_retried_batch_is_stored_once(database_url: str, tmp_path: Path) -> No
             await session.add_items(unkeyed)
             await session.add_items(unkeyed)
             assert await session.get_items() == batch + unkeyed + unkeyed
-            stored = await (await session.repository()).load_transcript("retry")
+            stored = await on_repository(session, "load_transcript", "retry")
             assert stored[0].client_msg_uuid == item_key("retry", "msg_1")
             # The caller's dicts were not stamped with a key.
             assert all("client_msg_uuid" not in item for item in batch + unkeyed)
@@ -405,12 +464,21 @@ def test_constructor_arguments(database_url: str) -> None:
         SessionRepoSession("s", url=database_url, outbox_url="sqlite:///x.db")
     with pytest.raises(InvalidArgument, match="deadlne"):
         SessionRepoSession("s", use_outbox=True, writer_options={"deadlne": 1.0})
-    sync = open_repository(database_url)
-    try:
-        with pytest.raises(ArgumentTypeError, match="open_async_repository"):
-            SessionRepoSession("s", repository=sync)  # type: ignore[arg-type]
-    finally:
-        sync.close()
+    with pytest.raises(ArgumentTypeError, match="SessionRepository"):
+        SessionRepoSession("s", repository=object())  # type: ignore[arg-type]
+    SessionRepoSession("s", use_outbox=True, writer_options={"workers": 2})
+
+    async def over_an_async_repository() -> None:
+        async with await open_async_repository(database_url) as repository:
+            # The async writer has no thread pool: its calls are tasks.
+            with pytest.raises(
+                InvalidArgument, match="workers: not an option of AsyncTranscriptWriter"
+            ):
+                SessionRepoSession(
+                    "s", repository=repository, use_outbox=True, writer_options={"workers": 2}
+                )
+
+    run(over_an_async_repository)
 
 
 def test_the_default_store_is_the_embedded_one(
@@ -484,8 +552,9 @@ def test_compaction_replaces_the_live_history_and_keeps_the_old_one(database_url
             await wrapped.run_compaction({"force": True})
             assert client.sent[0]["input"][0] == history[0]
             assert await session.get_items() == compacted
-            repository = await session.repository()
-            kept = await repository.load_transcript("compacted", include_retracted=True)
+            kept = await on_repository(
+                session, "load_transcript", "compacted", include_retracted=True
+            )
             assert [m.to_item() for m in kept if m.superseded] == history
             assert [m.to_item() for m in kept if not m.superseded] == compacted
 
@@ -561,15 +630,15 @@ def test_runner_turns_resume_after_a_restart(database_url: str, runner_method: s
             "I like cats",
             [{"annotations": [], "text": "I like cats too.", "type": "output_text"}],
         ]
-        go(first.close())
-        go(other.close())
+        first.close()
+        other.close()
 
         restarted = SessionRepoSession("user-1", url=database_url)
         result = go(Runner.run(agent, "What did I ask?", session=restarted))
         assert result.final_output == "You asked about Kyoto."
         assert model.inputs[-1] == [*history, {"content": "What did I ask?", "role": "user"}]
         assert len(go(restarted.get_items())) == 6
-        go(restarted.close())
+        restarted.close()
     finally:
         asyncio.set_event_loop(None)
         loop.close()
@@ -582,19 +651,108 @@ async def _streamed(agent: Agent[Any], text: str, session: SessionRepoSession) -
     return result
 
 
-def test_one_session_object_per_event_loop(database_url: str) -> None:
-    """Its repository's connections belong to the loop it was first used on: another loop
-    is refused with a clear error, not a failure deep in the driver."""
-    session = SessionRepoSession("loops", url=database_url)
+def test_one_session_object_serves_every_event_loop(database_url: str) -> None:
+    """A sync web server's worker pool runs each turn with ``asyncio.run`` in whichever
+    thread is free, on one cached session object (as the SDK's own sessions allow): every
+    turn sees the history, and the object keeps one repository (one engine) for all the
+    loops, which ``close()`` (sync, as ``SQLiteSession.close()``) releases."""
+    model = ScriptedModel([[text_message(f"Reply {turn}", f"msg_{turn}")] for turn in range(4)])
+    agent = _agent(model)
+    session = SessionRepoSession("pool", url=database_url)
+    repositories: set[int] = set()
+
+    def turn(number: int) -> list[Any]:
+        async def serve() -> list[Any]:
+            await Runner.run(agent, f"Turn {number}", session=session)
+            repositories.add(id(await session.repository()))
+            return await session.get_items()
+
+        return asyncio.run(serve())
+
+    # One worker per turn, each turn after the last: a thread and a loop of its own each.
+    for number in range(4):
+        with concurrent.futures.ThreadPoolExecutor(max_workers=1) as worker:
+            items = worker.submit(turn, number).result()
+        assert len(items) == 2 * (number + 1)
+        assert model.inputs[-1] == items[:-1]
+    assert len(repositories) == 1
+    assert session.close() is None
+    session.close()  # again: nothing to do
+    with pytest.raises(RepoError, match="closed"):
+        run(session.get_items)
+
+
+def test_concurrent_turns_from_several_loops(database_url: str) -> None:
+    """Several threads, each on a loop of its own, writing through one object at once:
+    every item is stored once, each thread's in its own order."""
+    session = SessionRepoSession("threads", url=database_url)
+    start = threading.Barrier(4)
+
+    def writer(thread: int) -> None:
+        async def write() -> None:
+            for index in range(5):
+                await session.add_items(
+                    [{"role": "user", "content": f"{thread}:{index}", "id": f"m{thread}-{index}"}]
+                )
+
+        start.wait()
+        asyncio.run(write())
+
+    threads = [threading.Thread(target=writer, args=(thread,)) for thread in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    stored = contents(run(session.get_items))
+    assert sorted(stored) == sorted(f"{t}:{i}" for t in range(4) for i in range(5))
+    for thread in range(4):
+        mine = [text for text in stored if text.startswith(f"{thread}:")]
+        assert mine == [f"{thread}:{index}" for index in range(5)]
+    session.close()
+
+
+def test_close_is_sync_and_aclose_awaits_it(database_url: str) -> None:
+    """``close()`` is a plain method, as ``SQLiteSession.close()`` is, so swapping the
+    SDK's session for this one does not leave a coroutine unawaited; ``aclose()`` (and
+    ``async with``) is the awaited form."""
+    assert not inspect.iscoroutinefunction(SessionRepoSession.close)
+    session = SessionRepoSession("closing", url=database_url)
+    run(lambda: session.add_items([{"role": "user", "content": "hi"}]))
+    session.close()
+    with pytest.raises(RepoError, match="closed"):
+        run(session.get_items)
+
+    async def awaited() -> None:
+        other = SessionRepoSession("closing", url=database_url)
+        assert contents(await other.get_items()) == ["hi"]
+        await other.aclose()
+        with pytest.raises(RepoError, match="closed"):
+            await other.get_items()
+
+    run(awaited)
+
+
+def test_an_async_repository_ties_the_session_to_its_loop(database_url: str) -> None:
+    """An ``AsyncSessionRepository`` passed in has its connections on its own loop:
+    another loop is refused with a clear error, not a failure deep in the driver."""
     loop = asyncio.new_event_loop()
     try:
+        repository = loop.run_until_complete(open_async_repository(database_url))
+        session = SessionRepoSession("loops", repository=repository)
         loop.run_until_complete(session.add_items([{"role": "user", "content": "hi"}]))
         with pytest.raises(RuntimeError, match="another event loop"):
             run(session.get_items)
-        with pytest.raises(RuntimeError, match="another event loop"):
-            run(session.close)
         assert contents(loop.run_until_complete(session.get_items())) == ["hi"]
-        loop.run_until_complete(session.close())
+        session.close()
+        # With the outbox its writer is an asyncio one too: closed awaited, on its loop.
+        writing = SessionRepoSession("loops", repository=repository, use_outbox=True)
+        loop.run_until_complete(writing.add_items([{"role": "user", "content": "again"}]))
+        with pytest.raises(RepoError, match="aclose"):
+            writing.close()
+        loop.run_until_complete(writing.aclose())
+        with pytest.raises(RepoError, match="closed"):
+            loop.run_until_complete(writing.get_items())
+        loop.run_until_complete(repository.close())
     finally:
         loop.close()
 
@@ -606,7 +764,7 @@ def test_a_closed_session_says_so(database_url: str) -> None:
     async def scenario() -> None:
         session = SessionRepoSession("closed", url=database_url)
         await session.add_items([{"role": "user", "content": "hi"}])
-        await session.close()
+        session.close()
         with pytest.raises(RepoError, match="closed"):
             await session.get_items()
         with pytest.raises(RepoError, match="closed"):
@@ -678,8 +836,8 @@ def test_runner_turn_parks_in_the_outbox_during_an_outage(
             with holding_the_write_lock(database_url, backend, "outage"):
                 result = await Runner.run(agent, "Weather in Oslo?", session=session)
                 assert result.final_output == "Sunny in Oslo."
-                parked = await writer.pending("outage")
-                primary = await (await session.repository()).load_transcript("outage")
+                parked = writer.pending("outage")
+                primary = await on_repository(session, "load_transcript", "outage")
             assert parked > 0, "the outage did not happen: nothing was parked"
             assert len(primary) == 2, "the turn reached the primary during the outage"
 
@@ -688,7 +846,7 @@ def test_runner_turn_parks_in_the_outbox_during_an_outage(
             assert result.final_output == "Oslo, sunny."
             writer = await session.writer()
             assert writer is not None
-            assert await writer.pending("outage") == 0
+            assert writer.pending("outage") == 0
             history = await session.get_items()
             assert [item.get("content") for item in history if item.get("role") == "user"] == [
                 "Hi",
@@ -706,8 +864,8 @@ def test_runner_turn_parks_in_the_outbox_during_an_outage(
                 "message",
             ]
             assert model.inputs[-1] == history[:-1]
-            stored = await (await session.repository()).load_transcript(
-                "outage", include_retracted=True
+            stored = await on_repository(
+                session, "load_transcript", "outage", include_retracted=True
             )
             keys = [m.client_msg_uuid for m in stored]
             assert len(keys) == len(set(keys)) == len(history)
