@@ -104,7 +104,11 @@ class TranscriptWriter(ResilientWriter):
 
     Raises:
         InvalidArgument: an argument is out of range (``ArgumentTypeError``: of the
-            wrong type); nothing was opened.
+            wrong type), or ``outbox_url`` names a place that cannot hold an outbox (a
+            directory, a read-only filesystem, a folder the user may not write: the
+            message names the file, the cause and the fix); nothing was opened.
+        NotARepository: the outbox file is another application's, or a symbolic link.
+        BackendUnavailable: the outbox cannot be opened now, for a reason that may pass.
     """
 
     def __init__(
