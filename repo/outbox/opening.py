@@ -163,20 +163,18 @@ def _readable_url(url: URL, path: Path) -> URL:
 def _check_writable(path: Path) -> None:
     """Raise :class:`InvalidArgument` when a writer could not use ``path`` for reasons
     of configuration: the file, or (for its ``-wal`` and ``-shm``) its folder, not
-    writable. A missing file is the dialect's to create (and to fail creating)."""
+    writable. A missing file is the dialect's to create (and to fail creating).
+
+    Asked with ``access(2)``, never by opening the file: closing any descriptor of a
+    SQLite file drops every POSIX lock this process holds on it, a connection's too.
+    """
     if not path.exists():
         return
-    try:
-        os.close(os.open(path, os.O_RDWR))  # opens, changes nothing
-    except OSError as exc:
-        if exc.errno not in _MISCONFIGURED:
-            raise BackendUnavailable(
-                f"the outbox file {_shown(path)} cannot be opened: {exc.strerror}"
-            ) from exc
-        raise _unwritable(path, exc.errno) from exc
+    if not os.access(path, os.R_OK | os.W_OK):
+        raise _unwritable(path, _denial(path))
     for companion in (_beside(path, "-wal"), _beside(path, "-shm")):
         if companion.exists():
-            if not os.access(companion, os.W_OK):
+            if not os.access(companion, os.R_OK | os.W_OK):
                 raise _unwritable(companion, _denial(companion))
         elif not os.access(path.parent, os.W_OK | os.X_OK):
             raise _unwritable(path.parent, _denial(path.parent), companion=companion)
@@ -209,7 +207,12 @@ def _explained(exc: BackendUnavailable, path: Path, *, read_only: bool) -> Excep
         problem = _unreadable(path) if read_only else _unusable(path)
         if problem is not None:
             return problem
-    return BackendUnavailable(f"the outbox file {_shown(path)}: {exc}", code=exc.code)
+    # The file and its folder may be used: a failure that may pass (too many open files,
+    # an I/O error, a lock).
+    return BackendUnavailable(
+        f"the outbox file {_shown(path)} could not be opened now ({exc}); retry later",
+        code=exc.code,
+    )
 
 
 def _uncreatable(path: Path, code: int) -> InvalidArgument:
@@ -235,8 +238,6 @@ def _unusable(path: Path) -> InvalidArgument | None:
         _check_writable(path)
     except InvalidArgument as problem:
         return problem
-    except BackendUnavailable:
-        return None
     return None
 
 
