@@ -78,7 +78,9 @@ def open_outbox_database(
             ``read_only``; a file that cannot be read): the message names the file,
             the cause and the fix.
         BackendUnavailable: the file, or its folder, cannot be created or opened for a
-            reason that may pass (a full disk, an I/O error).
+            reason that may pass (a full disk, an I/O error, too many open files).
+
+    A file read ``immutable`` shows so in its ``display_url`` (the URI it was opened by).
     """
     if not isinstance(url, str | URL):
         raise ArgumentTypeError(
@@ -119,7 +121,8 @@ def reading_database(url: str | URL) -> Database:
 
 def _sqlite_path(url: URL) -> Path | None:
     """The outbox's file, for a SQLite file named by its path (not ``:memory:``, not the
-    caller's own ``file:`` URI, which SQLite opens as given); symbolic links refused."""
+    caller's own ``file:`` URI, which SQLite opens as given); a symbolic link or a
+    directory refused."""
     if url.get_backend_name() != "sqlite" or url.database in (None, "", ":memory:"):
         return None
     path = Path(url.database)
