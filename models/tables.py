@@ -41,6 +41,8 @@ from sqlalchemy import (
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from sqlalchemy.types import TypeDecorator
 
+from sessionrepo.models.outbox_protocol import STATE_CHECK_SQL
+
 #: Marks a stored text value that is JSON (see the module docstring).
 ENCODED_MARK: Final = "\ufdd0"
 
@@ -258,7 +260,7 @@ class OutboxRow(Base):
         PrimaryKeyConstraint("session_id", "position"),
         UniqueConstraint("session_id", "client_msg_uuid"),
         Index("ix_pending_outbox_state_next_attempt_at", "state", "next_attempt_at"),
-        CheckConstraint("state IN ('pending', 'dead')", name="state"),
+        CheckConstraint(STATE_CHECK_SQL, name="state"),
     )
 
     session_id: Mapped[str]

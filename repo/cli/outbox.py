@@ -18,6 +18,7 @@ import click
 
 from sessionrepo.cli._common import Group, masked, url_option
 from sessionrepo.models.message import utcnow
+from sessionrepo.models.outbox_protocol import OutboxState
 from sessionrepo.ops import missing_sqlite_file
 from sessionrepo.outbox.table import Outbox, OutboxStatus
 from sessionrepo.outbox.writer import DrainReport, TranscriptWriter, open_outbox_database
@@ -192,7 +193,14 @@ def _print_status(where: str, health: OutboxStatus) -> None:
     oldest = f" (oldest {_age(health.oldest_pending_age)} old)" if health.pending else ""
     click.echo(f"outbox {where}: {health.pending:,} pending{oldest}, {health.dead:,} dead")
     now = utcnow()
-    header = ("session", "pending", "dead", "oldest", "next attempt", "last error")
+    header = (
+        "session",
+        OutboxState.PENDING,
+        OutboxState.DEAD,
+        "oldest",
+        "next attempt",
+        "last error",
+    )
     rows = [
         (
             backlog.session_id,

@@ -26,6 +26,7 @@ from sqlalchemy.engine import URL
 from sessionrepo.dialects import database_file, normalize_url, safe_url
 from sessionrepo.errors import RepoError
 from sessionrepo.models.doctor import Check
+from sessionrepo.outbox.opening import reading_database
 from sessionrepo.outbox.table import Outbox
 from sessionrepo.store import schema
 from sessionrepo.store.database import Database
@@ -168,7 +169,8 @@ def _check_outbox(probe: _Probe) -> Iterator[Check]:
                 "creates the file when it starts)",
             )
             return
-        database = Database(probe.outbox_url, read_only=True)
+        # Read where it lies, a read-only filesystem included (sessionrepo.outbox.opening).
+        database = reading_database(probe.outbox_url)
         probe.extra.append(database)
         if schema.current_revision(database) is None:
             yield Check(

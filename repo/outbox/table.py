@@ -46,6 +46,7 @@ from sessionrepo.errors import BackendUnavailable, RepoError
 from sessionrepo.models import Message, Session
 from sessionrepo.models.message import utcnow
 from sessionrepo.models.outbox import OutboxStatus, SessionBacklog
+from sessionrepo.models.outbox_protocol import OutboxState, holds_fifo, parked_rows_sql
 from sessionrepo.models.tables import outbox_table
 from sessionrepo.store.database import Database
 from sessionrepo.store.repository import SessionRepository
@@ -64,8 +65,9 @@ __all__ = [
 
 O = outbox_table.c  # noqa: E741
 
-PENDING: Final = "pending"
-DEAD: Final = "dead"
+#: The states a row is parked in and set aside in (the protocol's, named here as before).
+PENDING: Final = OutboxState.PENDING
+DEAD: Final = OutboxState.DEAD
 
 
 @dataclass(frozen=True)
@@ -119,13 +121,13 @@ class Outbox:
         """
         if self._parked is not None and self.database.checked:
             return self._parked.has(session_id)
-        query = select(O.position).where(O.session_id == session_id, O.state == PENDING).limit(1)
+        query = select(O.position).where(O.session_id == session_id, holds_fifo(O.state)).limit(1)
         return self.database.read(lambda conn: conn.execute(query).first() is not None)
 
     def any_pending(self, session_id: str | None = None) -> bool:
         """Whether anything (of the session) waits in the outbox: a read, so that a
         drain with nothing to do never takes the write lock."""
-        query = select(O.position).where(O.state == PENDING).limit(1)
+        query = select(O.position).where(holds_fifo(O.state)).limit(1)
         if session_id is not None:
             query = query.where(O.session_id == session_id)
         return self.database.read(lambda conn: conn.execute(query).first() is not None)
@@ -157,7 +159,7 @@ class Outbox:
             self.database.dialect.lock_outbox_session(conn, session_id)
             last, backoff = conn.execute(
                 select(
-                    func.max(O.position), func.max(case((O.state == PENDING, O.next_attempt_at)))
+                    func.max(O.position), func.max(case((holds_fifo(O.state), O.next_attempt_at)))
                 ).where(O.session_id == session_id)
             ).one()
             start = (last or 0) + 1
@@ -285,7 +287,7 @@ class Outbox:
         leased_now = func.max(case((O.claimed_until > now, 1), else_=0))
         candidates = (
             select(O.session_id)
-            .where(O.state == PENDING)
+            .where(holds_fifo(O.state))
             .group_by(O.session_id)
             .having(leased_now == 0)
             .having(func.min(O.next_attempt_at) <= due_by)
@@ -336,12 +338,12 @@ class Outbox:
         # claimer lock the row behind a locked head and lease the same rows.
         head_position = (
             select(func.min(O.position))
-            .where(O.session_id == sid, O.state == PENDING)
+            .where(O.session_id == sid, holds_fifo(O.state))
             .scalar_subquery()
         )
         head = conn.execute(
             select(O.position, O.next_attempt_at)
-            .where(O.session_id == sid, O.position == head_position, O.state == PENDING)
+            .where(O.session_id == sid, O.position == head_position, holds_fifo(O.state))
             .with_for_update(skip_locked=True)
         ).first()
         if head is None or head.next_attempt_at > due_by:
@@ -355,7 +357,7 @@ class Outbox:
             return None
         rows = conn.execute(
             select(O.position, O.message, O.session_defaults, O.attempts, O.rejections)
-            .where(O.session_id == sid, O.state == PENDING)
+            .where(O.session_id == sid, holds_fifo(O.state))
             .order_by(O.position)
             .limit(limit)
         ).all()
@@ -444,7 +446,7 @@ class Outbox:
             # The whole session backs off: its later rows must not overtake these.
             conn.execute(
                 update(outbox_table)
-                .where(O.session_id == session_id, O.state == PENDING)
+                .where(O.session_id == session_id, holds_fifo(O.state))
                 .values(next_attempt_at=retry_at)
             )
 
@@ -474,7 +476,7 @@ class Outbox:
 
     def next_due(self) -> datetime | None:
         """When the earliest pending row may be tried (``None``: nothing pending)."""
-        query = select(func.min(O.next_attempt_at)).where(O.state == PENDING)
+        query = select(func.min(O.next_attempt_at)).where(holds_fifo(O.state))
         due: datetime | None = self.database.read(lambda conn: conn.execute(query).scalar())
         return due
 
@@ -561,7 +563,7 @@ class _ParkedSessions:
     forgotten and read again as asked, by the primary key's prefix.
     """
 
-    _QUERY = "SELECT 1 FROM pending_outbox WHERE session_id = ? AND state = 'pending' LIMIT 1"
+    _QUERY = parked_rows_sql("?")
 
     def __init__(self, path: str) -> None:
         self._path = path

@@ -54,6 +54,7 @@ from sessionrepo.models import (
 )
 from sessionrepo.models._limits import check_identifier
 from sessionrepo.models.message import to_utc, utcnow
+from sessionrepo.models.outbox_protocol import holds_fifo
 from sessionrepo.models.session import DERIVED_FIELDS
 from sessionrepo.models.tables import (
     ENCODED_MARK,
@@ -1104,7 +1105,7 @@ def _has_parked(conn: Connection, session_id: str) -> bool:
     """Whether the session has messages parked in this database's own outbox."""
     query = (
         select(outbox_table.c.position)
-        .where(outbox_table.c.session_id == session_id, outbox_table.c.state == "pending")
+        .where(outbox_table.c.session_id == session_id, holds_fifo(outbox_table.c.state))
         .limit(1)
     )
     return conn.execute(query).first() is not None

@@ -479,9 +479,10 @@ def test_the_async_writer_refuses_a_foreign_outbox_on_first_use(store: str, fore
 
 
 def test_an_outbox_that_cannot_be_created_is_a_repo_error(store: str) -> None:
+    # A configuration error (InvalidArgument), not "retry later": see test_outbox_files.
     with (
         open_repository(store) as repository,
-        pytest.raises(RepoError, match=r"cannot create the SQLite file /proc/x/o\.db"),
+        pytest.raises(InvalidArgument, match=r"the outbox file /proc/x/o\.db cannot be created"),
     ):
         TranscriptWriter(repository, outbox_url="sqlite:////proc/x/o.db")
     with pytest.raises(RepoError, match="cannot create the SQLite file"):

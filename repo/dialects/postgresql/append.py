@@ -25,6 +25,7 @@ from sessionrepo.dialects.base import (
     DirectResult,
     lock_bypassed,
 )
+from sessionrepo.models.outbox_protocol import parked_rows_sql
 from sessionrepo.models.tables import MESSAGE_COLUMNS, messages_table, sessions_table
 
 
@@ -136,6 +137,9 @@ _PG_DIRECT_HELD_BACK = """
             WHERE e.content_hash <> j.content_hash
         ))"""
 
+#: The session's parked rows, when the writer parks in this database (the protocol's).
+_PG_PARKED = parked_rows_sql("%(sid)s", also="%(behind_outbox)s")
+
 # The whole append as one statement that commits by itself (an implicit transaction):
 # one round trip, one durable commit. The session row is locked first (``locked``:
 # appenders to one session queue there; under READ COMMITTED the lock returns the row
@@ -156,9 +160,7 @@ lost AS (
     )
 ),
 parked AS (
-    SELECT 1 FROM pending_outbox
-    WHERE %(behind_outbox)s AND session_id = %(sid)s AND state = 'pending'
-    LIMIT 1
+    {_PG_PARKED}
 ),
 locked AS (
     SELECT next_seq FROM sessions WHERE id = %(sid)s FOR UPDATE

@@ -31,6 +31,7 @@ from sessionrepo.dialects.base import (
     lock_bypassed,
 )
 from sessionrepo.errors import RepoError
+from sessionrepo.models.outbox_protocol import parked_rows_sql
 from sessionrepo.models.tables import (
     MESSAGE_COLUMNS,
     MESSAGE_PLACE,
@@ -217,7 +218,7 @@ _SQLITE_CREATE = (
     + ", ".join("?" * (len(NEW_SESSION_COLUMNS) + 4))
     + ")"
 )
-_SQLITE_PARKED = "SELECT 1 FROM pending_outbox WHERE session_id = ? AND state = 'pending' LIMIT 1"
+_SQLITE_PARKED = parked_rows_sql("?")
 _SQLITE_AT = "SELECT 1 FROM messages WHERE session_id = ? AND seq = ? AND client_msg_uuid = ?"
 _SQLITE_BACKLOG = "INSERT INTO search_backlog (session_id, first_seq, count) VALUES (?, ?, ?)"
 
