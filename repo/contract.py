@@ -24,6 +24,7 @@ It sits just above the models: it names their types and nothing else of sessionr
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
+from contextlib import AbstractContextManager
 from datetime import datetime
 from typing import Any, Literal, Protocol
 
@@ -146,6 +147,52 @@ class SessionStore(Protocol):
 
         Raises:
             NotFound: no such session.
+        """
+        ...
+
+    def session_transaction(
+        self,
+        /,
+        session_id: str,
+        *,
+        create: bool = True,
+        timeout: float | None = None,
+        **session_defaults: Any,
+    ) -> AbstractContextManager[SessionUnitOfWork]:
+        """A unit of work on one session: one transaction under the session's lock.
+
+        ``with store.session_transaction(sid) as tx:`` begins a write transaction and
+        locks the session's row, as :meth:`append` does: appends, edits and other units
+        of work of that session wait for it; other sessions' do not. A missing session
+        is created from ``session_defaults`` (``tx.created`` says so), or, with
+        ``create=False``, raises :class:`NotFound` having written nothing. Inside,
+        :class:`SessionUnitOfWork` offers the session, its next ``seq``, ``append``,
+        ``retract`` and ``supersede``; an implementation may add a door for an
+        extension's own statements in the same transaction (``SessionTransaction``:
+        ``execute`` and ``connection``). The block's normal end commits all of it; an
+        exception leaving the block rolls all of it back, and is raised as it was
+        (database errors as the :class:`RepoError` they mean). A lost lock race while
+        the lock is taken is retried; inside the block, the body is the caller's and is
+        never rerun: a lost race there raises :class:`BackendUnavailable` (nothing
+        committed; the whole block may be run again).
+
+        The object cannot outlive its transaction: used before its ``with`` or after,
+        it raises :class:`RepoError`. Asyncio: ``async with`` and each method awaited.
+
+        Args:
+            session_id: the session to lock.
+            create: create the session when it is missing (the default).
+            timeout: seconds the database may spend on each statement and lock wait
+                (as for a writer's deadline); ``None``: no limit.
+            **session_defaults: the :meth:`create_session` fields of a session this
+                call creates (the derived ones refused).
+
+        Raises:
+            InvalidMessage: a session default cannot be stored, or is derived.
+            InvalidArgument: ``session_defaults`` given with ``create=False``.
+            NotFound: (on entry) ``create=False`` and there is no such session.
+            BackendUnavailable: (on entry, or at the commit) the database could not
+                take the transaction now.
         """
         ...
 
@@ -303,6 +350,67 @@ class SessionStore(Protocol):
 
     def close(self) -> None:
         """Release the connection pool. The store is unusable afterwards."""
+        ...
+
+
+class SessionUnitOfWork(Protocol):
+    """What a unit of work (:meth:`SessionStore.session_transaction`) offers, inside its
+    block, while it holds the session's lock. Each write is part of the one transaction:
+    none is visible to others before the block commits, all are undone if it rolls back.
+    """
+
+    @property
+    def session_id(self) -> str:
+        """The session this unit of work holds."""
+        ...
+
+    @property
+    def created(self) -> bool:
+        """Whether this unit of work created the session (it was missing on entry)."""
+        ...
+
+    @property
+    def next_seq(self) -> int:
+        """The ``seq`` the next appended message gets (it moves as this unit appends)."""
+        ...
+
+    def session(self) -> Session:
+        """The session as it stands inside this transaction."""
+        ...
+
+    def append(
+        self,
+        messages: Iterable[Message | Mapping[str, Any]],
+        *,
+        on_conflict: Literal["report", "raise"] = "report",
+    ) -> AppendResult:
+        """:meth:`SessionStore.append` inside the transaction, with the same validation
+        (before anything is written), key-based skipping, conflict reporting, counters
+        and search indexing; the messages get the next ``seq`` numbers, in order.
+
+        Raises:
+            InvalidMessage: a message cannot be stored; nothing of the batch was written.
+            ConflictError: ``on_conflict="raise"`` and a key is stored with other
+                content; nothing of the batch was written (the transaction goes on
+                unless the error leaves the block).
+        """
+        ...
+
+    def retract(self, keys: Iterable[Any]) -> EditResult:
+        """:meth:`TranscriptEditor.retract` inside the transaction.
+
+        Raises:
+            NotFound: a key the session does not hold (nothing was retracted).
+        """
+        ...
+
+    def supersede(
+        self, keys: Iterable[Any], state: Literal["retracted", "compacted"] = "retracted"
+    ) -> list[Any]:
+        """Take the live messages with these keys (at least one; ``UUID`` or its text)
+        out of the live transcript, marked ``state``: out of the counters, the preview
+        and search, still stored, as the edits do. Keys the session does not hold live
+        are skipped. Returns the keys taken out, in ``seq`` order."""
         ...
 
 

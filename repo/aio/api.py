@@ -24,6 +24,7 @@ from typing import Any, Literal, TypeVar
 
 from sqlalchemy.engine import URL
 
+from sessionrepo.aio.transaction import AsyncSessionTransaction
 from sessionrepo.errors import ArgumentTypeError
 from sessionrepo.models import AppendResult, Message
 from sessionrepo.outbox.writer import TranscriptWriter
@@ -174,6 +175,22 @@ class AsyncSessionRepository(AsyncFacade[SessionRepository]):
         check_choice(on_conflict, "on_conflict", ("report", "raise"))
         batch = self._sync.prepare(session_id, messages, **session_defaults)
         return await self._calls.call(self._sync.append_prepared, batch, on_conflict=on_conflict)
+
+    @_documented_as(SessionRepository.session_transaction)
+    def session_transaction(
+        self,
+        /,
+        session_id: str,
+        *,
+        create: bool = True,
+        timeout: float | None = None,
+        **session_defaults: Any,
+    ) -> AsyncSessionTransaction:
+        # Checked here, before ``async with``: no I/O until it is entered.
+        sync = self._sync.session_transaction(
+            session_id, create=create, timeout=timeout, **session_defaults
+        )
+        return AsyncSessionTransaction(sync, self._calls)
 
     def prepare(
         self,

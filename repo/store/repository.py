@@ -12,7 +12,7 @@ import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Final, Literal
+from typing import Any, Literal
 from uuid import UUID
 
 from sqlalchemy import (
@@ -32,11 +32,10 @@ from sqlalchemy import (
 from sqlalchemy.engine import URL
 
 import sessionrepo.observability as _observe
-from sessionrepo.contract import SessionStore
-from sessionrepo.dialects.base import DirectAppend, DirectLoad, DirectResult
+from sessionrepo.contract import SessionStore, TranscriptEditor
+from sessionrepo.dialects.base import DirectLoad
 from sessionrepo.errors import (
     ArgumentTypeError,
-    ConflictError,
     InvalidArgument,
     InvalidMessage,
     NotFound,
@@ -45,6 +44,7 @@ from sessionrepo.errors import (
 )
 from sessionrepo.models import (
     AppendResult,
+    EditResult,
     Message,
     SearchHit,
     Session,
@@ -62,9 +62,11 @@ from sessionrepo.models.tables import (
     outbox_table,
     sessions_table,
 )
-from sessionrepo.search.text import content_text, searchable
+from sessionrepo.search.text import content_text
 from sessionrepo.store import codec as _codec
 from sessionrepo.store import schema
+from sessionrepo.store.append import Appender
+from sessionrepo.store.append import PreparedBatch as PreparedBatch  # noqa: PLC0414 - re-exported
 from sessionrepo.store.arguments import (
     check_aware_time,
     check_bool,
@@ -83,8 +85,10 @@ from sessionrepo.store.arguments import (
     check_session_ids,
 )
 from sessionrepo.store.database import Database
-from sessionrepo.store.editing import SessionEditing
+from sessionrepo.store.editing import SessionEditor
+from sessionrepo.store.memory import DEFAULT_MEMORY_BYTES, SentMemory
 from sessionrepo.store.search_index import SearchIndex
+from sessionrepo.store.transaction import SessionTransaction, fetch_session
 
 S = sessions_table.c
 M = messages_table.c
@@ -108,16 +112,6 @@ _FILLABLE = (
     "parent_session_id",
     "metadata",
 )
-
-
-@dataclass(frozen=True)
-class PreparedBatch:
-    """A validated, encoded batch: what ``append`` writes and the outbox parks."""
-
-    session_id: str
-    messages: list[Message]
-    rows: list[dict[str, Any]]
-    session: Session
 
 
 @dataclass(frozen=True)
@@ -212,7 +206,7 @@ class PruneResult:
     parked: dict[str, int]
 
 
-class SessionRepository(SessionStore, SessionEditing):
+class SessionRepository(SessionStore, TranscriptEditor):
     """Sessions and their transcripts on SQLite or PostgreSQL (made by
     :func:`open_repository`).
 
@@ -222,16 +216,20 @@ class SessionRepository(SessionStore, SessionEditing):
     """
 
     def __init__(
-        self, database: Database, *, search_index: bool | Literal["immediate"] = True
+        self,
+        database: Database,
+        *,
+        search_index: bool | Literal["immediate"] = True,
+        append_memory: int = DEFAULT_MEMORY_BYTES,
     ) -> None:
         check_instance(database, "database", Database)
         check_choice(search_index, "search_index", _SEARCH_INDEX_MODES)
+        check_int(append_memory, "append_memory", minimum=0)
         self._db = database
         self._search = SearchIndex(database)
         self._index_appends = search_index
-        dialect = database.dialect
-        self._insert_session = dialect.insert_ignoring(sessions_table, ["id"])
-        self._acks = _Acknowledged()
+        self._appender = Appender(database, self._search, search_index, SentMemory(append_memory))
+        self._editor = SessionEditor(database, self._search, search_index)
 
     @property
     def backend(self) -> str:
@@ -270,7 +268,8 @@ class SessionRepository(SessionStore, SessionEditing):
         row = _codec.session_row(_codec.build_session(sid, fields, "session"))
 
         def work(conn: Connection) -> Session:
-            created = conn.execute(self._insert_session.values(**row).returning(S.id)).first()
+            insert = self._appender.insert_session.values(**row).returning(S.id)
+            created = conn.execute(insert).first()
             if created is None:
                 fill: dict[str, Any] = {
                     name: func.coalesce(S[name], literal(row[name], S[name].type))
@@ -290,10 +289,7 @@ class SessionRepository(SessionStore, SessionEditing):
         return self._db.read(lambda conn: self._get(conn, sid))
 
     def _get(self, conn: Connection, sid: str) -> Session:
-        row = conn.execute(select(sessions_table).where(S.id == sid)).first()
-        if row is None:
-            raise NotFound(f"no session {sid!r}")
-        return Session.model_construct(**_codec.session_from_row(row))
+        return fetch_session(conn, sid)
 
     def list_sessions(
         self,
@@ -428,6 +424,32 @@ class SessionRepository(SessionStore, SessionEditing):
         chain.reverse()
         return chain
 
+    def session_transaction(
+        self,
+        /,
+        session_id: str,
+        *,
+        create: bool = True,
+        timeout: float | None = None,
+        **session_defaults: Any,
+    ) -> SessionTransaction:
+        sid = check_session_id(session_id)
+        check_bool(create, "create")
+        if timeout is not None:
+            check_seconds(timeout, "timeout")
+        _refuse_derived(session_defaults, "session_defaults")
+        new_session = None
+        if create:
+            new_session = _codec.session_row(
+                _codec.build_session(sid, session_defaults, "session_defaults")
+            )
+        elif session_defaults:
+            raise InvalidArgument(
+                "session_defaults", "given with create=False: a missing session is not created"
+            )
+        database = self._db if timeout is None else self.bounded_database(timeout)
+        return SessionTransaction(self._appender, self._editor, database, sid, new_session)
+
     # -- messages -------------------------------------------------------------------
 
     def append(
@@ -457,7 +479,7 @@ class SessionRepository(SessionStore, SessionEditing):
         sid = check_session_id(session_id)
         check_iterable(messages, "messages")
         _refuse_derived(session_defaults, "session_defaults")
-        validated, rows = _codec.prepare_messages(messages)
+        validated, rows = self._appender.prepare(messages)
         session = _codec.build_session(sid, session_defaults, "session_defaults")
         return PreparedBatch(sid, validated, rows, session)
 
@@ -487,169 +509,37 @@ class SessionRepository(SessionStore, SessionEditing):
             check_seconds(timeout, "timeout")
         check_choice(on_conflict, "on_conflict", _ON_CONFLICT)
         check_bool(behind_outbox, "behind_outbox")
-        result = self._append_batch(
-            batch, timeout=timeout, on_conflict=on_conflict, behind_outbox=behind_outbox
+        result = self._appender.append(
+            batch,
+            database=self._db if timeout is None else self.bounded_database(timeout),
+            on_conflict=on_conflict,
+            behind_outbox=behind_outbox,
         )
         if result is None:
             raise QueuedBehindOutbox(batch.session_id)
         return result
 
-    def _append_batch(
-        self,
-        batch: PreparedBatch,
-        *,
-        timeout: float | None = None,
-        on_conflict: Literal["report", "raise"] = "report",
-        behind_outbox: bool = False,
-    ) -> AppendResult | None:
-        """:meth:`append_prepared`, checked arguments; with ``behind_outbox`` (a
-        ``TranscriptWriter`` whose outbox is this database), ``None`` and nothing
-        written when the session has parked messages: the batch queues behind them."""
-        if not batch.rows:
-            return AppendResult(session_id=batch.session_id)
-        new_session = _codec.session_row(batch.session)
-        database = self._db if timeout is None else self.bounded_database(timeout)
-        if self._index_appends is True:
-            direct = self._append_direct(database, batch, new_session, on_conflict, behind_outbox)
-            if direct is not None:
-                return None if direct is _QUEUED else direct
+    # -- editing (the editor's; the contract, TranscriptEditor, says what each means) -----
 
-        def work(conn: Connection) -> AppendResult | None:
-            if behind_outbox and _has_parked(conn, batch.session_id):
-                return None
-            result = self._append(conn, batch.session_id, batch.rows, new_session)
-            if result.conflicts and on_conflict == "raise":
-                # Raised inside the transaction: it rolls back, the session row included.
-                raise ConflictError(
-                    f"session {batch.session_id!r}: stored with other content under the "
-                    f"same key: {', '.join(map(str, result.conflicts))}; nothing was written",
-                    session_id=batch.session_id,
-                    conflicts=result.conflicts,
-                )
-            self._index_inserted(conn, result, batch.messages)
-            return result
+    def rewind(self, /, session_id: str, to_seq: int) -> EditResult:
+        return self._editor.rewind(session_id, to_seq)
 
-        return database.write(work)
+    def retract(self, /, session_id: str, keys: Iterable[UUID | str]) -> EditResult:
+        return self._editor.retract(session_id, keys)
 
-    def _append_direct(  # noqa: PLR0911 - each way out is one outcome of the statement
-        self,
-        database: Database,
-        batch: PreparedBatch,
-        new_session: dict[str, Any],
-        on_conflict: Literal["report", "raise"],
-        behind_outbox: bool,
-    ) -> AppendResult | None:
-        """The append in the dialect's fewest round trips (one statement on PostgreSQL),
-        the search backlog named with it; ``None`` when the dialect cannot decide alone
-        (a race it leaves to the locked path) or has no such path; :data:`_QUEUED` when
-        it waits behind parked messages."""
-        sid = batch.session_id
-        # Rows this process saw the database store (the same objects: see
-        # codec's validation once) are not sent again while the newest of them is
-        # still stored under its seq: the database stays the authority, at the cost of
-        # one probe instead of one per message.
-        acks = self._acks.get(sid)
-        known: set[int] = set()
-        if acks is not None and acks.tip is not None:
-            remembered = acks.rows
-            known = {id(row) for row in batch.rows if remembered.get(id(row)) is row}
-        unique: dict[Any, dict[str, Any]] = {}
-        for row in batch.rows:
-            if id(row) not in known:
-                first = unique.setdefault(row["client_msg_uuid"], row)
-                if first["content_hash"] != row["content_hash"] and on_conflict == "raise":
-                    return None  # a conflict within the batch: the locked path refuses it
-        tip = acks.tip if known and acks is not None else None
-        if tip is not None and not unique:
-            if database.read_direct(lambda driver: database.dialect.message_at(driver, sid, *tip)):
-                return _outcome(sid, batch.rows, {}, None, known=known)
-            self._acks.forget(sid)
-            return self._append_direct(database, batch, new_session, on_conflict, behind_outbox)
-        append = DirectAppend(
-            session_id=sid,
-            rows=list(unique.values()),
-            new_session=new_session,
-            now=utcnow(),
-            enqueue=True,
-            refuse_conflicts=on_conflict == "raise",
-            behind_outbox=behind_outbox,
-            verify=tip,
-        )
-        # The dialect read on the connection: the first one finds which server it is.
-        done = database.write_direct(lambda driver: database.dialect.append_direct(driver, append))
-        if done is None:
-            return None
-        if done.queued:
-            return _QUEUED
-        if done.lost:  # the newest remembered row is gone: remember nothing, send all
-            self._acks.forget(sid)
-            return self._append_direct(database, batch, new_session, on_conflict, behind_outbox)
-        result = _outcome(sid, batch.rows, done.stored, done.first_seq, known=known)
-        if result.conflicts and on_conflict == "raise":
-            raise ConflictError(
-                f"session {sid!r}: stored with other content under the "
-                f"same key: {', '.join(map(str, result.conflicts))}; nothing was written",
-                session_id=sid,
-                conflicts=result.conflicts,
-            )
-        self._acks.record(sid, append.rows, done)
-        return result
+    def pop_last(self, /, session_id: str) -> EditResult:
+        return self._editor.pop_last(session_id)
 
-    def _index_inserted(
-        self, conn: Connection, result: AppendResult, messages: Sequence[Message]
-    ) -> None:
-        """Keep the search index for what ``result`` inserted, as ``search_index`` says."""
-        if result.first_seq is None:
-            return
-        if not self._index_appends:
-            self._search.mark_stale_in(conn, "appends without indexing (search_index=False)")
-            return
-        if self._index_appends is True:
-            # Named for the catch-up in this transaction: the index work (several
-            # times this append's) runs later, batched, and a message committed is
-            # a message indexed or named (see store/search_index.py).
-            self._search.enqueue_in(conn, result.session_id, result.first_seq, len(result.inserted))
-            return
-        # "immediate": in a savepoint, so a broken index can never make the transcript
-        # write fail (its failure marks the index stale instead; see store/search_index.py).
-        content = {m.client_msg_uuid: searchable(m.content, m.extra) for m in messages}
-        self._search.index_in_transaction(
-            conn,
-            result.session_id,
-            result.first_seq,
-            [content[key] for key in result.inserted],
-        )
+    def clear_session(self, /, session_id: str) -> EditResult:
+        return self._editor.clear_session(session_id)
 
-    def _append(
-        self,
-        conn: Connection,
-        sid: str,
-        rows: list[dict[str, Any]],
-        new_session: dict[str, Any],
-    ) -> AppendResult:
-        dialect = self._db.dialect
-        next_seq = dialect.lock_session(conn, sid)
-        if next_seq is None:
-            conn.execute(self._insert_session.values(**new_session))
-            next_seq = dialect.lock_session(conn, sid)
-            if next_seq is None:  # pragma: no cover - inserted just above
-                raise RepoError(f"session {sid!r} vanished while it was being created")
-        return self._insert_new(conn, sid, next_seq, rows)
+    def compact(
+        self, /, session_id: str, through_seq: int, summary_message: Message | Mapping[str, Any]
+    ) -> EditResult:
+        return self._editor.compact(session_id, through_seq, summary_message)
 
-    def _insert_new(
-        self, conn: Connection, sid: str, next_seq: int, rows: list[dict[str, Any]]
-    ) -> AppendResult:
-        """The one insert path (``append`` and ``restore_session``): the rows whose key
-        the session lacks, numbered from ``next_seq`` in batch order, counters moved."""
-        # The session row is locked: nobody else can add to this session until we
-        # commit, so what is stored now is what the insert would collide with.
-        unique: dict[Any, dict[str, Any]] = {}
-        for row in rows:
-            unique.setdefault(row["client_msg_uuid"], row)
-        stored = self._db.dialect.insert_new_messages(
-            conn, sid, next_seq, list(unique.values()), utcnow()
-        )
-        return _outcome(sid, rows, stored, next_seq)
+    def fork_session(self, /, source_id: str, at_seq: int, new_id: str, **fields: Any) -> Session:
+        return self._editor.fork_session(source_id, at_seq, new_id, **fields)
 
     # -- search ---------------------------------------------------------------------
 
@@ -956,31 +846,22 @@ class SessionRepository(SessionStore, SessionEditing):
                     f"must be ascending, after {last} and before next_seq {snapshot.next_seq}",
                 )
             last = message.seq
-        validated, rows = _codec.prepare_messages(messages)
+        validated, rows = self._appender.prepare(messages)
         new_row = _codec.session_row(session) | {"message_count": 0, "tool_call_count": 0}
         seqs = [message.seq for message in messages]
 
-        def work(conn: Connection) -> RestoreResult:
-            dialect = self._db.dialect
-            next_seq = dialect.lock_session(conn, sid)
-            created = False
-            if next_seq is None:
-                # Whoever creates it first, this call or a concurrent appender: the row
-                # is then locked, and checked unless it is ours.
-                insert = self._insert_session.values(**new_row).returning(S.id)
-                created = conn.execute(insert).first() is not None
-                next_seq = dialect.lock_session(conn, sid)
-                if next_seq is None:  # pragma: no cover - inserted just above
-                    raise RepoError(f"session {sid!r} vanished while it was being restored")
-            if not created and not _restorable(self._get(conn, sid), next_seq, snapshot):
+        with SessionTransaction(self._appender, self._editor, self._db, sid, new_row) as tx:
+            conn, next_seq = tx.connection, tx.next_seq
+            if not tx.created and not _restorable(tx.session(), next_seq, snapshot):
                 return RestoreResult(session_id=sid, outcome="diverged")
+            appender = self._appender
             inserted: list[UUID] = []
             duplicates: list[UUID] = []
             conflicts: list[UUID] = []
             # Below the stored next_seq: what the session already holds, found by key.
             held = [index for index, seq in enumerate(seqs) if seq < next_seq]
             if held:
-                found = self._insert_new(conn, sid, next_seq, [rows[i] for i in held])
+                found = appender.insert_new(conn, sid, next_seq, [rows[i] for i in held])
                 if found.inserted:
                     key = found.inserted[0]
                     seq = next(seqs[i] for i in held if validated[i].client_msg_uuid == key)
@@ -993,7 +874,7 @@ class SessionRepository(SessionStore, SessionEditing):
                 start = seqs[run[0]]
                 if start != next_seq:
                     conn.execute(update(sessions_table).where(S.id == sid).values(next_seq=start))
-                added = self._insert_new(conn, sid, start, [rows[i] for i in run])
+                added = appender.insert_new(conn, sid, start, [rows[i] for i in run])
                 if len(added.inserted) != len(run):  # a key stored at another seq
                     stored = set(added.duplicates) | set(added.conflicts)
                     index = next(i for i in run if validated[i].client_msg_uuid in stored)
@@ -1002,7 +883,7 @@ class SessionRepository(SessionStore, SessionEditing):
                         f"stored here, not at its exported seq {seqs[index]}; the export "
                         "and the database disagree"
                     )
-                self._index_inserted(conn, added, [validated[i] for i in run])
+                appender.index_inserted(conn, added, [validated[i] for i in run])
                 inserted += added.inserted
                 next_seq = start + len(run)
             # What an edit had superseded when it was exported is superseded again.
@@ -1014,7 +895,7 @@ class SessionRepository(SessionStore, SessionEditing):
                     marked.append(message.seq)
                     states[message.superseded] = (marked, calls + len(message.tool_calls or ()))
             for state, (marked, calls) in states.items():
-                self.mark_superseded(conn, sid, marked, calls, state)
+                self._editor.mark_superseded(conn, sid, marked, calls, state)
             if inserted:  # the appends stamped the session with the time of now
                 conn.execute(
                     update(sessions_table)
@@ -1023,13 +904,11 @@ class SessionRepository(SessionStore, SessionEditing):
                 )
             return RestoreResult(
                 session_id=sid,
-                outcome="created" if created else "present",
+                outcome="created" if tx.created else "present",
                 inserted=inserted,
                 duplicates=duplicates,
                 conflicts=conflicts,
             )
-
-        return self._db.write(work)
 
     def _disagree(self, conn: Connection, sid: str, seq: int, key: UUID) -> RepoError:
         holder = conn.execute(
@@ -1078,104 +957,8 @@ class SessionRepository(SessionStore, SessionEditing):
         return self._db.write(work)
 
 
-#: A writer's batch that waits behind its session's parked messages (nothing written).
-_QUEUED: Final = AppendResult(session_id="")
-
-
-def _has_parked(conn: Connection, session_id: str) -> bool:
-    """Whether the session has messages parked in this database's own outbox."""
-    query = (
-        select(outbox_table.c.position)
-        .where(outbox_table.c.session_id == session_id, outbox_table.c.state == "pending")
-        .limit(1)
-    )
-    return conn.execute(query).first() is not None
-
-
 def _activity(row: Any) -> tuple[datetime, str]:
     return (row.last_active_at, row.id)
-
-
-def _outcome(
-    sid: str,
-    rows: Sequence[dict[str, Any]],
-    stored: dict[Any, bytes],
-    first_seq: int | None,
-    *,
-    known: set[int] | frozenset[int] = frozenset(),
-) -> AppendResult:
-    """What an insert of ``rows`` did, from the keys that were ``stored`` before it (and
-    their content hashes): the first row of each other key was inserted, in order from
-    ``first_seq``; every repeat is a duplicate or, with other content, a conflict. Rows
-    in ``known`` (by ``id``: remembered as stored, so not sent) are duplicates."""
-    stored = dict(stored)
-    inserted: list[Any] = []
-    duplicates: list[Any] = []
-    conflicts: list[Any] = []
-    for row in rows:
-        key = row["client_msg_uuid"]
-        if known and id(row) in known:
-            duplicates.append(key)
-            continue
-        known_hash = stored.get(key)
-        if known_hash is None:
-            inserted.append(key)
-            stored[key] = row["content_hash"]
-            continue
-        (duplicates if known_hash == row["content_hash"] else conflicts).append(key)
-    # The keys are UUIDs from validated messages: no validation of each again.
-    return AppendResult.model_construct(
-        session_id=sid,
-        inserted=inserted,
-        duplicates=duplicates,
-        conflicts=conflicts,
-        first_seq=first_seq if inserted else None,
-    )
-
-
-class _SessionAcks:
-    __slots__ = ("rows", "tip")
-
-    def __init__(self) -> None:
-        #: Encoded rows the database stored, by ``id`` (held, so the ids stay theirs).
-        self.rows: dict[int, dict[str, Any]] = {}
-        #: ``(seq, key)`` of the newest row this process inserted.
-        self.tip: tuple[int, UUID] | None = None
-
-
-class _Acknowledged:
-    """Per session, the encoded rows this process saw stored (bounded: the sessions
-    used least recently are forgotten first)."""
-
-    #: Rows remembered in all.
-    LIMIT: Final = 200_000
-
-    def __init__(self) -> None:
-        self._sessions: dict[str, _SessionAcks] = {}
-        self._size = 0
-
-    def get(self, session_id: str) -> _SessionAcks | None:
-        return self._sessions.get(session_id)
-
-    def forget(self, session_id: str) -> None:
-        acks = self._sessions.pop(session_id, None)
-        if acks is not None:
-            self._size -= len(acks.rows)
-
-    def record(self, session_id: str, rows: Sequence[dict[str, Any]], done: DirectResult) -> None:
-        """Remember the rows of a direct append that are now stored as sent."""
-        acks = self._sessions.pop(session_id, None) or _SessionAcks()
-        self._sessions[session_id] = acks  # most recently used last
-        before = len(acks.rows)
-        for row in rows:
-            if done.stored.get(row["client_msg_uuid"], row["content_hash"]) == row["content_hash"]:
-                acks.rows[id(row)] = row
-        if done.first_seq is not None:
-            inserted = [row for row in rows if row["client_msg_uuid"] not in done.stored]
-            acks.tip = (done.first_seq + len(inserted) - 1, inserted[-1]["client_msg_uuid"])
-        self._size += len(acks.rows) - before
-        while self._size > self.LIMIT and self._sessions:
-            self.forget(next(iter(self._sessions)))
 
 
 def _selection(selection: object) -> SessionFilter:
