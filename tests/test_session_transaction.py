@@ -77,17 +77,27 @@ def test_an_exception_rolls_everything_back_and_is_raised_as_it_was(
     store: SessionRepository,
 ) -> None:
     store.append("s", [_user("kept")])
-    with pytest.raises(Boom), store.session_transaction("s") as tx:
-        tx.append([_user("undone")])
-        tx.execute(update(sessions_table).where(S.id == "s").values(title="undone"))
-        raise Boom
+
+    def failing_unit() -> None:
+        with store.session_transaction("s") as tx:
+            tx.append([_user("undone")])
+            tx.execute(update(sessions_table).where(S.id == "s").values(title="undone"))
+            raise Boom
+
+    with pytest.raises(Boom):
+        failing_unit()
     session = store.get_session("s")
     assert (session.message_count, session.title) == (1, None)
     assert [m.content for m in store.load_transcript("s")] == ["kept"]
+
     # A session the block created is gone with it.
-    with pytest.raises(Boom), store.session_transaction("new") as tx:
-        assert tx.created
-        raise Boom
+    def failing_creation() -> None:
+        with store.session_transaction("new") as tx:
+            assert tx.created
+            raise Boom
+
+    with pytest.raises(Boom):
+        failing_creation()
     with pytest.raises(NotFound):
         store.get_session("new")
 
@@ -195,11 +205,16 @@ def test_an_extensions_statement_runs_in_the_transaction(store: SessionRepositor
         assert counted == 1
         assert tx.connection.execute(select(S.title).where(S.id == "s")).scalar() == "mine"
     assert store.get_session("s").title == "mine"
+
     # A statement the database refuses leaves the block as the RepoError it means
     # (translated, chained), and nothing of the block stays.
-    with pytest.raises(RepoError) as refused, store.session_transaction("s") as tx:
-        tx.append([_user("undone")])
-        tx.execute(update(sessions_table).where(S.id == "s").values(message_count=None))
+    def refused_unit() -> None:
+        with store.session_transaction("s") as tx:
+            tx.append([_user("undone")])
+            tx.execute(update(sessions_table).where(S.id == "s").values(message_count=None))
+
+    with pytest.raises(RepoError) as refused:
+        refused_unit()
     assert refused.value.__cause__ is not None
     assert store.get_session("s").message_count == 1
 
@@ -224,10 +239,14 @@ def test_the_async_unit_of_work(database_url: str, event_loop_thread: EventLoopT
 
                 assert await tx.run_sync(synchronously) == 3
             assert (await repository.get_session("s")).message_count == 1
-            with pytest.raises(Boom):
-                async with repository.session_transaction("s") as tx:
-                    await tx.append([_user("undone")])
+
+            async def failing_unit() -> None:
+                async with repository.session_transaction("s") as failing:
+                    await failing.append([_user("undone")])
                     raise Boom
+
+            with pytest.raises(Boom):
+                await failing_unit()
             assert len(await repository.load_transcript("s", include_retracted=True)) == 2
             with pytest.raises(NotFound):
                 async with repository.session_transaction("absent", create=False):

@@ -10,29 +10,30 @@ from __future__ import annotations
 import base64
 import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal
 from uuid import UUID
 
 from sqlalchemy import (
-    ColumnElement,
     Connection,
     Text,
-    and_,
     case,
-    delete,
     func,
     literal,
     select,
-    true,
     tuple_,
     update,
 )
 from sqlalchemy.engine import URL
 
 import sessionrepo.observability as _observe
-from sessionrepo.contract import SessionStore, TranscriptEditor
+
+# The operator's value types, re-exported: the operator tools import them from here.
+from sessionrepo.contract import PruneResult as PruneResult  # noqa: PLC0414
+from sessionrepo.contract import RestoreResult as RestoreResult  # noqa: PLC0414
+from sessionrepo.contract import SessionFilter as SessionFilter  # noqa: PLC0414
+from sessionrepo.contract import SessionOperations, SessionStore, TranscriptEditor
+from sessionrepo.contract import SessionSnapshot as SessionSnapshot  # noqa: PLC0414
 from sessionrepo.dialects.base import DirectLoad
 from sessionrepo.errors import (
     ArgumentTypeError,
@@ -66,9 +67,8 @@ from sessionrepo.search.text import content_text
 from sessionrepo.store import codec as _codec
 from sessionrepo.store import schema
 from sessionrepo.store.append import Appender
-from sessionrepo.store.append import PreparedBatch as PreparedBatch  # noqa: PLC0414 - re-exported
+from sessionrepo.store.append import PreparedBatch as PreparedBatch  # noqa: PLC0414 (re-exported)
 from sessionrepo.store.arguments import (
-    check_aware_time,
     check_bool,
     check_callable,
     check_choice,
@@ -76,17 +76,16 @@ from sessionrepo.store.arguments import (
     check_int,
     check_iterable,
     check_limit,
-    check_many,
     check_optional_session_id,
     check_optional_text,
     check_seconds,
     check_seq,
     check_session_id,
-    check_session_ids,
 )
 from sessionrepo.store.database import Database
 from sessionrepo.store.editing import SessionEditor
 from sessionrepo.store.memory import DEFAULT_MEMORY_BYTES, SentMemory
+from sessionrepo.store.operations import SessionOperator
 from sessionrepo.store.search_index import SearchIndex
 from sessionrepo.store.transaction import SessionTransaction, fetch_session
 
@@ -114,99 +113,7 @@ _FILLABLE = (
 )
 
 
-@dataclass(frozen=True)
-class SessionFilter:
-    """Which sessions an operator's call is about: the given ids, or every session that
-    matches all the filters set (none set: every session)."""
-
-    session_ids: tuple[str, ...] = ()
-    source: str | None = None
-    user_id: str | None = None
-    status: Literal["open", "ended"] | None = None
-    #: Only sessions that ended before this instant (so only ended ones).
-    ended_before: datetime | None = None
-    #: Only sessions whose last activity is before this instant.
-    active_before: datetime | None = None
-
-    def _where(self) -> ColumnElement[bool]:
-        ids = check_session_ids(self.session_ids, "selection.session_ids")
-        if ids:
-            filters = (
-                self.source,
-                self.user_id,
-                self.status,
-                self.ended_before,
-                self.active_before,
-            )
-            if filters != (None,) * len(filters):
-                raise InvalidArgument("selection", "give session ids or filters, not both")
-            return S.id.in_(ids)
-        check_optional_text(self.source, "selection.source")
-        check_optional_text(self.user_id, "selection.user_id")
-        clauses: list[ColumnElement[bool]] = []
-        if self.source is not None:
-            clauses.append(S.source == self.source)
-        if self.user_id is not None:
-            clauses.append(S.user_id == self.user_id)
-        if self.status == "open":
-            clauses.append(S.ended_at.is_(None))
-        elif self.status == "ended":
-            clauses.append(S.ended_at.is_not(None))
-        elif self.status is not None:
-            raise InvalidArgument("status", "must be 'open', 'ended' or None")
-        for name, bound, column in (
-            ("ended_before", self.ended_before, S.ended_at),
-            ("active_before", self.active_before, S.last_active_at),
-        ):
-            if bound is not None:
-                clauses.append(column < check_aware_time(bound, name))
-        return and_(true(), *clauses)
-
-
-@dataclass(frozen=True)
-class SessionSnapshot:
-    """A session as one read found it, with the ``seq`` its next message would get: its
-    messages then were exactly those with ``seq < next_seq`` (messages are never deleted
-    but with their session), so the two make one consistent picture of it."""
-
-    session: Session
-    next_seq: int
-
-
-@dataclass(frozen=True)
-class RestoreResult:
-    """What one :meth:`SessionRepository.restore_session` call did."""
-
-    session_id: str
-    #: ``created``: the store did not have the session; ``present``: it held it as the
-    #: snapshot describes (what was missing was added); ``diverged``: it holds it
-    #: differently, and nothing was written.
-    outcome: Literal["created", "present", "diverged"]
-    #: Keys stored by this call, each at the ``seq`` it was given.
-    inserted: list[UUID] = field(default_factory=list)
-    #: Keys already stored with the same content.
-    duplicates: list[UUID] = field(default_factory=list)
-    #: Keys already stored with different content (the stored row is kept).
-    conflicts: list[UUID] = field(default_factory=list)
-
-
-@dataclass(frozen=True)
-class PruneResult:
-    """What one :meth:`SessionRepository.delete_ended_sessions` call deleted."""
-
-    #: The sessions deleted, as they were just before, by id.
-    deleted: list[Session]
-    #: Ids asked for but kept: not (or no longer) prunable, gone, or changed since their
-    #: snapshot.
-    kept: list[str]
-    #: Messages deleted with them.
-    messages: int
-    #: ``pending_outbox`` rows (in this database) per deleted session that has any. They
-    #: are left in place: they are the only copy of those messages.
-    parked: dict[str, int]
-
-
-class SessionRepository(SessionStore, TranscriptEditor):
+class SessionRepository(SessionStore, TranscriptEditor, SessionOperations):
     """Sessions and their transcripts on SQLite or PostgreSQL (made by
     :func:`open_repository`).
 
@@ -230,6 +137,7 @@ class SessionRepository(SessionStore, TranscriptEditor):
         self._index_appends = search_index
         self._appender = Appender(database, self._search, search_index, SentMemory(append_memory))
         self._editor = SessionEditor(database, self._search, search_index)
+        self._operator = SessionOperator(database, self._appender, self._editor)
 
     @property
     def backend(self) -> str:
@@ -677,19 +585,10 @@ class SessionRepository(SessionStore, TranscriptEditor):
     def close(self) -> None:
         self._db.dispose()
 
-    # -- operators: export, restore, prune --------------------------------------------
-    # What `sessionrepo.ops` (export, import, prune) and the importers need, so that
-    # they never write SQL of their own.
+    # -- operators (the operator's; the contract, SessionOperations, says what each means) --
 
     def count_sessions(self, selection: SessionFilter | None = None) -> int:
-        """How many sessions ``selection`` names (default: every session).
-
-        Raises:
-            InvalidMessage: ``selection`` mixes ids and filters, or a bound is naive.
-        """
-        query = select(func.count()).select_from(sessions_table)
-        query = query.where(_selection(selection)._where())
-        return int(self._db.read(lambda conn: conn.execute(query).scalar_one()))
+        return self._operator.count_sessions(selection)
 
     def session_snapshots(
         self,
@@ -698,34 +597,10 @@ class SessionRepository(SessionStore, TranscriptEditor):
         after_id: str | None = None,
         limit: int = 500,
     ) -> list[SessionSnapshot]:
-        """A page of the sessions ``selection`` names, by id, with their ``next_seq``.
-
-        Ordered by id, not by activity: a session written to between two pages keeps
-        its place. Each page is one read, so each snapshot is consistent (read its
-        messages with ``load_transcript(..., before_seq=snapshot.next_seq)``).
-
-        Args:
-            after_id: the last id of the previous page (``None``: the first page).
-            limit: sessions per page, 1 to 1000.
-
-        Raises:
-            InvalidArgument: ``limit`` is out of range, or the selection is invalid.
-        """
-        check_limit(limit, maximum=1000)
-        query = select(sessions_table).where(_selection(selection)._where())
-        if after_id is not None:
-            query = query.where(S.id > _codec.check_session_id(after_id, "after_id"))
-        query = query.order_by(S.id).limit(limit)
-        rows = self._db.read(lambda conn: conn.execute(query).all())
-        return [_snapshot(row) for row in rows]
+        return self._operator.session_snapshots(selection, after_id=after_id, limit=limit)
 
     def count_messages(self, session_ids: Iterable[str]) -> int:
-        """How many messages the given sessions hold together (every stored one)."""
-        ids = check_session_ids(session_ids)
-        if not ids:
-            return 0
-        query = select(func.count()).select_from(messages_table).where(M.session_id.in_(ids))
-        return int(self._db.read(lambda conn: conn.execute(query).scalar_one()))
+        return self._operator.count_messages(session_ids)
 
     def delete_ended_sessions(
         self,
@@ -734,238 +609,23 @@ class SessionRepository(SessionStore, TranscriptEditor):
         cutoff: datetime,
         unchanged_from: Mapping[str, SessionSnapshot] | None = None,
     ) -> PruneResult:
-        """Delete those of ``session_ids`` that ended, and were last active, before
-        ``cutoff``, with their messages and search entries; never a live session.
-
-        Atomic: one transaction, which checks every session again under its row lock,
-        so a session reopened or written to since the caller listed it is kept. Their
-        ``pending_outbox`` rows stay (the only copy of those messages; a drain recreates
-        the session) and are counted.
-
-        Args:
-            cutoff: an aware datetime.
-            unchanged_from: snapshots by id (an export's): such a session is deleted
-                only while it is still exactly as its snapshot describes.
-
-        Raises:
-            InvalidArgument: ``cutoff`` is naive, or an id is invalid.
-        """
-        check_aware_time(cutoff, "cutoff")
-        ids = sorted(set(check_session_ids(session_ids)))
-        if unchanged_from is not None and not isinstance(unchanged_from, Mapping):
-            raise ArgumentTypeError(
-                "unchanged_from", f"must be a mapping, got {type(unchanged_from).__name__}"
-            )
-        expected = unchanged_from or {}
-        prunable = SessionFilter(ended_before=cutoff, active_before=cutoff)._where()
-
-        def work(conn: Connection) -> PruneResult:
-            if not ids:
-                return PruneResult(deleted=[], kept=[], messages=0, parked={})
-            current = self._db.dialect.select_locked(
-                conn, select(sessions_table).where(prunable).order_by(S.id), S.id, ids
-            )
-            chosen = [
-                snapshot
-                for snapshot in map(_snapshot, current)
-                if expected.get(snapshot.session.id, snapshot) == snapshot
-            ]
-            gone = [snapshot.session.id for snapshot in chosen]
-            kept = sorted(set(ids) - set(gone))
-            if not gone:
-                return PruneResult(deleted=[], kept=kept, messages=0, parked={})
-            # Explicit, not left to ON DELETE CASCADE alone: the count is reported, and
-            # it holds on a connection where SQLite's foreign keys were left off.
-            removed = conn.execute(
-                delete(messages_table).where(M.session_id.in_(gone)),
-                execution_options={"preserve_rowcount": True},
-            ).rowcount
-            conn.execute(delete(sessions_table).where(S.id.in_(gone)))
-            self._db.dialect.forget_search_documents(conn, gone)
-            parked = conn.execute(
-                select(O.session_id, func.count())
-                .where(O.session_id.in_(gone))
-                .group_by(O.session_id)
-            ).all()
-            return PruneResult(
-                deleted=[snapshot.session for snapshot in chosen],
-                kept=kept,
-                messages=int(removed),
-                parked={sid: int(count) for sid, count in parked},
-            )
-
-        return self._db.write(work)
+        return self._operator.delete_ended_sessions(
+            session_ids, cutoff=cutoff, unchanged_from=unchanged_from
+        )
 
     def restore_session(
         self, snapshot: SessionSnapshot, messages: Sequence[StoredMessage] = ()
     ) -> RestoreResult:
-        """Restore (part of) an exported session: each message at its exported ``seq``.
-
-        Meant for importing an export, the one caller that may set a session's times
-        from elsewhere. Atomic: one transaction, under the session's row lock. The
-        messages go through :meth:`append`'s own insert (its key-based idempotency, its
-        counters, its search indexing); only the times are then set as exported.
-
-        - A session the store lacks is created as ``snapshot`` describes it (outcome
-          ``created``): every field but the derived ones (``message_count``,
-          ``tool_call_count``, ``next_seq``), which count the messages restored.
-        - A session the store holds *as the snapshot describes* (every field equal but
-          the derived ones, and no message at or past ``snapshot.next_seq``: a second
-          import, or one resumed after an interruption) gets the messages it lacks
-          (outcome ``present``).
-        - Otherwise (a gateway wrote to it, it was ended or renamed since) nothing is
-          written (outcome ``diverged``): the caller decides, e.g. ``append`` after the
-          store's own messages.
-
-        A message whose key is stored is skipped (a duplicate, or a conflict when its
-        content differs), as ``append`` skips it.
-
-        Args:
-            snapshot: the session as exported, with its ``next_seq``.
-            messages: some of its messages, ``seq`` ascending, each below ``next_seq``.
-
-        Raises:
-            InvalidMessage: a message cannot be stored, or does not belong there.
-            RepoError: the store holds the session as described but another message
-                at one of these ``seq`` (the export and the database disagree); nothing
-                was written.
-        """
-        check_instance(snapshot, "snapshot", SessionSnapshot)
-        session = check_instance(snapshot.session, "snapshot.session", Session)
-        check_int(snapshot.next_seq, "snapshot.next_seq", minimum=1)
-        messages = check_many(messages, "messages", "stored messages")
-        sid = _codec.check_session_id(session.id)
-        last = 0
-        for index, message in enumerate(messages):
-            check_instance(message, f"messages[{index}]", StoredMessage)
-            if message.session_id != sid:
-                raise InvalidMessage(f"messages[{index}].session_id", f"must be {sid!r}")
-            if not last < message.seq < snapshot.next_seq:
-                raise InvalidMessage(
-                    f"messages[{index}].seq",
-                    f"must be ascending, after {last} and before next_seq {snapshot.next_seq}",
-                )
-            last = message.seq
-        validated, rows = self._appender.prepare(messages)
-        new_row = _codec.session_row(session) | {"message_count": 0, "tool_call_count": 0}
-        seqs = [message.seq for message in messages]
-
-        with SessionTransaction(self._appender, self._editor, self._db, sid, new_row) as tx:
-            conn, next_seq = tx.connection, tx.next_seq
-            if not tx.created and not _restorable(tx.session(), next_seq, snapshot):
-                return RestoreResult(session_id=sid, outcome="diverged")
-            appender = self._appender
-            inserted: list[UUID] = []
-            duplicates: list[UUID] = []
-            conflicts: list[UUID] = []
-            # Below the stored next_seq: what the session already holds, found by key.
-            held = [index for index, seq in enumerate(seqs) if seq < next_seq]
-            if held:
-                found = appender.insert_new(conn, sid, next_seq, [rows[i] for i in held])
-                if found.inserted:
-                    key = found.inserted[0]
-                    seq = next(seqs[i] for i in held if validated[i].client_msg_uuid == key)
-                    raise self._disagree(conn, sid, seq, key)
-                duplicates += found.duplicates
-                conflicts += found.conflicts
-            # From there on, runs of consecutive seq, each appended where the export has
-            # it (a gap in the export stays a gap).
-            for run in _runs(seqs, len(held)):
-                start = seqs[run[0]]
-                if start != next_seq:
-                    conn.execute(update(sessions_table).where(S.id == sid).values(next_seq=start))
-                added = appender.insert_new(conn, sid, start, [rows[i] for i in run])
-                if len(added.inserted) != len(run):  # a key stored at another seq
-                    stored = set(added.duplicates) | set(added.conflicts)
-                    index = next(i for i in run if validated[i].client_msg_uuid in stored)
-                    raise RepoError(
-                        f"session {sid!r}: message {validated[index].client_msg_uuid} is "
-                        f"stored here, not at its exported seq {seqs[index]}; the export "
-                        "and the database disagree"
-                    )
-                appender.index_inserted(conn, added, [validated[i] for i in run])
-                inserted += added.inserted
-                next_seq = start + len(run)
-            # What an edit had superseded when it was exported is superseded again.
-            states: dict[Literal["retracted", "compacted"], tuple[list[int], int]] = {}
-            fresh = set(inserted)
-            for message in messages:
-                if message.superseded is not None and message.client_msg_uuid in fresh:
-                    marked, calls = states.get(message.superseded, ([], 0))
-                    marked.append(message.seq)
-                    states[message.superseded] = (marked, calls + len(message.tool_calls or ()))
-            for state, (marked, calls) in states.items():
-                self._editor.mark_superseded(conn, sid, marked, calls, state)
-            if inserted:  # the appends stamped the session with the time of now
-                conn.execute(
-                    update(sessions_table)
-                    .where(S.id == sid)
-                    .values(last_active_at=new_row["last_active_at"])
-                )
-            return RestoreResult(
-                session_id=sid,
-                outcome="created" if tx.created else "present",
-                inserted=inserted,
-                duplicates=duplicates,
-                conflicts=conflicts,
-            )
-
-    def _disagree(self, conn: Connection, sid: str, seq: int, key: UUID) -> RepoError:
-        holder = conn.execute(
-            select(M.client_msg_uuid).where(M.session_id == sid, M.seq == seq)
-        ).scalar()
-        held = "no message" if holder is None else f"message {holder}"
-        return RepoError(
-            f"session {sid!r}: seq {seq} holds {held} in this database, not {key}; the "
-            "export and the database disagree"
-        )
+        return self._operator.restore_session(snapshot, messages)
 
     def backdate_activity(
         self, session_id: str, when: datetime, *, stamped_since: datetime
     ) -> bool:
-        """Date a session by the history an importer just stored: its last activity
-        becomes ``when`` (the newest imported message, or its end), not the moment of
-        the import, so that listings keep the source's order.
-
-        The importer's own appends stamped the session with their time: a stamp from
-        ``stamped_since`` (when the import began) on is replaced, and so is one older
-        than ``when``; a stamp between the two is real activity newer than the imported
-        history, and stays. Atomic (one statement).
-
-        Returns:
-            Whether the stamp changed.
-
-        Raises:
-            NotFound: no such session.
-            InvalidArgument: a time is naive.
-        """
-        sid = _codec.check_session_id(session_id)
-        check_aware_time(when, "when")
-        check_aware_time(stamped_since, "stamped_since")
-        stamp = S.last_active_at
-
-        def work(conn: Connection) -> bool:
-            changed = conn.execute(
-                update(sessions_table)
-                .where(S.id == sid, (stamp >= stamped_since) | (stamp < when))
-                .values(last_active_at=when)
-            ).rowcount
-            if not changed:
-                self._get(conn, sid)  # NotFound, or a newer stamp that stays
-            return bool(changed)
-
-        return self._db.write(work)
+        return self._operator.backdate_activity(session_id, when, stamped_since=stamped_since)
 
 
 def _activity(row: Any) -> tuple[datetime, str]:
     return (row.last_active_at, row.id)
-
-
-def _selection(selection: object) -> SessionFilter:
-    """An operator call's ``selection``: ``None`` (every session) or a SessionFilter."""
-    if selection is None:
-        return SessionFilter()
-    return check_instance(selection, "selection", SessionFilter)
 
 
 def _encode_cursor(last_active_at: datetime, session_id: str) -> str:
@@ -1018,34 +678,6 @@ def _check_reason(reason: object) -> str:
         return check_identifier(reason, "reason", MAX_REASON_LENGTH)
     except ValueError as exc:
         raise InvalidMessage("reason", str(exc).removeprefix("reason: ")) from None
-
-
-def _snapshot(row: Any) -> SessionSnapshot:
-    return SessionSnapshot(
-        Session.model_construct(**_codec.session_from_row(row)), int(row.next_seq)
-    )
-
-
-#: Session fields that count what the session holds: a restore derives them.
-_DERIVED = {"message_count", "tool_call_count"}
-
-
-def _restorable(current: Session, next_seq: int, snapshot: SessionSnapshot) -> bool:
-    """Whether the stored session is ``snapshot``'s, restored in part or whole."""
-    described = snapshot.session.model_dump(mode="json", by_alias=True, exclude=_DERIVED)
-    stored = current.model_dump(mode="json", by_alias=True, exclude=_DERIVED)
-    return next_seq <= snapshot.next_seq and stored == described
-
-
-def _runs(seqs: Sequence[int], start: int) -> list[list[int]]:
-    """Positions from ``start`` on, in runs of consecutive ``seqs``."""
-    runs: list[list[int]] = []
-    for index in range(start, len(seqs)):
-        if runs and seqs[index] == seqs[runs[-1][-1]] + 1:
-            runs[-1].append(index)
-        else:
-            runs.append([index])
-    return runs
 
 
 def _preview(stored: str | None) -> str | None:
