@@ -31,6 +31,7 @@ from sessionrepo.outbox.writer import TranscriptWriter
 from sessionrepo.store.arguments import check_choice, check_instance, check_seconds
 from sessionrepo.store.bridge import AsyncFacade, TaskPool, awaited
 from sessionrepo.store.database import Database
+from sessionrepo.store.memory import DEFAULT_MEMORY_BYTES
 from sessionrepo.store.repository import (
     PreparedBatch,
     SessionRepository,
@@ -68,6 +69,7 @@ async def open_async_repository(
     require_connection: bool = True,
     search_index: bool | Literal["immediate"] = True,
     read_only: bool = False,
+    append_memory: int = DEFAULT_MEMORY_BYTES,
     **options: Any,
 ) -> AsyncSessionRepository:
     """:func:`sessionrepo.open_repository` for asyncio: the same arguments and checks.
@@ -81,7 +83,7 @@ async def open_async_repository(
             opened; :class:`~sessionrepo.errors.ArgumentTypeError`: of the wrong type).
     """
     # Checked here, before a task is started: Database() checks the options too.
-    check_open_arguments(auto_migrate, require_connection, search_index, read_only)
+    check_open_arguments(auto_migrate, require_connection, search_index, read_only, append_memory)
     calls = TaskPool()
 
     def open_() -> SessionRepository:
@@ -91,7 +93,7 @@ async def open_async_repository(
             auto_migrate=False if read_only else auto_migrate,
             require_connection=require_connection,
         )
-        return SessionRepository(database, search_index=search_index)
+        return SessionRepository(database, search_index=search_index, append_memory=append_memory)
 
     return AsyncSessionRepository(await calls.call(open_), calls)
 

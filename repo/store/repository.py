@@ -700,6 +700,7 @@ def open_repository(
     require_connection: bool = True,
     search_index: bool | Literal["immediate"] = True,
     read_only: bool = False,
+    append_memory: int = DEFAULT_MEMORY_BYTES,
     **options: Any,
 ) -> SessionRepository:
     """Open the store at ``url``.
@@ -730,6 +731,13 @@ def open_repository(
             transaction ``READ ONLY``. Every call that writes raises
             :class:`RepoError`; ``search`` answers from the index as the last
             catch-up left it (it cannot index the backlog itself).
+        append_memory: bytes this repository may hold to make re-flushes nearly free
+            (default 32 MiB; ``0``: none): what each message sent was validated and
+            encoded into, and that the database acknowledged it, so that the same dict
+            (or ``Message``) sent again is neither validated nor sent again. The oldest
+            is forgotten first; nothing of a message is kept beyond the bound, and a
+            forgotten one costs only speed (it is validated and sent again, a no-op by
+            its key). See :mod:`sessionrepo.store.memory`.
         **options: engine options: ``pool_size``, ``max_overflow``, ``busy_timeout``
             (SQLite, seconds), ``sqlite_synchronous`` (default ``"FULL"``),
             ``connect_timeout`` (PostgreSQL, seconds), ``search_config`` (PostgreSQL
@@ -744,14 +752,14 @@ def open_repository(
         InvalidArgument: an argument or option is invalid or unknown (nothing was
             opened; :class:`~sessionrepo.errors.ArgumentTypeError`: of the wrong type).
     """
-    check_open_arguments(auto_migrate, require_connection, search_index, read_only)
+    check_open_arguments(auto_migrate, require_connection, search_index, read_only, append_memory)
     database = Database(url, read_only=read_only, **options)
     schema.check_schema(
         database,
         auto_migrate=False if read_only else auto_migrate,
         require_connection=require_connection,
     )
-    return SessionRepository(database, search_index=search_index)
+    return SessionRepository(database, search_index=search_index, append_memory=append_memory)
 
 
 def check_open_arguments(
@@ -759,6 +767,7 @@ def check_open_arguments(
     require_connection: object,
     search_index: object,
     read_only: object = False,
+    append_memory: object = DEFAULT_MEMORY_BYTES,
 ) -> None:
     """The arguments :func:`open_repository` and ``open_async_repository`` share, checked
     before anything is opened."""
@@ -769,3 +778,4 @@ def check_open_arguments(
             raise InvalidArgument("auto_migrate", "a read-only repository is never migrated")
     check_bool(require_connection, "require_connection")
     check_choice(search_index, "search_index", _SEARCH_INDEX_MODES)
+    check_int(append_memory, "append_memory", minimum=0)
