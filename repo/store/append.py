@@ -17,16 +17,16 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Final, Literal
+from typing import Any, Literal
 from uuid import UUID
 
-from sqlalchemy import Connection, Insert, select
+from sqlalchemy import Connection, Insert
 
-from sessionrepo.dialects.base import DirectAppend, DirectResult
-from sessionrepo.errors import ConflictError, RepoError
+from sessionrepo.dialects.base import DirectAppend, DirectResult, conflict_error
+from sessionrepo.errors import RepoError
 from sessionrepo.models import AppendResult, Message, Session
 from sessionrepo.models.message import utcnow
-from sessionrepo.models.tables import outbox_table, sessions_table
+from sessionrepo.models.tables import sessions_table
 from sessionrepo.search.text import searchable
 from sessionrepo.store import codec as _codec
 from sessionrepo.store.database import Database
@@ -48,10 +48,6 @@ class PreparedBatch:
     messages: list[Message]
     rows: list[dict[str, Any]]
     session: Session
-
-
-#: A writer's batch that waits behind its session's parked messages (nothing written).
-_QUEUED: Final = AppendResult(session_id="")
 
 
 class Appender:
@@ -98,80 +94,64 @@ class Appender:
         on_conflict: OnConflict,
         behind_outbox: bool,
     ) -> AppendResult | None:
-        """``batch`` appended on ``database``; ``None`` and nothing written when
+        """``batch`` appended on ``database`` through the dialect's one append entry
+        (its direct statement, or its locked path); ``None`` and nothing written when
         ``behind_outbox`` (a writer whose outbox is this database) and the session has
         parked messages: the batch queues behind them."""
         if not batch.rows:
             return AppendResult(session_id=batch.session_id)
-        new_session = _codec.session_row(batch.session)
-        if self.direct:
-            done = self._append_direct(database, batch, new_session, on_conflict, behind_outbox)
-            if done is not None:
-                return None if done is _QUEUED else done
-
-        def locked(conn: Connection) -> AppendResult | None:
-            if behind_outbox and has_parked(conn, batch.session_id):
-                return None
-            next_seq, _ = self.lock(conn, batch.session_id, new_session)
-            assert next_seq is not None  # created when missing
-            return self.append_locked(
-                conn, batch.session_id, next_seq, batch, on_conflict=on_conflict
-            )
-
-        return database.write(locked)
-
-    def _append_direct(  # noqa: PLR0911 - each way out is one outcome of the statement
-        self,
-        database: Database,
-        batch: PreparedBatch,
-        new_session: dict[str, Any],
-        on_conflict: OnConflict,
-        behind_outbox: bool,
-    ) -> AppendResult | None:
-        """The append in the dialect's fewest round trips, the search backlog named with
-        it; ``None`` when the dialect cannot decide alone (a race it leaves to the
-        locked path) or has no such path; :data:`_QUEUED` when it waits behind parked
-        messages."""
         sid = batch.session_id
         memory = self.memory
         # Rows the database acknowledged storing (the same objects: see .memory) are
-        # not sent again while the newest of them is still stored under its seq.
-        known = memory.acknowledged(sid, batch.rows)
+        # not sent again while the newest of them is still stored under its seq (the
+        # dialect verifies it, or the probe below): the database stays the authority.
+        known = memory.acknowledged(sid, batch.rows) if self.direct else set()
         unique: dict[Any, dict[str, Any]] = {}
+        repeated: list[UUID] = []
         for row in batch.rows:
             if id(row) not in known:
                 first = unique.setdefault(row["client_msg_uuid"], row)
-                if first["content_hash"] != row["content_hash"] and on_conflict == "raise":
-                    return None  # a conflict within the batch: the locked path refuses it
+                if first["content_hash"] != row["content_hash"]:
+                    repeated.append(row["client_msg_uuid"])
+        if repeated and on_conflict == "raise":  # a conflict within the batch itself
+            raise conflict_error(sid, list(dict.fromkeys(repeated)))
         tip = memory.tip(sid) if known else None
         if tip is not None and not unique:
             if database.read_direct(lambda driver: database.dialect.message_at(driver, sid, *tip)):
                 return outcome(sid, batch.rows, {}, None, known=known)
             memory.forget_session(sid)
-            return self._append_direct(database, batch, new_session, on_conflict, behind_outbox)
+            return self.append(
+                batch, database=database, on_conflict=on_conflict, behind_outbox=behind_outbox
+            )
         append = DirectAppend(
             session_id=sid,
             rows=list(unique.values()),
-            new_session=new_session,
+            new_session=_codec.session_row(batch.session),
             now=utcnow(),
-            enqueue=True,
+            enqueue=self._index_appends is True,
             refuse_conflicts=on_conflict == "raise",
             behind_outbox=behind_outbox,
             verify=tip,
         )
-        # The dialect read on the connection: the first one finds which server it is.
-        done = database.write_direct(lambda driver: database.dialect.append_direct(driver, append))
-        if done is None:
-            return None
+
+        def index(conn: Connection, done: DirectResult) -> None:
+            stored = outcome(sid, batch.rows, done.stored, done.first_seq, known=known)
+            self.index_inserted(conn, stored, batch.messages)
+
+        then = None if self._index_appends is True else index
+        done = database.dialect.append(database, append, direct=self.direct, then=then)
         if done.queued:
-            return _QUEUED
+            return None
         if done.lost:  # the newest remembered row is gone: remember nothing, send all
             memory.forget_session(sid)
-            return self._append_direct(database, batch, new_session, on_conflict, behind_outbox)
+            return self.append(
+                batch, database=database, on_conflict=on_conflict, behind_outbox=behind_outbox
+            )
         result = outcome(sid, batch.rows, done.stored, done.first_seq, known=known)
         if result.conflicts and on_conflict == "raise":
-            raise conflict(sid, result.conflicts)
-        self._acknowledge(sid, append.rows, done)
+            raise conflict_error(sid, result.conflicts)
+        if self.direct:
+            self._acknowledge(sid, append.rows, done)
         return result
 
     def _acknowledge(self, sid: str, rows: Sequence[dict[str, Any]], done: DirectResult) -> None:
@@ -230,7 +210,7 @@ class Appender:
             with conn.begin_nested():
                 result = self.insert_new(conn, sid, next_seq, rows)
                 if result.conflicts:
-                    raise conflict(sid, result.conflicts)
+                    raise conflict_error(sid, result.conflicts)
         else:
             result = self.insert_new(conn, sid, next_seq, rows)
         self.index_inserted(conn, result, messages)
@@ -276,25 +256,6 @@ class Appender:
             result.first_seq,
             [content[key] for key in result.inserted],
         )
-
-
-def has_parked(conn: Connection, session_id: str) -> bool:
-    """Whether the session has messages parked in this database's own outbox."""
-    query = (
-        select(outbox_table.c.position)
-        .where(outbox_table.c.session_id == session_id, outbox_table.c.state == "pending")
-        .limit(1)
-    )
-    return conn.execute(query).first() is not None
-
-
-def conflict(sid: str, conflicts: list[UUID]) -> ConflictError:
-    return ConflictError(
-        f"session {sid!r}: stored with other content under the same key: "
-        f"{', '.join(map(str, conflicts))}; nothing was written",
-        session_id=sid,
-        conflicts=conflicts,
-    )
 
 
 def outcome(

@@ -27,7 +27,7 @@ from sessionrepo.store import bridge as _aio
 from sessionrepo.store import codec as _codec
 from sessionrepo.store.append import Appender
 from sessionrepo.store.arguments import check_choice
-from sessionrepo.store.database import DEFAULT_ATTEMPTS, Database
+from sessionrepo.store.database import Database
 from sessionrepo.store.editing import SessionEditor, check_keys
 
 S = sessions_table.c
@@ -253,7 +253,9 @@ def _begin(
                 if exc.connection_invalidated and not reconnected and database.may_rerun():
                     reconnected = True
                     continue
-                if attempt < DEFAULT_ATTEMPTS and database.dialect.is_retryable(exc):
+                # The database's own bound: a writer's deadline pool on SQLite reruns
+                # nothing (its busy error comes after the whole bound: see Database).
+                if attempt < database._attempts and database.dialect.is_retryable(exc):
                     _pause(database, random.uniform(0, min(1.0, 0.01 * 2**attempt)))
                     continue
             raise translated(database, exc) from exc
