@@ -24,7 +24,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, ClassVar, Final, Literal
+from typing import Any, ClassVar, Final, Literal, Protocol, TypeVar
 
 from sqlalchemy import (
     Connection,
@@ -33,8 +33,10 @@ from sqlalchemy import (
     Row,
     Select,
     Table,
+    bindparam,
     create_engine,
     delete,
+    literal,
     select,
     tuple_,
 )
@@ -43,9 +45,15 @@ from sqlalchemy.engine import URL
 from sqlalchemy.ext.asyncio import create_async_engine
 from sqlalchemy.sql.elements import ColumnElement
 
-from sessionrepo.errors import RepoError
+from sessionrepo.errors import ConflictError, RepoError
 from sessionrepo.models.doctor import Check
-from sessionrepo.models.tables import search_backlog_table, sessions_table
+from sessionrepo.models.outbox_protocol import holds_fifo
+from sessionrepo.models.tables import (
+    messages_table,
+    outbox_table,
+    search_backlog_table,
+    sessions_table,
+)
 from sessionrepo.search.query import Query, SearchFilters
 
 #: Execution option that marks a connection's transactions as read-only, so that
@@ -61,6 +69,8 @@ SearchOrder = Literal["rank", "newest"]
 LOOKUP_CHUNK: Final = 500
 
 _B = search_backlog_table.c
+_M = messages_table.c
+_T = TypeVar("_T")
 
 
 #: A new session's columns that an append sets from the session's defaults; the
@@ -74,7 +84,7 @@ NEW_SESSION_COLUMNS: Final = tuple(
 
 @dataclass(frozen=True, slots=True)
 class DirectAppend:
-    """What :meth:`BackendDialect.append_direct` stores: a batch with distinct keys,
+    """What :meth:`AppendRole.append` stores (either path): a batch with distinct keys,
     encoded by ``sessionrepo.store.codec.message_row``, for one session."""
 
     session_id: str
@@ -268,9 +278,100 @@ class EngineRole(ABC):
         )
 
 
+class AppendRunner(Protocol):
+    """What runs a dialect's append: the store's ``Database`` (its transactions, their
+    reruns on a lost lock race, its error translation)."""
+
+    def write(self, work: Callable[[Connection], _T], /) -> _T:
+        """``work(connection)`` in a write transaction, committed when it returns."""
+        ...
+
+    def write_direct(self, work: Callable[[Any], _T], /) -> _T:
+        """``work(driver)`` on a pooled connection's own driver connection, idle."""
+        ...
+
+
 class AppendRole(ABC):
-    """The append's SQL: the locked path on SQLAlchemy's connection, the direct path
-    (and direct reads) on the driver's own."""
+    """The append's SQL: :meth:`append`, its one entry, which takes the direct path on the
+    driver's own connection where the backend has one and the locked path on
+    SQLAlchemy's connection otherwise (or when the direct one cannot decide alone)."""
+
+    def append(
+        self,
+        run: AppendRunner,
+        append: DirectAppend,
+        *,
+        direct: bool = True,
+        then: Callable[[Connection, DirectResult], None] | None = None,
+    ) -> DirectResult:
+        """Append ``append.rows`` to the session, committed when it returns: the direct
+        statement (:meth:`append_direct`) unless ``direct`` is false or ``then`` is
+        given, else the locked path (:meth:`append_locked`) in a transaction of its own.
+
+        Args:
+            run: runs the statements (the store's database).
+            direct: try the direct statement first.
+            then: more work for the locked path's transaction once the rows are in (a
+                search index kept another way than by the backlog); not called when
+                nothing was written (``queued`` or ``lost``).
+
+        Raises:
+            ConflictError: ``append.refuse_conflicts`` and a key is stored with other
+                content (nothing was written).
+        """
+        if direct and then is None:
+            done = run.write_direct(lambda driver: self.append_direct(driver, append))
+            if done is not None:
+                return done
+
+        def locked(connection: Connection) -> DirectResult:
+            done = self.append_locked(connection, append)
+            if then is not None and not (done.queued or done.lost):
+                then(connection, done)
+            return done
+
+        return run.write(locked)
+
+    def append_locked(self, connection: Connection, append: DirectAppend) -> DirectResult:
+        """:meth:`append_direct`'s work on SQLAlchemy's connection, in the caller's
+        transaction: the session's row locked (created from ``append.new_session`` when
+        it is missing), then :meth:`insert_new_messages` and, with ``append.enqueue``,
+        the inserted messages named in the search backlog.
+
+        Raises:
+            ConflictError: ``append.refuse_conflicts`` and a key is stored with other
+                content (raised in the transaction, which rolls back).
+        """
+        sid = append.session_id
+        if append.behind_outbox and connection.execute(_PARKED, {"sid": sid}).first():
+            return DirectResult({}, None, queued=True)
+        next_seq = self.lock_session(connection, sid)
+        if next_seq is None:
+            connection.execute(_insert_session(self).values(**append.new_session))
+            next_seq = self.lock_session(connection, sid)
+            if next_seq is None:  # pragma: no cover - inserted just above
+                raise RepoError(f"session {sid!r} vanished while it was being created")
+        if append.verify is not None:
+            seq, key = append.verify
+            if connection.execute(_HELD, {"sid": sid, "seq": seq, "key": key}).first() is None:
+                return DirectResult({}, None, lost=True)
+        stored = self.insert_new_messages(connection, sid, next_seq, append.rows, append.now)
+        if append.refuse_conflicts:
+            refused = [
+                row["client_msg_uuid"]
+                for row in append.rows
+                if stored.get(row["client_msg_uuid"], row["content_hash"]) != row["content_hash"]
+            ]
+            if refused:
+                raise conflict_error(sid, refused)
+        inserted = len(append.rows) - len(stored)
+        if append.enqueue and inserted:
+            connection.execute(
+                search_backlog_table.insert().values(
+                    session_id=sid, first_seq=next_seq, count=inserted
+                )
+            )
+        return DirectResult(stored, next_seq if inserted else None)
 
     @abstractmethod
     def lock_session(self, connection: Connection, session_id: str) -> int | None:
@@ -464,6 +565,36 @@ def make_engine(url: URL, asynchronous: bool, **options: Any) -> Engine:
     if asynchronous:
         return create_async_engine(url, **options).sync_engine
     return create_engine(url, **options)
+
+
+def conflict_error(session_id: str, conflicts: list[uuid.UUID]) -> ConflictError:
+    """The error of a strict append (``on_conflict="raise"``) that found ``conflicts``."""
+    return ConflictError(
+        f"session {session_id!r}: stored with other content under the same key: "
+        f"{', '.join(map(str, conflicts))}; nothing was written",
+        session_id=session_id,
+        conflicts=conflicts,
+    )
+
+
+def _insert_session(dialect: object) -> Insert:
+    # Every BackendDialect is an EngineRole too: its own INSERT ... ON CONFLICT DO NOTHING.
+    assert isinstance(dialect, EngineRole)
+    return dialect.insert_ignoring(sessions_table, ["id"])
+
+
+#: Whether the session has messages parked in this database's own outbox.
+_PARKED: Final = (
+    select(outbox_table.c.position)
+    .where(outbox_table.c.session_id == bindparam("sid"), holds_fifo(outbox_table.c.state))
+    .limit(1)
+)
+#: Whether the session stores message ``key`` at ``seq``.
+_HELD: Final = select(literal(1)).where(
+    _M.session_id == bindparam("sid"),
+    _M.seq == bindparam("seq"),
+    _M.client_msg_uuid == bindparam("key"),
+)
 
 
 def lock_bypassed(session_id: str, missing: int) -> RepoError:
