@@ -249,7 +249,8 @@ class Appender:
             return
         # "immediate": in a savepoint, so a broken index can never make the transcript
         # write fail (its failure marks the index stale instead; see store/search_index.py).
-        content = {m.client_msg_uuid: searchable(m.content, m.extra, m.tool_calls, m.tool_name)
+        content = {
+            m.client_msg_uuid: searchable(m.content, m.extra, m.tool_calls, m.tool_name)
             for m in messages
         }
         self._search.index_in_transaction(
