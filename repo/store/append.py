@@ -3,12 +3,15 @@
 :class:`Appender` is what :meth:`SessionRepository.append` (and ``append_prepared``, the
 writer's, the async API's) and a unit of work's ``append`` run. It owns:
 
-- the choice of path: **direct** (the dialect's own statement on the driver connection,
-  one round trip on PostgreSQL, the session created and the search backlog named with
-  it) when the dialect has one and appends name their messages in the search backlog;
-  else, or when the direct statement cannot decide alone (a race with a concurrent first
-  append or re-send), the **locked** path: a transaction that locks the session's row,
-  inserts what is new and keeps the search index, which a unit of work also runs;
+- the choice of path: the dialect's one append entry
+  (:meth:`~sessionrepo.dialects.base.AppendRole.append`) takes its **direct** statement
+  (on the driver connection, one round trip on PostgreSQL, the session created and the
+  search backlog named with it) when appends name their messages in the search backlog
+  and :attr:`Appender.direct` allows it; else, or when the direct statement cannot
+  decide alone (a race with a concurrent first append or re-send), its **locked** path,
+  a transaction that locks the session's row and inserts what is new. A unit of work
+  runs the locked primitives itself (:meth:`Appender.append_locked`), under the lock it
+  holds;
 - the :class:`~sessionrepo.store.memory.SentMemory` (validated once, acknowledged rows),
   one per repository.
 """
