@@ -1,0 +1,575 @@
+"""Importing: what :mod:`.source` read, mapped by :mod:`.mapping` and keyed by
+:mod:`.keys`, written through the public methods of
+:class:`~sessionrepo.store.repository.SessionRepository` (no SQL of its own).
+
+See the package docstring (:mod:`sessionrepo.importers.hermes`) for what goes where.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import os
+import re
+import time
+import uuid
+from collections.abc import Callable, Mapping
+from datetime import datetime
+from typing import Any, Final, Literal
+
+from sessionrepo.errors import InvalidMessage, NotFound, RepoError
+from sessionrepo.importers.hermes import mapping
+from sessionrepo.importers.hermes.keys import KeyKind, SessionKeys, fingerprint
+from sessionrepo.importers.hermes.mapping import Record
+from sessionrepo.importers.hermes.source import (
+    KIND_NAMES,
+    SPOOL_DIR,
+    HermesSource,
+    SpoolMessage,
+    open_hermes,
+)
+from sessionrepo.importers.hermes.summary import (
+    HermesImportError,
+    HermesImportSummary,
+    HermesSourceError,
+    Problem,
+)
+from sessionrepo.models import Message
+from sessionrepo.models.message import to_utc, utcnow
+from sessionrepo.store.repository import SessionRepository
+
+#: ``metadata["hermes"]["profile"]`` of the sessions of a root Hermes home.
+DEFAULT_PROFILE: Final = "default"
+#: Most messages written per transaction.
+BATCH_SIZE: Final = 500
+_BATCH_INDEX: Final = re.compile(r"^messages\[(\d+)\]")
+
+
+@dataclasses.dataclass
+class _Pending:
+    """Messages waiting to be appended to one stored session, with where each came from
+    and what kind of key each has (``uid`` or ``content``)."""
+
+    session_id: str
+    messages: list[Message] = dataclasses.field(default_factory=list)
+    wheres: list[str] = dataclasses.field(default_factory=list)
+    kinds: list[KeyKind] = dataclasses.field(default_factory=list)
+    #: Keys of the rows that are not conversation, to retract once the writes are done
+    #: (a row the store rejected is taken out again).
+    marked: dict[uuid.UUID, str] = dataclasses.field(default_factory=dict)
+    #: Keys this run inserted.
+    inserted: set[uuid.UUID] = dataclasses.field(default_factory=set)
+
+
+class _Importer:
+    def __init__(
+        self,
+        source: HermesSource,
+        repository: SessionRepository,
+        *,
+        batch_size: int,
+        progress: Callable[[int], None] | None,
+    ) -> None:
+        if not 1 <= batch_size <= BATCH_SIZE:
+            raise ValueError(f"batch_size must be between 1 and {BATCH_SIZE}")
+        self.source = source
+        self.repo = repository
+        self.batch_size = batch_size
+        self.profile = source.profile or DEFAULT_PROFILE
+        self._began = utcnow()
+        #: Newest timestamp of the messages this import stored, per session.
+        self._newest: dict[str, datetime] = {}
+        #: Keys of the inbound (kind 1 and 2) messages, to count what was delivered.
+        self._inbound_keys: set[uuid.UUID] = set()
+        #: Sessions stored before this run, and their stored inbound keys (read lazily).
+        self._existed: set[str] = set()
+        self._stored_inbound: dict[str, set[uuid.UUID]] = {}
+        self.progress = progress
+        spool = source.spool
+        self.counts = {
+            "sessions_read": 0,
+            "sessions_new": 0,
+            "sessions_without_row": 0,
+            "sessions_only_in_spool": 0,
+            "rows_read": 0,
+            "inactive_rows": 0,
+            "spool_messages_read": 0,
+            "messages_inserted": 0,
+            "messages_already_present": 0,
+            "messages_seen_by_another_route": 0,
+            "messages_changed": 0,
+            "messages_rejected": len(spool.rejected),
+            "inbound_messages": len(spool.inbound),
+            "inbound_inserted": 0,
+        }
+        self.set_aside: collections.Counter[str] = collections.Counter()
+        self.lists: dict[str, list[Problem]] = {
+            "moved_aside": [],
+            "changed": [],
+            "rejected": list(spool.rejected),
+            "inbound_undelivered": list(spool.undelivered),
+            "archived_since_import": [],
+            "dump_entries_persisted": [
+                Problem(
+                    where=f"{SPOOL_DIR}/{entry.file} messages[{entry.index}]",
+                    session_id=entry.session,
+                    problem=(
+                        f"already in state.db (message_uid {entry.message_uid}): skipped"
+                        if entry.how == "verified"
+                        else "marked _db_persisted (no message_uid to check): skipped"
+                    ),
+                )
+                for entry in spool.persisted
+            ],
+            "possible_duplicates": [],
+            "duplicate_rows": [],
+            "pending_delegations": self._delegations(),
+            "notes": list(spool.notes),
+        }
+        self.started = time.monotonic()
+
+    def _delegations(self) -> list[Problem]:
+        found = []
+        for row in self.source.pending_delegations():
+            status = row.get("status")
+            found.append(
+                Problem(
+                    where=f"state.db async_delegations id={row.get('id')!r}",
+                    session_id=row.get("session_id")
+                    if isinstance(row.get("session_id"), str)
+                    else None,
+                    problem="a delegated task whose result was never delivered to its session"
+                    + (f" (status {status!r})" if status is not None else "")
+                    + ": it is not part of any transcript; Hermes delivers it on its next run",
+                )
+            )
+        return found
+
+    # -- driving ------------------------------------------------------------------------
+
+    def run(self) -> HermesImportSummary:
+        try:
+            done: set[Any] = set()
+            for row in self.source.sessions():
+                self._import_session(row["id"], row, "row")
+                done.add(row["id"])
+            for raw in self.source.sessions_without_row():
+                self._import_session(raw, None, "no-row")
+                done.add(raw)
+            for raw in sorted(set(self.source.spool.messages) - done):
+                self._import_session(raw, None, "spool")
+        except (HermesSourceError, HermesImportError):
+            raise
+        except RepoError as exc:
+            raise HermesImportError(
+                f"the import stopped after {self.counts['messages_inserted']:,} messages "
+                f"inserted ({self.counts['messages_already_present']:,} already stored): "
+                f"{exc}; run it again to continue (what is stored is not written twice)",
+                self.summary(),
+            ) from exc
+        return self.summary()
+
+    def summary(self) -> HermesImportSummary:
+        source = self.source
+        files = source.spool.files
+        by_kind: dict[str, int] = {}
+        for kind in (*KIND_NAMES.values(), "unparseable"):
+            count = sum((item.kind_name or "unparseable") == kind for item in files)
+            if count:
+                by_kind[kind] = count
+        unparseable = [item for item in files if item.kind is None]
+        counts = self.counts
+        lists = self.lists
+        attention = bool(
+            unparseable
+            or counts["messages_changed"]
+            or counts["messages_rejected"]
+            or lists["inbound_undelivered"]
+        )
+        return HermesImportSummary(
+            source=str(source.path),
+            profile=self.profile,
+            state_db=str(source.state_db) if source.state_db else None,
+            schema_version=source.schema_version,
+            spool_dir=str(source.spool_dir) if source.spool_dir else None,
+            spool_not_read=str(source.spool_not_read) if source.spool_not_read else None,
+            messages_read=counts["rows_read"] + counts["spool_messages_read"],
+            set_aside_rows=dict(sorted(self.set_aside.items())),
+            spool_files=by_kind,
+            files=files,
+            unparseable_files=unparseable,
+            needs_attention=attention,
+            seconds=round(time.monotonic() - self.started, 3),
+            **counts,
+            **lists,
+        )
+
+    # -- sessions -------------------------------------------------------------------------
+
+    def _import_session(
+        self, raw: Any, row: dict[str, Any] | None, origin: Literal["row", "no-row", "spool"]
+    ) -> None:
+        """Import one session: its ``sessions`` row (if any), its messages, its spool."""
+        where = f"state.db sessions.id={raw!r}" if row is not None else f"session {raw!r}"
+        record = Record(
+            where, None, "metadata.hermes.moved_aside", system_prompt=self.source.system_prompt
+        )
+        sid = mapping.session_id_of(raw, record)
+        record.session_id = sid
+        spooled = self.source.spool.messages.get(raw, []) if isinstance(raw, str) else []
+        fields: dict[str, Any] = {}
+        if row is not None:
+            self.counts["sessions_read"] += 1
+            fields = mapping.session_fields(row, self.profile, record)
+        elif origin == "no-row":
+            self.counts["sessions_without_row"] += 1
+            self.lists["notes"].append(
+                Problem(
+                    where=where,
+                    session_id=sid,
+                    problem="messages without a sessions row in state.db: the session was "
+                    "created from its first message",
+                )
+            )
+        else:
+            self.counts["sessions_only_in_spool"] += 1
+            fields = {"started_at": spooled[0].time}
+        if row is None:
+            hermes: dict[str, Any] = {"profile": self.profile}
+            if record.moved:
+                hermes["moved_aside"] = record.moved
+            fields["metadata"] = {"hermes": hermes}
+        self._collect(record)
+        existed = self._exists(sid)
+        if existed:
+            self._existed.add(sid)
+        else:
+            self.counts["sessions_new"] += 1
+        if origin != "no-row":
+            self.repo.create_session(sid, **fields)
+        self._import_messages(raw, sid, fields, existed, spooled, create=origin == "no-row")
+
+    def _exists(self, sid: str) -> bool:
+        try:
+            self.repo.get_session(sid)
+        except NotFound:
+            return False
+        return True
+
+    def _collect(self, record: Record) -> None:
+        """What mapping a record moved aside and noted, into the summary's lists."""
+        self.lists["moved_aside"] += record.problems
+        self.lists["notes"] += record.notes
+
+    # -- messages -------------------------------------------------------------------------
+
+    def _import_messages(
+        self,
+        raw: Any,
+        sid: str,
+        fields: Mapping[str, Any],
+        existed: bool,
+        spooled: list[SpoolMessage],
+        *,
+        create: bool,
+    ) -> None:
+        live = _Pending(sid)
+        keys = SessionKeys(raw)
+        last_time = fields.get("started_at")
+        created = not create
+        for row in self.source.messages(raw):
+            self.counts["rows_read"] += 1
+            built = self._row_message(row, sid, last_time, keys)
+            if built is None:
+                continue
+            message, kind, state, where = built
+            last_time = message.timestamp
+            if not created:
+                # Messages without a sessions row: the session starts with its first one.
+                self.repo.create_session(sid, **{**fields, "started_at": message.timestamp})
+                created = True
+            if state is None:
+                self._add(live, message, where, kind)
+                continue
+            self.set_aside[state] += 1
+            if row.get("active") in (0, "0"):
+                self.counts["inactive_rows"] += 1
+            self._set_aside(live, message, where, kind)
+        for item in spooled:
+            self.counts["spool_messages_read"] += 1
+            built_spool = self._spool_message(item, sid, keys)
+            if built_spool is None:
+                continue
+            message, kind = built_spool
+            where = mapping.spool_where(item)
+            if (
+                kind == "content"
+                and fingerprint(item.message.get("role"), item.message.get("content"))
+                in keys.row_prints
+            ):
+                self.lists["possible_duplicates"].append(
+                    Problem(
+                        where=where,
+                        session_id=sid,
+                        problem="same role and content as a state.db row of this session, "
+                        "and no message_uid to tell them apart (a replay that inserted it and "
+                        "crashed before deleting the file?): stored",
+                    )
+                )
+            if item.kind in (1, 2):
+                self._inbound_keys.add(message.client_msg_uuid)
+            self._add(live, message, where, kind)
+        self._flush(live)
+        if live.marked:
+            if existed:
+                self._check_archived(sid, live.marked, live.inserted)
+            self.repo.retract(sid, list(live.marked))
+        if not existed:
+            self._settle_activity(sid, fields)
+
+    def _replayed_inbound(self, sid: str, role: Any, timestamp: Any, by_content: uuid.UUID) -> bool:
+        """Whether a row is inbound text an earlier import delivered from the spool, which
+        Hermes' restart then appended as a row with a uid of its own: the row keeps the
+        spool message's key. Only a ``user`` row dated to the second (Hermes dates a
+        replayed inbound message by the payload's integer ``ts``; a live message is dated
+        to the microsecond) of a session stored before this run can be one; the session's
+        stored inbound keys are read once."""
+        if role != "user" or not isinstance(timestamp, int | float) or sid not in self._existed:
+            return False
+        if isinstance(timestamp, float) and not timestamp.is_integer():
+            return False
+        known = self._stored_inbound.get(sid)
+        if known is None:
+            known = {
+                message.client_msg_uuid
+                for message in self.repo.load_transcript(sid, include_retracted=True)
+                if (provenance := mapping.spool_provenance(message)) is not None
+                and provenance.get("kind") in (1, 2)
+            }
+            self._stored_inbound[sid] = known
+        return by_content in known
+
+    def _set_aside(self, pending: _Pending, message: Message, where: str, kind: KeyKind) -> None:
+        """Keep a non-conversation row out of the live transcript.
+
+        The one place that decides where such rows go: appended to their own session in
+        ``id`` order with the other rows (so its ``seq`` is where Hermes had it), and
+        retracted once the session's writes are done (``_import_messages``). Retracted,
+        not ``compacted``: the store marks ``compacted`` only by its own ``compact``, which
+        writes a summary; Hermes' state (``archived``, ``rewound``, ``session_meta``,
+        ``hidden``) is in ``extra["hermes"]["state"]``.
+        """
+        pending.marked[message.client_msg_uuid] = where
+        self._add(pending, message, where, kind)
+
+    def _settle_activity(self, sid: str, fields: Mapping[str, Any]) -> None:
+        """Date a session this import created by its own history: its last activity is
+        its newest message (or its end), not the moment of the import, so that listings
+        keep the Hermes gateway's order. It replaces the stamp this import's appends set
+        (the import's own time), or moves an older one forward."""
+        known = [when for when in [self._newest.pop(sid, None)] if when is not None]
+        for name in ("started_at", "ended_at"):
+            if fields.get(name) is not None:
+                known.append(to_utc(fields[name], name))  # a spool file's time is epoch
+        if not known:
+            return
+        self.repo.backdate_activity(sid, max(known), stamped_since=self._began)
+
+    def _row_message(
+        self, row: dict[str, Any], sid: str, last_time: Any, keys: SessionKeys
+    ) -> tuple[Message, KeyKind, str | None, str] | None:
+        """A row's message, its key's kind, its state and where it is; ``None`` when it
+        is not stored (a second live row of one uid, or one the model refuses)."""
+        where = f"state.db messages.id={row['id']}"
+        record = Record(where, sid, "extra.hermes.moved_aside")
+        decoded = mapping.row_content(row, record)
+        state = mapping.row_state(row)
+        role = row.get("role")
+        uid = row.get("message_uid")
+        key, kind, by_content = keys.for_row(uid, role, decoded[0], live=state is None)
+        if kind == "uid" and self._replayed_inbound(sid, role, row.get("timestamp"), by_content):
+            key, kind = by_content, "content"
+        if kind == "duplicate":
+            self.lists["notes"] += record.notes
+            self.lists["duplicate_rows"].append(
+                Problem(
+                    where=where,
+                    session_id=sid,
+                    field="message_uid",
+                    problem=f"a second live row of message_uid {row.get('message_uid')!r} "
+                    "(Hermes stored the message twice): kept once",
+                )
+            )
+            self._processed(1)
+            return None
+        values = mapping.row_message(row, record, key=key, decoded=decoded, last_time=last_time)
+        message = self._message(values, record)
+        return None if message is None else (message, kind, state, where)
+
+    def _spool_message(
+        self, item: SpoolMessage, sid: str, keys: SessionKeys
+    ) -> tuple[Message, KeyKind] | None:
+        record, provenance_key = mapping.spool_record(item, sid)
+        key, kind = keys.for_spool(
+            item.message.get("message_uid"), item.message.get("role"), item.message.get("content")
+        )
+        values = mapping.spool_message(item, record, provenance_key, key=key)
+        message = self._message(values, record)
+        return None if message is None else (message, kind)
+
+    def _message(self, values: Mapping[str, Any], record: Record) -> Message | None:
+        self._collect(record)
+        built = mapping.build_message(values, record)
+        if isinstance(built, Message):
+            return built
+        self.counts["messages_rejected"] += 1
+        self.lists["rejected"].append(built)
+        self._processed(1)
+        return None
+
+    def _processed(self, count: int) -> None:
+        if self.progress is not None and count:
+            self.progress(count)
+
+    # -- writing --------------------------------------------------------------------------
+
+    def _add(
+        self, pending: _Pending, message: Message, where: str, kind: KeyKind
+    ) -> dict[uuid.UUID, str]:
+        pending.messages.append(message)
+        pending.wheres.append(where)
+        pending.kinds.append(kind)
+        if len(pending.messages) >= self.batch_size:
+            return self._flush(pending)
+        return {}
+
+    def _flush(self, pending: _Pending) -> dict[uuid.UUID, str]:
+        """Append what is pending; the keys inserted, with where each came from."""
+        messages, wheres, kinds = pending.messages, pending.wheres, pending.kinds
+        pending.messages, pending.wheres, pending.kinds = [], [], []
+        total = len(messages)
+        inserted: dict[uuid.UUID, str] = {}
+        while messages:
+            try:
+                result = self.repo.append(pending.session_id, messages)
+            except InvalidMessage as exc:
+                match = _BATCH_INDEX.match(exc.field)
+                if match is None:
+                    raise
+                index = int(match.group(1))
+                pending.marked.pop(messages[index].client_msg_uuid, None)
+                self.counts["messages_rejected"] += 1
+                self.lists["rejected"].append(
+                    Problem(
+                        where=wheres[index],
+                        session_id=pending.session_id,
+                        field=exc.field.partition(".")[2] or None,
+                        problem=f"{exc.reason}: not stored; it stays in the source",
+                    )
+                )
+                del messages[index], wheres[index], kinds[index]
+                continue
+            by_key = {
+                m.client_msg_uuid: (m, w, k)
+                for m, w, k in zip(messages, wheres, kinds, strict=True)
+            }
+            pending.inserted.update(result.inserted)
+            for key in result.inserted:
+                inserted[key] = by_key[key][1]
+                if key in self._inbound_keys:
+                    self.counts["inbound_inserted"] += 1
+            if result.inserted:
+                newest = max(message.timestamp for message in messages)
+                known = self._newest.get(pending.session_id)
+                self._newest[pending.session_id] = newest if known is None else max(known, newest)
+            self.counts["messages_inserted"] += len(result.inserted)
+            self.counts["messages_already_present"] += len(result.duplicates)
+            self._sort_out_conflicts(pending.session_id, result.conflicts, by_key)
+            break
+        self._processed(total)
+        return inserted
+
+    def _sort_out_conflicts(
+        self,
+        sid: str,
+        conflicts: list[uuid.UUID],
+        by_key: Mapping[uuid.UUID, tuple[Message, str, KeyKind]],
+    ) -> None:
+        """A key stored with other content is the same message read by another route
+        (already present), or a message Hermes changed since (listed)."""
+        if not conflicts:
+            return
+        stored = {
+            m.client_msg_uuid: m for m in self.repo.load_transcript(sid, include_retracted=True)
+        }
+        for key in conflicts:
+            message, where, kind = by_key[key]
+            earlier = stored.get(key)
+            if earlier is not None and mapping.same_message(message, earlier, kind):
+                self.counts["messages_already_present"] += 1
+                self.counts["messages_seen_by_another_route"] += 1
+                continue
+            if earlier is not None and mapping.same_but_state(message, earlier):
+                # Taken out of (or back into) the conversation by Hermes since: the
+                # stored row is the same message; _check_archived retracts it.
+                self.counts["messages_already_present"] += 1
+                continue
+            self.counts["messages_changed"] += 1
+            self.lists["changed"].append(
+                Problem(
+                    where=where,
+                    session_id=sid,
+                    problem=f"stored earlier (key {key}) with different content: the "
+                    "source changed since; the stored message was kept",
+                )
+            )
+
+    def _check_archived(
+        self, sid: str, marked: Mapping[uuid.UUID, str], inserted: set[uuid.UUID]
+    ) -> None:
+        """List the rows an earlier import stored live that Hermes has taken out of the
+        conversation since: the retraction that follows takes them out here too."""
+        live = {message.client_msg_uuid for message in self.repo.load_transcript(sid)}
+        for key, where in marked.items():
+            if key in live and key not in inserted:
+                self.lists["archived_since_import"].append(
+                    Problem(
+                        where=where,
+                        session_id=sid,
+                        field="active",
+                        problem="stored as live by an earlier import, taken out of the "
+                        "conversation by Hermes since: retracted now (kept, with its state "
+                        "in extra.hermes.state)",
+                    )
+                )
+
+
+def import_hermes(
+    source: HermesSource | str | os.PathLike[str],
+    repository: SessionRepository,
+    *,
+    progress: Callable[[int], None] | None = None,
+    batch_size: int = BATCH_SIZE,
+) -> HermesImportSummary:
+    """Import one Hermes home (or ``state.db``) into ``repository``; see the module
+    docstring. A home's named profiles are homes of their own (:func:`hermes_profiles`).
+
+    Safe to run again, and after a Hermes restart: what is stored is not written twice.
+
+    Args:
+        source: an open :class:`HermesSource` (left open), or a path to open (and close).
+        repository: the store to write to.
+        progress: called with the number of messages just processed (a progress bar's
+            ``update``); the calls add up to ``source.total_messages``.
+        batch_size: messages per transaction, at most 500.
+
+    Raises:
+        HermesSourceError: the source cannot be read.
+        HermesImportError: the store failed part-way (``.summary`` says how far it got).
+    """
+    opened = source if isinstance(source, HermesSource) else open_hermes(source)
+    try:
+        return _Importer(opened, repository, batch_size=batch_size, progress=progress).run()
+    finally:
+        if opened is not source:
+            opened.close()
