@@ -641,10 +641,11 @@ def test_spool_payloads_of_every_kind(
     assert summary.needs_attention
     assert (s.spool.path / s.files["broken"]).exists()
 
-    # The delegation result Hermes never delivered is mentioned.
-    assert [p.where for p in summary.pending_delegations] == [
-        "state.db async_delegations id='dlg-1'"
+    # The delegation result Hermes never delivered is mentioned, with its session.
+    assert [(p.where, p.session_id) for p in summary.pending_delegations] == [
+        ("state.db async_delegations delegation_id='dlg-1'", s.c)
     ]
+    assert "(state 'completed')" in summary.pending_delegations[0].problem
 
 
 def test_inbound_text_no_session_takes_needs_a_person(

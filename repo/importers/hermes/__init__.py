@@ -23,7 +23,8 @@ invalid UTF-8 is imported (and reported) instead of aborting the import.
 ``messages.session_id`` and ``messages.role``. ``messages_fts`` and other tables are
 ignored, except ``system_prompts`` (the prompt a session's ``system_prompt_hash`` names),
 ``gateway_routing`` (where inbound messages go) and ``async_delegations`` (results never
-delivered are reported).
+delivered are reported, by ``delegation_id`` and ``origin_session``, or ``id`` and
+``session_id`` before version 31).
 
 **Profiles.** A named profile (``profiles/<name>/``) is a Hermes home of its own; the CLI
 imports the root home and every profile (:func:`hermes_profiles`), and each session's
@@ -74,10 +75,15 @@ or in a kind-4 dump. Keys never depend on a path or a row ``id``:
 - a message without a uid gets :func:`content_key`: its session, role, content and how many
   messages of that session with the same role and content come before it (rows in ``id``
   order, then the spool in the order a Hermes restart replays it). A restart appends the
-  replayed messages after the rows in that same order, so each keeps its key. Should the
-  restart give a replayed inbound message a uid of its own, the row is recognised (a
-  ``user`` row dated to the payload's integer ``ts``, whose content key an earlier import
-  stored from the spool) and keeps that key.
+  replayed messages after the rows in that same order, so each keeps its key.
+- a row a Hermes restart replayed from a payload (kinds 1 to 3) that an earlier import
+  stored keeps the key that message was stored under, whatever uid the row has: a version
+  31 gateway mints a fresh uid for each replayed message without one, and a
+  ``client_msg_uuid`` the dict carried has no column in ``state.db``. Such a row is
+  recognised, in a session stored before this run (read once per run), by the uid the
+  payload carried, else by its place (its content key, as above) or, for a message
+  stored under its dict's own key, by its role and content, and in both cases by its
+  time (the payload's ``ts``, or the message's own) (:class:`.mapping.Replayable`).
 
 The same message read by another route is *already present*, not a conflict: when the key
 is stored with other provenance (a spool payload then, a row now) and the same role and

@@ -81,9 +81,9 @@ class _Importer:
         self._newest: dict[str, datetime] = {}
         #: Keys of the inbound (kind 1 and 2) messages, to count what was delivered.
         self._inbound_keys: set[uuid.UUID] = set()
-        #: Sessions stored before this run, and their stored inbound keys (read lazily).
+        #: Sessions stored before this run, and what they hold from the spool (read lazily).
         self._existed: set[str] = set()
-        self._stored_inbound: dict[str, set[uuid.UUID]] = {}
+        self._replayable: dict[str, mapping.Replayable] = {}
         self.progress = progress
         spool = source.spool
         self.counts = {
@@ -129,21 +129,18 @@ class _Importer:
         self.started = time.monotonic()
 
     def _delegations(self) -> list[Problem]:
-        found = []
-        for row in self.source.pending_delegations():
-            status = row.get("status")
-            found.append(
-                Problem(
-                    where=f"state.db async_delegations id={row.get('id')!r}",
-                    session_id=row.get("session_id")
-                    if isinstance(row.get("session_id"), str)
-                    else None,
-                    problem="a delegated task whose result was never delivered to its session"
-                    + (f" (status {status!r})" if status is not None else "")
-                    + ": it is not part of any transcript; Hermes delivers it on its next run",
-                )
+        return [
+            Problem(
+                where=f"state.db async_delegations {row.id_column}={row.id!r}",
+                session_id=None
+                if row.session is None
+                else mapping.session_id_of(row.session, None),
+                problem="a delegated task whose result was never delivered to its session"
+                + (f" (state {row.state!r})" if row.state is not None else "")
+                + ": it is not part of any transcript; Hermes delivers it on its next run",
             )
-        return found
+            for row in self.source.pending_delegations()
+        ]
 
     # -- driving ------------------------------------------------------------------------
 
@@ -327,27 +324,25 @@ class _Importer:
         if not existed:
             self._settle_activity(sid, fields)
 
-    def _replayed_inbound(self, sid: str, role: Any, timestamp: Any, by_content: uuid.UUID) -> bool:
-        """Whether a row is inbound text an earlier import delivered from the spool, which
-        Hermes' restart then appended as a row with a uid of its own: the row keeps the
-        spool message's key. Only a ``user`` row dated to the second (Hermes dates a
-        replayed inbound message by the payload's integer ``ts``; a live message is dated
-        to the microsecond) of a session stored before this run can be one; the session's
-        stored inbound keys are read once."""
-        if role != "user" or not isinstance(timestamp, int | float) or sid not in self._existed:
-            return False
-        if isinstance(timestamp, float) and not timestamp.is_integer():
-            return False
-        known = self._stored_inbound.get(sid)
-        if known is None:
-            known = {
-                message.client_msg_uuid
-                for message in self.repo.load_transcript(sid, include_retracted=True)
-                if (provenance := mapping.spool_provenance(message)) is not None
-                and provenance.get("kind") in (1, 2)
-            }
-            self._stored_inbound[sid] = known
-        return by_content in known
+    def _replayed(
+        self,
+        sid: str,
+        row: Mapping[str, Any],
+        content: Any,
+        key: uuid.UUID,
+        by_content: uuid.UUID,
+    ) -> uuid.UUID | None:
+        """The key of the spool message an earlier import stored that a row with a uid is,
+        now that a Hermes restart replayed it into ``state.db``, else ``None`` (see
+        :meth:`.mapping.Replayable.key_of`). Only a session stored before this run can
+        hold one; what it holds from the spool is read once per session."""
+        if sid not in self._existed:
+            return None
+        replayable = self._replayable.get(sid)
+        if replayable is None:
+            transcript = self.repo.load_transcript(sid, include_retracted=True)
+            replayable = self._replayable[sid] = mapping.Replayable(transcript)
+        return replayable.key_of(row, content, key, by_content)
 
     def _set_aside(self, pending: _Pending, message: Message, where: str, kind: KeyKind) -> None:
         """Keep a non-conversation row out of the live transcript.
@@ -387,8 +382,10 @@ class _Importer:
         role = row.get("role")
         uid = row.get("message_uid")
         key, kind, by_content = keys.for_row(uid, role, decoded[0], live=state is None)
-        if kind == "uid" and self._replayed_inbound(sid, role, row.get("timestamp"), by_content):
-            key, kind = by_content, "content"
+        if kind == "uid":
+            replayed = self._replayed(sid, row, decoded[0], key, by_content)
+            if replayed is not None:
+                key, kind = replayed, "replayed"
         if kind == "duplicate":
             self.lists["notes"] += record.notes
             self.lists["duplicate_rows"].append(

@@ -17,8 +17,10 @@ from typing import Any, Final, Literal
 #: The uuid5 namespace of every key this importer makes (see :func:`uid_key`).
 NAMESPACE: Final = uuid.UUID("0b4f6c1e-8a57-5d0c-9e3a-6d2f1b7c4a90")
 
-#: What a key was derived from; ``duplicate``: a second live row of one uid (not stored).
-KeyKind = Literal["uid", "content", "duplicate"]
+#: What a key was derived from: ``uid``, ``content``; ``replayed``: the key of the spool
+#: message an earlier import stored, which a Hermes restart turned into this row;
+#: ``duplicate``: a second live row of one uid (not stored).
+KeyKind = Literal["uid", "content", "replayed", "duplicate"]
 
 
 def uid_key(message_uid: str) -> uuid.UUID:

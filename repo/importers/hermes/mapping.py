@@ -26,12 +26,12 @@ from typing import Any, Final, Literal, get_args
 
 from pydantic import ValidationError
 
-from sessionrepo.importers.hermes.keys import NAMESPACE
+from sessionrepo.importers.hermes.keys import NAMESPACE, KeyKind, fingerprint, uid_key
 from sessionrepo.importers.hermes.source import SPOOL_DIR, SpoolMessage, epoch_seconds, one_line
 from sessionrepo.importers.hermes.summary import Problem
 from sessionrepo.models import Message, StoredMessage
 from sessionrepo.models._limits import MAX_ID_LENGTH, check_identifier, check_json, check_text
-from sessionrepo.models.message import KEY_FIELD, Role
+from sessionrepo.models.message import KEY_FIELD, Role, to_utc
 
 #: How Hermes marks a ``content`` value that is JSON (multimodal parts).
 JSON_CONTENT_MARK: Final = "\x00json:"
@@ -635,10 +635,82 @@ def _stateless(hermes: Any) -> Any:
     return {name: value for name, value in hermes.items() if name not in _STATE_COLUMNS}
 
 
-def same_message(new: Message, stored: StoredMessage, kind: str) -> bool:
+def same_message(new: Message, stored: StoredMessage, kind: KeyKind) -> bool:
     """The same logical message read by another route (spool then, row now, or back)."""
     if route(new) == route(stored):
         return False
     if (new.role, new.content) != (stored.role, stored.content):
         return False
-    return kind == "uid" or new.timestamp == stored.timestamp
+    return kind in ("uid", "replayed") or new.timestamp == stored.timestamp
+
+
+#: Spool payload kinds a Hermes restart replays into ``state.db`` (kind 4 it leaves).
+_REPLAYED_KINDS: Final = (1, 2, 3)
+
+
+class Replayable:
+    """The messages an earlier import stored in one session from spool payloads a Hermes
+    restart replays (kinds 1 to 3): what a row with a uid of its own is recognised by.
+
+    Args:
+        transcript: the session's stored messages, retracted ones too.
+    """
+
+    def __init__(self, transcript: Iterable[StoredMessage]) -> None:
+        #: The key each ``message_uid`` the payloads carried was stored under.
+        self._uids: dict[str, uuid.UUID] = {}
+        #: The payloads without a uid, by key, and by what they said (role and content),
+        #: in stored order; each is matched to one row at most.
+        self._keyed: dict[uuid.UUID, StoredMessage] = {}
+        self._said: dict[str, list[StoredMessage]] = {}
+        for message in transcript:
+            provenance = spool_provenance(message)
+            if provenance is None or provenance.get("kind") not in _REPLAYED_KINDS:
+                continue
+            uid = message.extra.get("message_uid")
+            if isinstance(uid, str) and uid:
+                self._uids[uid] = message.client_msg_uuid
+                continue
+            self._keyed[message.client_msg_uuid] = message
+            self._said.setdefault(fingerprint(message.role, message.content), []).append(message)
+
+    def key_of(
+        self, row: Mapping[str, Any], content: Any, key: uuid.UUID, by_content: uuid.UUID
+    ) -> uuid.UUID | None:
+        """The key of the stored spool message a row is, else ``None``. The row (its
+        ``content`` decoded) has a uid and got ``key`` by it (``by_content`` without it,
+        see :class:`.SessionKeys`).
+
+        Hermes' replay keeps a payload's uid (the key it was stored under may be another:
+        a ``client_msg_uuid`` the dict carried, which Hermes has no column for) and mints
+        one for a payload without. It appends the rows after the session's rows in the
+        order the importer stored the payloads, dated by the payload's ``ts`` (or the
+        message's own time): a replayed row without a uid of its own has the place, so the
+        content key, of the message stored from its payload (else, for one stored under
+        its dict's key, the same role, content and time), and a live row another time.
+        """
+        uid = row.get("message_uid")
+        if isinstance(uid, str) and uid in self._uids:
+            return self._uids[uid] if key == uid_key(uid) else None  # a copy keeps its own
+        when = epoch_seconds(row.get("timestamp"))
+        if when is None:
+            return None
+        placed = self._keyed.get(by_content)
+        if placed is not None and _dated(placed, when):
+            return self._claim(placed)
+        said = self._said.get(fingerprint(row.get("role"), content), [])
+        for message in said:
+            if _dated(message, when):
+                return self._claim(message)
+        return None
+
+    def _claim(self, message: StoredMessage) -> uuid.UUID:
+        del self._keyed[message.client_msg_uuid]
+        self._said[fingerprint(message.role, message.content)].remove(message)
+        return message.client_msg_uuid
+
+
+def _dated(message: StoredMessage, when: float) -> bool:
+    """Whether a message stored from the spool has the time its replayed row has."""
+    provenance = spool_provenance(message) or {}
+    return to_utc(when, "timestamp") == message.timestamp or when == provenance.get("ts")
