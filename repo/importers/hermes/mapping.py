@@ -689,6 +689,8 @@ class Replayable:
         content key, of the message stored from its payload (else, for one stored under
         its dict's key, the same role, content and time), and a live row another time.
         """
+        if not (self._uids or self._keyed):
+            return None  # nothing stored from the spool: the common case, said quickly
         uid = row.get("message_uid")
         if isinstance(uid, str) and uid in self._uids:
             return self._uids[uid] if key == uid_key(uid) else None  # a copy keeps its own
