@@ -8,7 +8,8 @@ in :mod:`sessionrepo.errors`. The message and session models are re-exported her
 """
 
 from sessionrepo.aio.api import AsyncSessionRepository, AsyncTranscriptWriter, open_async_repository
-from sessionrepo.contract import ResilientWriter, SessionStore, TranscriptEditor
+from sessionrepo.aio.transaction import AsyncSessionTransaction
+from sessionrepo.contract import ResilientWriter, SessionStore, SessionUnitOfWork, TranscriptEditor
 from sessionrepo.errors import (
     ArgumentTypeError,
     BackendUnavailable,
@@ -38,11 +39,13 @@ from sessionrepo.models.session import EditResult
 from sessionrepo.models.transcript import TranscriptProblem, is_sendable, transcript_problems
 from sessionrepo.outbox.writer import TranscriptWriter
 from sessionrepo.store.repository import SessionRepository, open_repository
+from sessionrepo.store.transaction import SessionTransaction
 
 __all__ = [
     "AppendResult",
     "ArgumentTypeError",
     "AsyncSessionRepository",
+    "AsyncSessionTransaction",
     "AsyncTranscriptWriter",
     "BackendUnavailable",
     "ConflictError",
@@ -65,6 +68,8 @@ __all__ = [
     "SessionRepository",
     "SessionStore",
     "SessionSummary",
+    "SessionTransaction",
+    "SessionUnitOfWork",
     "StoredMessage",
     "TranscriptEditor",
     "TranscriptProblem",

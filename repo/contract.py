@@ -18,14 +18,18 @@ control characters (one that is not a string raises ``ArgumentTypeError``, a str
 cannot be one :class:`~sessionrepo.errors.InvalidMessage`, as when storing); a ``seq`` is
 an ``int`` (not a bool) in ``0..2**63-1``; limits are positive ``int`` values.
 
-It sits just above the models: it names their types and nothing else of sessionrepo.
+It sits just above the models: it names their types, and defines the few value types
+of its own that the operator methods take and return, and nothing else of sessionrepo.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal, Protocol
+from uuid import UUID
 
 from sessionrepo.models import (
     AppendResult,
@@ -146,6 +150,52 @@ class SessionStore(Protocol):
 
         Raises:
             NotFound: no such session.
+        """
+        ...
+
+    def session_transaction(
+        self,
+        /,
+        session_id: str,
+        *,
+        create: bool = True,
+        timeout: float | None = None,
+        **session_defaults: Any,
+    ) -> AbstractContextManager[SessionUnitOfWork]:
+        """A unit of work on one session: one transaction under the session's lock.
+
+        ``with store.session_transaction(sid) as tx:`` begins a write transaction and
+        locks the session's row, as :meth:`append` does: appends, edits and other units
+        of work of that session wait for it; other sessions' do not. A missing session
+        is created from ``session_defaults`` (``tx.created`` says so), or, with
+        ``create=False``, raises :class:`NotFound` having written nothing. Inside,
+        :class:`SessionUnitOfWork` offers the session, its next ``seq``, ``append``,
+        ``retract`` and ``supersede``; an implementation may add a door for an
+        extension's own statements in the same transaction (``SessionTransaction``:
+        ``execute`` and ``connection``). The block's normal end commits all of it; an
+        exception leaving the block rolls all of it back, and is raised as it was
+        (database errors as the :class:`RepoError` they mean). A lost lock race while
+        the lock is taken is retried; inside the block, the body is the caller's and is
+        never rerun: a lost race there raises :class:`BackendUnavailable` (nothing
+        committed; the whole block may be run again).
+
+        The object cannot outlive its transaction: used before its ``with`` or after,
+        it raises :class:`RepoError`. Asyncio: ``async with`` and each method awaited.
+
+        Args:
+            session_id: the session to lock.
+            create: create the session when it is missing (the default).
+            timeout: seconds the database may spend on each statement and lock wait
+                (as for a writer's deadline); ``None``: no limit.
+            **session_defaults: the :meth:`create_session` fields of a session this
+                call creates (the derived ones refused).
+
+        Raises:
+            InvalidMessage: a session default cannot be stored, or is derived.
+            InvalidArgument: ``session_defaults`` given with ``create=False``.
+            NotFound: (on entry) ``create=False`` and there is no such session.
+            BackendUnavailable: (on entry, or at the commit) the database could not
+                take the transaction now.
         """
         ...
 
@@ -306,6 +356,67 @@ class SessionStore(Protocol):
         ...
 
 
+class SessionUnitOfWork(Protocol):
+    """What a unit of work (:meth:`SessionStore.session_transaction`) offers, inside its
+    block, while it holds the session's lock. Each write is part of the one transaction:
+    none is visible to others before the block commits, all are undone if it rolls back.
+    """
+
+    @property
+    def session_id(self) -> str:
+        """The session this unit of work holds."""
+        ...
+
+    @property
+    def created(self) -> bool:
+        """Whether this unit of work created the session (it was missing on entry)."""
+        ...
+
+    @property
+    def next_seq(self) -> int:
+        """The ``seq`` the next appended message gets (it moves as this unit appends)."""
+        ...
+
+    def session(self) -> Session:
+        """The session as it stands inside this transaction."""
+        ...
+
+    def append(
+        self,
+        messages: Iterable[Message | Mapping[str, Any]],
+        *,
+        on_conflict: Literal["report", "raise"] = "report",
+    ) -> AppendResult:
+        """:meth:`SessionStore.append` inside the transaction, with the same validation
+        (before anything is written), key-based skipping, conflict reporting, counters
+        and search indexing; the messages get the next ``seq`` numbers, in order.
+
+        Raises:
+            InvalidMessage: a message cannot be stored; nothing of the batch was written.
+            ConflictError: ``on_conflict="raise"`` and a key is stored with other
+                content; nothing of the batch was written (the transaction goes on
+                unless the error leaves the block).
+        """
+        ...
+
+    def retract(self, keys: Iterable[Any]) -> EditResult:
+        """:meth:`TranscriptEditor.retract` inside the transaction.
+
+        Raises:
+            NotFound: a key the session does not hold (nothing was retracted).
+        """
+        ...
+
+    def supersede(
+        self, keys: Iterable[Any], state: Literal["retracted", "compacted"] = "retracted"
+    ) -> list[Any]:
+        """Take the live messages with these keys (at least one; ``UUID`` or its text)
+        out of the live transcript, marked ``state``: out of the counters, the preview
+        and search, still stored, as the edits do. Keys the session does not hold live
+        are skipped. Returns the keys taken out, in ``seq`` order."""
+        ...
+
+
 class TranscriptEditor(Protocol):
     """Taking things back without losing history (see :mod:`sessionrepo.store.editing`).
 
@@ -385,6 +496,189 @@ class TranscriptEditor(Protocol):
             InvalidArgument: ``at_seq`` is past the source's last message, or ``new_id``
                 is the source's.
             ConflictError: ``new_id`` exists and is not this fork.
+        """
+        ...
+
+
+# -- the operator methods ---------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SessionFilter:
+    """Which sessions an operator's call is about: the given ids, or every session that
+    matches all the filters set (none set: every session)."""
+
+    session_ids: tuple[str, ...] = ()
+    source: str | None = None
+    user_id: str | None = None
+    status: Literal["open", "ended"] | None = None
+    #: Only sessions that ended before this instant (so only ended ones).
+    ended_before: datetime | None = None
+    #: Only sessions whose last activity is before this instant.
+    active_before: datetime | None = None
+
+
+@dataclass(frozen=True)
+class SessionSnapshot:
+    """A session as one read found it, with the ``seq`` its next message would get: its
+    messages then were exactly those with ``seq < next_seq`` (messages are never deleted
+    but with their session), so the two make one consistent picture of it."""
+
+    session: Session
+    next_seq: int
+
+
+@dataclass(frozen=True)
+class RestoreResult:
+    """What one :meth:`SessionRepository.restore_session` call did."""
+
+    session_id: str
+    #: ``created``: the store did not have the session; ``present``: it held it as the
+    #: snapshot describes (what was missing was added); ``diverged``: it holds it
+    #: differently, and nothing was written.
+    outcome: Literal["created", "present", "diverged"]
+    #: Keys stored by this call, each at the ``seq`` it was given.
+    inserted: list[UUID] = field(default_factory=list)
+    #: Keys already stored with the same content.
+    duplicates: list[UUID] = field(default_factory=list)
+    #: Keys already stored with different content (the stored row is kept).
+    conflicts: list[UUID] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class PruneResult:
+    """What one :meth:`SessionRepository.delete_ended_sessions` call deleted."""
+
+    #: The sessions deleted, as they were just before, by id.
+    deleted: list[Session]
+    #: Ids asked for but kept: not (or no longer) prunable, gone, or changed since their
+    #: snapshot.
+    kept: list[str]
+    #: Messages deleted with them.
+    messages: int
+    #: ``pending_outbox`` rows (in this database) per deleted session that has any. They
+    #: are left in place: they are the only copy of those messages.
+    parked: dict[str, int]
+
+
+class SessionOperations(Protocol):
+    """What the operator tools (``sessionrepo.ops``: export, import, prune) and the
+    importers need of a store, so that they never write SQL of their own: counts and
+    consistent snapshots, restoring an export, pruning, backdating an import."""
+
+    def count_sessions(self, selection: SessionFilter | None = None) -> int:
+        """How many sessions ``selection`` names (default: every session).
+
+        Raises:
+            InvalidMessage: ``selection`` mixes ids and filters, or a bound is naive.
+        """
+        ...
+
+    def session_snapshots(
+        self,
+        selection: SessionFilter | None = None,
+        *,
+        after_id: str | None = None,
+        limit: int = 500,
+    ) -> list[SessionSnapshot]:
+        """A page of the sessions ``selection`` names, by id, with their ``next_seq``.
+
+        Ordered by id, not by activity: a session written to between two pages keeps
+        its place. Each page is one read, so each snapshot is consistent (read its
+        messages with ``load_transcript(..., before_seq=snapshot.next_seq)``).
+
+        Args:
+            after_id: the last id of the previous page (``None``: the first page).
+            limit: sessions per page, 1 to 1000.
+
+        Raises:
+            InvalidArgument: ``limit`` is out of range, or the selection is invalid.
+        """
+        ...
+
+    def count_messages(self, session_ids: Iterable[str]) -> int:
+        """How many messages the given sessions hold together (every stored one)."""
+        ...
+
+    def delete_ended_sessions(
+        self,
+        session_ids: Iterable[str],
+        *,
+        cutoff: datetime,
+        unchanged_from: Mapping[str, SessionSnapshot] | None = None,
+    ) -> PruneResult:
+        """Delete those of ``session_ids`` that ended, and were last active, before
+        ``cutoff``, with their messages and search entries; never a live session.
+
+        Atomic: one transaction, which checks every session again under its row lock,
+        so a session reopened or written to since the caller listed it is kept. Their
+        ``pending_outbox`` rows stay (the only copy of those messages; a drain recreates
+        the session) and are counted.
+
+        Args:
+            cutoff: an aware datetime.
+            unchanged_from: snapshots by id (an export's): such a session is deleted
+                only while it is still exactly as its snapshot describes.
+
+        Raises:
+            InvalidArgument: ``cutoff`` is naive, or an id is invalid.
+        """
+        ...
+
+    def restore_session(
+        self, snapshot: SessionSnapshot, messages: Sequence[StoredMessage] = ()
+    ) -> RestoreResult:
+        """Restore (part of) an exported session: each message at its exported ``seq``.
+
+        Meant for importing an export, the one caller that may set a session's times
+        from elsewhere. Atomic: one transaction, under the session's row lock. The
+        messages go through :meth:`append`'s own insert (its key-based idempotency, its
+        counters, its search indexing); only the times are then set as exported.
+
+        - A session the store lacks is created as ``snapshot`` describes it (outcome
+          ``created``): every field but the derived ones (``message_count``,
+          ``tool_call_count``, ``next_seq``), which count the messages restored.
+        - A session the store holds *as the snapshot describes* (every field equal but
+          the derived ones, and no message at or past ``snapshot.next_seq``: a second
+          import, or one resumed after an interruption) gets the messages it lacks
+          (outcome ``present``).
+        - Otherwise (a gateway wrote to it, it was ended or renamed since) nothing is
+          written (outcome ``diverged``): the caller decides, e.g. ``append`` after the
+          store's own messages.
+
+        A message whose key is stored is skipped (a duplicate, or a conflict when its
+        content differs), as ``append`` skips it.
+
+        Args:
+            snapshot: the session as exported, with its ``next_seq``.
+            messages: some of its messages, ``seq`` ascending, each below ``next_seq``.
+
+        Raises:
+            InvalidMessage: a message cannot be stored, or does not belong there.
+            RepoError: the store holds the session as described but another message
+                at one of these ``seq`` (the export and the database disagree); nothing
+                was written.
+        """
+        ...
+
+    def backdate_activity(
+        self, session_id: str, when: datetime, *, stamped_since: datetime
+    ) -> bool:
+        """Date a session by the history an importer just stored: its last activity
+        becomes ``when`` (the newest imported message, or its end), not the moment of
+        the import, so that listings keep the source's order.
+
+        The importer's own appends stamped the session with their time: a stamp from
+        ``stamped_since`` (when the import began) on is replaced, and so is one older
+        than ``when``; a stamp between the two is real activity newer than the imported
+        history, and stays. Atomic (one statement).
+
+        Returns:
+            Whether the stamp changed.
+
+        Raises:
+            NotFound: no such session.
+            InvalidArgument: a time is naive.
         """
         ...
 

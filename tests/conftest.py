@@ -38,7 +38,7 @@ import psycopg
 import pytest
 from sqlalchemy.engine import make_url
 
-from sessionrepo import SessionStore, open_async_repository, open_repository
+from sessionrepo import SessionRepository, SessionStore, open_async_repository, open_repository
 from sessionrepo.store.database import Database
 from sessionrepo.store.schema import upgrade
 
@@ -49,6 +49,14 @@ BACKENDS = [
 CITUS = pytest.param("citus", marks=pytest.mark.citus)
 T = TypeVar("T")
 APIS = ["sync", pytest.param("async", marks=pytest.mark.asyncapi)]
+#: The ways an append goes (``sessionrepo.store.append``): ``direct`` (the default: the
+#: dialect's own statement, the locked path where it cannot decide alone) and
+#: ``locked`` (every append in a transaction under the session's row lock).
+APPEND_PATHS = ["direct", "locked"]
+#: The contract modules whose ``repo`` tests run on both append paths.
+APPEND_PATH_MODULES = frozenset(
+    {"test_append", "test_boundary", "test_faithful_storage", "test_concurrency"}
+)
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -57,6 +65,8 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
         return
     if "repo" in metafunc.fixturenames:
         metafunc.parametrize("api", APIS)
+        if metafunc.module.__name__.rpartition(".")[2] in APPEND_PATH_MODULES:
+            metafunc.parametrize("append_path", APPEND_PATHS)
     chosen = any(
         "backend" in str(marker.args[0])
         for marker in metafunc.definition.iter_markers("parametrize")
@@ -405,13 +415,29 @@ def api() -> str:
 
 
 @pytest.fixture
-def repo(database_url: str, api: str, request: pytest.FixtureRequest) -> Iterator[SessionStore]:
+def append_path() -> str:
+    """``direct`` unless the module is one of :data:`APPEND_PATH_MODULES` (then both)."""
+    return "direct"
+
+
+def take_path(repository: SessionRepository, append_path: str) -> SessionRepository:
+    """``repository`` with its appends sent the ``append_path`` way: ``locked`` turns
+    the direct statement off (the store's own switch, for the contract suite)."""
+    repository._appender.direct = repository._appender.direct and append_path == "direct"
+    return repository
+
+
+@pytest.fixture
+def repo(
+    database_url: str, api: str, append_path: str, request: pytest.FixtureRequest
+) -> Iterator[SessionStore]:
     if api == "sync":
-        repository = open_repository(database_url)
+        repository = take_path(open_repository(database_url), append_path)
         yield repository
         repository.close()
         return
     loop: EventLoopThread = request.getfixturevalue("event_loop_thread")
     async_repository = loop.run(open_async_repository(database_url))
+    take_path(async_repository._sync, append_path)
     yield BlockingAsync(async_repository, loop)  # type: ignore[misc]
     loop.run(async_repository.close())

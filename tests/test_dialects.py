@@ -225,7 +225,7 @@ def test_sqlite_fts5_out_of_memory_on_a_damaged_record_is_the_index_s_failure(
     """A garbled length in a damaged FTS5 record makes SQLite fail with SQLITE_NOMEM,
     which Python's sqlite3 raises as a bare MemoryError (seen with randomised index data):
     it must come out as the index's failure, not escape the API."""
-    import sessionrepo.dialects.sqlite as module
+    import sessionrepo.dialects.sqlite.search as module
 
     def out_of_memory(*args: Any, **kwargs: Any) -> None:
         raise MemoryError

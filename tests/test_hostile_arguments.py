@@ -233,6 +233,7 @@ VALID: Final[dict[str, st.SearchStrategy[Any]]] = {
     "batch": st.just(BATCH),
     "timeout": st.sampled_from([None, 5.0]),
     "behind_outbox": st.booleans(),
+    "create": st.booleans(),
     "progress": st.sampled_from([None, lambda done, total: None]),
     "selection": st.one_of(
         st.none(),

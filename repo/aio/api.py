@@ -24,12 +24,14 @@ from typing import Any, Literal, TypeVar
 
 from sqlalchemy.engine import URL
 
+from sessionrepo.aio.transaction import AsyncSessionTransaction
 from sessionrepo.errors import ArgumentTypeError
 from sessionrepo.models import AppendResult, Message
 from sessionrepo.outbox.writer import TranscriptWriter
 from sessionrepo.store.arguments import check_choice, check_instance, check_seconds
 from sessionrepo.store.bridge import AsyncFacade, TaskPool, awaited
 from sessionrepo.store.database import Database
+from sessionrepo.store.memory import DEFAULT_MEMORY_BYTES
 from sessionrepo.store.repository import (
     PreparedBatch,
     SessionRepository,
@@ -67,6 +69,7 @@ async def open_async_repository(
     require_connection: bool = True,
     search_index: bool | Literal["immediate"] = True,
     read_only: bool = False,
+    append_memory: int = DEFAULT_MEMORY_BYTES,
     **options: Any,
 ) -> AsyncSessionRepository:
     """:func:`sessionrepo.open_repository` for asyncio: the same arguments and checks.
@@ -80,7 +83,7 @@ async def open_async_repository(
             opened; :class:`~sessionrepo.errors.ArgumentTypeError`: of the wrong type).
     """
     # Checked here, before a task is started: Database() checks the options too.
-    check_open_arguments(auto_migrate, require_connection, search_index, read_only)
+    check_open_arguments(auto_migrate, require_connection, search_index, read_only, append_memory)
     calls = TaskPool()
 
     def open_() -> SessionRepository:
@@ -90,7 +93,7 @@ async def open_async_repository(
             auto_migrate=False if read_only else auto_migrate,
             require_connection=require_connection,
         )
-        return SessionRepository(database, search_index=search_index)
+        return SessionRepository(database, search_index=search_index, append_memory=append_memory)
 
     return AsyncSessionRepository(await calls.call(open_), calls)
 
@@ -174,6 +177,22 @@ class AsyncSessionRepository(AsyncFacade[SessionRepository]):
         check_choice(on_conflict, "on_conflict", ("report", "raise"))
         batch = self._sync.prepare(session_id, messages, **session_defaults)
         return await self._calls.call(self._sync.append_prepared, batch, on_conflict=on_conflict)
+
+    @_documented_as(SessionRepository.session_transaction)
+    def session_transaction(
+        self,
+        /,
+        session_id: str,
+        *,
+        create: bool = True,
+        timeout: float | None = None,
+        **session_defaults: Any,
+    ) -> AsyncSessionTransaction:
+        # Checked here, before ``async with``: no I/O until it is entered.
+        sync = self._sync.session_transaction(
+            session_id, create=create, timeout=timeout, **session_defaults
+        )
+        return AsyncSessionTransaction(sync, self._calls)
 
     def prepare(
         self,

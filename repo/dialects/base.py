@@ -1,49 +1,51 @@
-"""The interface every backend implements: :class:`BackendDialect`.
+"""The interface every backend implements: :class:`BackendDialect`, one abstract class
+per role.
 
-The store asks :func:`sessionrepo.dialects.dialect_for` for its backend's dialect and
-calls these methods; it never branches on the backend's name. Each method states what
-the store relies on; the implementations (:mod:`.sqlite`, :mod:`.postgresql`) carry only
-the reasons for their choices. The few SQL helpers both backends' search shares live
-here too.
+A dialect does four jobs, and each backend's package has one module per job:
+
+- :class:`EngineRole` (``engine``): the engine, transactions and locks, and the driver's
+  errors classified by their code;
+- :class:`AppendRole` (``append``): the append's SQL, on SQLAlchemy's connection and on
+  the driver's own;
+- :class:`SearchRole` (``search``): the search index's DDL and queries;
+- :class:`ProbeRole` (``probes``): what ``sessionrepo doctor`` reads and judges.
+
+:class:`BackendDialect` joins the four with the backend's name and its declared
+:class:`Capabilities`: the store asks :func:`sessionrepo.dialects.dialect_for` for its
+backend's dialect, calls these methods and reads the capabilities; it never branches on
+the backend's name. Each method states what the store relies on; the implementations
+carry only the reasons for their choices.
 """
 
 from __future__ import annotations
 
 import uuid
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, ClassVar, Final, Literal
 
 from sqlalchemy import (
-    BigInteger,
     Connection,
     Engine,
-    Float,
     Insert,
     Row,
     Select,
-    String,
     Table,
-    Text,
-    TextClause,
-    Uuid,
-    bindparam,
     create_engine,
     delete,
     select,
-    text,
     tuple_,
 )
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import URL
 from sqlalchemy.ext.asyncio import create_async_engine
 from sqlalchemy.sql.elements import ColumnElement
-from sqlalchemy.types import TypeEngine
 
 from sessionrepo.errors import RepoError
 from sessionrepo.models.doctor import Check
-from sessionrepo.models.tables import UTCDateTime, search_backlog_table, sessions_table
+from sessionrepo.models.tables import search_backlog_table, sessions_table
 from sessionrepo.search.query import Query, SearchFilters
 
 #: Execution option that marks a connection's transactions as read-only, so that
@@ -142,18 +144,29 @@ class DirectResult:
     lost: bool = False
 
 
-class BackendDialect:
-    """What one backend does its own way."""
+@dataclass(frozen=True, slots=True)
+class Capabilities:
+    """What a backend does that the layers above it decide by: they read these, never the
+    backend's name."""
 
-    #: SQLAlchemy's name of the backend (``URL.get_backend_name()``).
-    name: ClassVar[str]
+    #: A repository opened without ``auto_migrate`` upgrades its schema itself: the
+    #: embedded store has one owner, a server's schema is its operator's to upgrade
+    #: (``sessionrepo migrate``).
+    migrates_on_open: bool
+    #: A new connection goes over the network: its connect can hang on a server that does
+    #: not answer, before there is a connection to sever (:meth:`EngineRole.sever`).
+    connect_may_hang: bool
+    #: A retryable error (:meth:`EngineRole.is_retryable`) under a per-statement time
+    #: bound comes only after the whole bound has passed (SQLite's busy timeout): a rerun
+    #: would wait it again, past a writer's deadline. PostgreSQL's deadlock and
+    #: serialization failures come at once.
+    retry_waits_out_bound: bool
 
-    #: The statements that create the search index as the migrations leave it (the
-    #: migrations keep their own frozen copy; a test checks that the two agree).
-    search_index_ddl: ClassVar[tuple[str, ...]]
 
-    # -- engines, transactions, errors ------------------------------------------------
+class EngineRole(ABC):
+    """The engine, transactions and locks, and errors classified by code."""
 
+    @abstractmethod
     def create_engine(
         self, url: URL, options: dict[str, Any], *, asynchronous: bool = False
     ) -> Engine:
@@ -167,45 +180,38 @@ class BackendDialect:
                 own and ignores the other backend's, the rest go to SQLAlchemy.
             asynchronous: build it on the asyncio driver.
         """
-        raise NotImplementedError
 
+    @abstractmethod
     def translate(self, exc: sa_exc.DBAPIError) -> RepoError:
         """Turn a driver error into sessionrepo's error, by error code, not by class:
         ``BackendUnavailable`` for the server's or the file's state, ``WriteRejected``
         for a value the database refuses, ``RepoError`` for the rest."""
-        raise NotImplementedError
 
+    @abstractmethod
     def describe(self, exc: sa_exc.DBAPIError) -> str:
         """What failed, for an error message or a stored reason: the error code and what
         the driver says, without the statement or its parameters (``str(exc)`` has both,
         and some servers' messages quote them, so a user's query or message would end up
         in a log or a stored reason). The exception chain keeps the whole story."""
-        raise NotImplementedError
 
     def is_retryable(self, exc: sa_exc.DBAPIError) -> bool:
         """Whether rerunning the whole transaction at once may succeed (lock contention)."""
         return False
 
+    @abstractmethod
     def is_broken_object(self, exc: sa_exc.DBAPIError) -> bool:
         """Whether a statement failed with a code that may mean an object it reads is
         missing or damaged (rather than the server being away or busy, or a value being
         refused). Codes are coarse (SQLite's ``SQLITE_ERROR`` also means a statement
         badly put together): for a statement of the search index, :meth:`is_damaged`
-        or :meth:`probe_search_index` decides whether the index needs a rebuild."""
-        raise NotImplementedError
+        or :meth:`SearchRole.probe_search_index` decides whether the index needs a
+        rebuild."""
 
+    @abstractmethod
     def is_damaged(self, exc: sa_exc.DBAPIError) -> bool:
         """Whether the code says the data a statement read is corrupt (a damaged page,
         FTS5 record or index): for a statement of the search index, the index's own
         failure whatever else is true."""
-        raise NotImplementedError
-
-    def probe_search_index(self, connection: Connection) -> None:
-        """Run a fixed statement that reads every column of the search index's table and
-        its entries (with arguments of its own, never a caller's): it raises when the
-        index itself is missing or unreadable, so a failure of another statement of the
-        index that this one does not share was not the index's."""
-        raise NotImplementedError
 
     def transaction_alive(self, connection: Connection) -> bool:
         """Whether the transaction survived a failed statement (after its savepoint was
@@ -213,12 +219,14 @@ class BackendDialect:
         return not connection.invalidated
 
     def lock_for_migration(self, connection: Connection) -> None:
-        """Serialise concurrent migrators for the rest of the current transaction."""
+        """Serialise concurrent migrators for the rest of the current transaction. The
+        default does nothing: SQLite's migration transaction holds the write lock."""
+        return
 
+    @abstractmethod
     def insert_ignoring(self, table: Table, conflict_columns: Sequence[str]) -> Insert:
         """``INSERT ... ON CONFLICT (conflict_columns) DO NOTHING``: only that key may be
         skipped; any other constraint violation still raises."""
-        raise NotImplementedError
 
     def rare(self, condition: ColumnElement[bool]) -> ColumnElement[bool]:
         """``condition``, marked for the planner as true of few rows (SQLite's statistics
@@ -226,14 +234,45 @@ class BackendDialect:
         matches nearly every session, and the index is passed over for a full scan)."""
         return condition
 
-    # -- the append -------------------------------------------------------------------
+    def sever(self, driver: Any) -> None:
+        """From another thread: make the call blocked on ``driver`` (a DBAPI connection)
+        fail now, for a server that does not answer at all. The default does nothing."""
+        return
 
+    def connection_lost(self, driver: Any) -> bool:
+        """Whether the driver connection is unusable after an error (the pool discards it)."""
+        return False
+
+    def lock_outbox_session(self, connection: Connection, session_id: str) -> None:
+        """Serialise parkers of one session for the rest of the current transaction. The
+        default does nothing: SQLite's write transaction serialises every parker."""
+        return
+
+    def select_locked(
+        self,
+        connection: Connection,
+        query: Select[Any],
+        session_column: ColumnElement[Any],
+        session_ids: Sequence[str],
+    ) -> list[Row[Any]]:
+        """The rows of ``query`` whose ``session_column`` is one of ``session_ids``
+        (sorted), locked for the rest of the transaction (``FOR UPDATE``)."""
+        return list(
+            connection.execute(query.where(session_column.in_(session_ids)).with_for_update())
+        )
+
+
+class AppendRole(ABC):
+    """The append's SQL: the locked path on SQLAlchemy's connection, the direct path
+    (and direct reads) on the driver's own."""
+
+    @abstractmethod
     def lock_session(self, connection: Connection, session_id: str) -> int | None:
         """Lock the session's row for the rest of the transaction (appenders to one
         session queue here) and return its ``next_seq``; ``None`` when there is no such
         session."""
-        raise NotImplementedError
 
+    @abstractmethod
     def insert_new_messages(
         self,
         connection: Connection,
@@ -257,7 +296,6 @@ class BackendDialect:
             RepoError: fewer rows were inserted than were new (only an appender that
                 bypasses the session lock could cause it); nothing was written.
         """
-        raise NotImplementedError
 
     #: The driver's own exception root (``psycopg.Error``, ``sqlite3.Error``): what a
     #: :meth:`append_direct` raises, translated as a SQLAlchemy error would be.
@@ -277,10 +315,10 @@ class BackendDialect:
         """
         return None
 
+    @abstractmethod
     def message_at(self, driver: Any, session_id: str, seq: int, key: uuid.UUID) -> bool:
         """Whether the session stores the message ``key`` at ``seq`` (a read on the
         driver's own connection). Only called where :meth:`append_direct` exists."""
-        raise NotImplementedError
 
     def load_direct(self, driver: Any, load: DirectLoad) -> list[Sequence[Any]] | None:
         """A page of a transcript on the driver's own connection, in one statement
@@ -289,19 +327,22 @@ class BackendDialect:
         returns ``None``: the caller reads through SQLAlchemy."""
         return None
 
-    def sever(self, driver: Any) -> None:
-        """From another thread: make the call blocked on ``driver`` (a DBAPI connection)
-        fail now, for a server that does not answer at all. The default does nothing."""
 
-    def connection_lost(self, driver: Any) -> bool:
-        """Whether the driver connection is unusable after an error (the pool discards it)."""
-        return False
+class SearchRole(ABC):
+    """The search index: its DDL, its entries, its queries."""
 
-    def lock_outbox_session(self, connection: Connection, session_id: str) -> None:
-        """Serialise parkers of one session for the rest of the current transaction."""
+    #: The statements that create the search index as the migrations leave it (the
+    #: migrations keep their own frozen copy; a test checks that the two agree).
+    search_index_ddl: ClassVar[tuple[str, ...]]
 
-    # -- the search index -------------------------------------------------------------
+    @abstractmethod
+    def probe_search_index(self, connection: Connection) -> None:
+        """Run a fixed statement that reads every column of the search index's table and
+        its entries (with arguments of its own, never a caller's): it raises when the
+        index itself is missing or unreadable, so a failure of another statement of the
+        index that this one does not share was not the index's."""
 
+    @abstractmethod
     def index_documents(
         self, connection: Connection, session_id: str, seqs: Sequence[int], documents: Sequence[str]
     ) -> int:
@@ -309,19 +350,20 @@ class BackendDialect:
         :func:`sessionrepo.search.text.document`) of messages inserted in this
         transaction to the search index; returns how many of them were found and
         indexed."""
-        raise NotImplementedError
 
+    @abstractmethod
     def index_entries(self, connection: Connection, entries: Sequence[IndexEntry]) -> None:
         """Index ``(session_id, seq, timestamp, role, document)`` entries."""
-        raise NotImplementedError
 
+    @abstractmethod
     def reset_search_index(self, connection: Connection) -> None:
         """Empty the search index, recreating it if it is damaged (a rebuild starts)."""
-        raise NotImplementedError
 
     def finish_search_index(self, connection: Connection) -> None:
-        """Complete a rebuild once every entry is in."""
+        """Complete a rebuild once every entry is in. The default does nothing."""
+        return
 
+    @abstractmethod
     def search_messages(
         self,
         connection: Connection,
@@ -337,21 +379,20 @@ class BackendDialect:
         content, rank) of the messages matching ``query``, newest first; with
         ``order="rank"``, the newest ``window`` matches ordered by relevance. The
         content is the stored text, cut to what is indexed."""
-        raise NotImplementedError
 
+    @abstractmethod
     def forget_search_documents(self, connection: Connection, session_ids: Sequence[str]) -> None:
         """Drop the index entries and backlog rows of sessions being deleted (the index
         has no foreign key to the messages: on PostgreSQL its check locked the message
         row of every insert; the backlog's cascade does not hold on a SQLite connection
         with foreign keys off)."""
-        raise NotImplementedError
 
+    @abstractmethod
     def forget_search_entries(
         self, connection: Connection, session_id: str, seqs: Sequence[int]
     ) -> None:
         """Drop the index entries of these messages of one session (an edit took them
         out of the live transcript, or is about to move them)."""
-        raise NotImplementedError
 
     def take_search_backlog(
         self,
@@ -375,38 +416,41 @@ class BackendDialect:
         query = query.order_by(_B.session_id, _B.first_seq).limit(limit)
         return list(connection.execute(query.with_for_update(skip_locked=not wait)))
 
-    def select_locked(
-        self,
-        connection: Connection,
-        query: Select[Any],
-        session_column: ColumnElement[Any],
-        session_ids: Sequence[str],
-    ) -> list[Row[Any]]:
-        """The rows of ``query`` whose ``session_column`` is one of ``session_ids``
-        (sorted), locked for the rest of the transaction (``FOR UPDATE``)."""
-        return list(
-            connection.execute(query.where(session_column.in_(session_ids)).with_for_update())
-        )
-
     def _forget_backlog(self, connection: Connection, session_ids: Sequence[str]) -> None:
         # First: on PostgreSQL this waits for a catch-up holding these rows, whose index
         # entries are then committed and deleted below, not left behind.
         connection.execute(delete(search_backlog_table).where(_B.session_id.in_(session_ids)))
 
-    # -- doctor -----------------------------------------------------------------------
 
+class ProbeRole(ABC):
+    """What ``sessionrepo doctor`` reads of the server and judges."""
+
+    @abstractmethod
     def server_version(self, connection: Connection) -> str:
         """The version of the database software, as its users know it ("3.40.1", "15.4")."""
-        raise NotImplementedError
 
+    @abstractmethod
     def settings(self, connection: Connection) -> dict[str, str]:
         """The settings :meth:`judge_settings` judges, as this connection sees them."""
-        raise NotImplementedError
 
+    @abstractmethod
     def judge_settings(self, settings: dict[str, str]) -> list[Check]:
         """One :class:`~sessionrepo.models.doctor.Check` per setting of :meth:`settings`
         that durability or correctness depends on (named without the backend prefix)."""
-        raise NotImplementedError
+
+
+class BackendDialect(EngineRole, AppendRole, SearchRole, ProbeRole):
+    """What one backend does its own way: the four roles, its name and what it can do.
+
+    A backend's class joins its role classes (``SQLiteEngine``, ``SQLiteAppend``, …)
+    with this one; an abstract method left unimplemented makes it uninstantiable."""
+
+    #: SQLAlchemy's name of the backend (``URL.get_backend_name()``); shown, never
+    #: compared outside this package (the :attr:`capabilities` say what differs).
+    name: ClassVar[str]
+    #: The backend as its users call it ("SQLite", "PostgreSQL").
+    display_name: ClassVar[str]
+    capabilities: ClassVar[Capabilities]
 
 
 def make_engine(url: URL, asynchronous: bool, **options: Any) -> Engine:
@@ -423,53 +467,3 @@ def lock_bypassed(session_id: str, missing: int) -> RepoError:
         f"session {session_id!r}: {missing} keys appeared while the session was locked; "
         "nothing was written"
     )
-
-
-#: The stored content of a hit, cut to what is indexed (whole when it is encoded JSON,
-#: which cannot be cut).
-_CONTENT_HEAD = (
-    "CASE WHEN substr(m.content, 1, 1) = '\ufdd0' THEN m.content "
-    "ELSE substr(m.content, 1, 100000) END"
-)
-
-_SEARCH_COLUMNS: dict[str, TypeEngine[Any]] = {
-    "session_id": String(),
-    "seq": BigInteger(),
-    "client_msg_uuid": Uuid(),
-    "role": String(),
-    "timestamp": UTCDateTime(),
-    "source": String(),
-    "user_id": String(),
-    "content": Text(),
-    "extra": Text(),
-    "rank": Float(),
-}
-
-
-def page_of_hits(matches: str, outer_order: str) -> str:
-    """Choose the page on the index alone (``matches``: a query of session_id, seq and
-    rank), then read the content of those hits only (never carry message text through
-    the choice)."""
-    return (
-        f"SELECT m.session_id, m.seq, m.client_msg_uuid, m.role, m.timestamp, s.source, "
-        f"s.user_id, {_CONTENT_HEAD} AS content, m.extra AS extra, top.rank AS rank "
-        f"FROM ({matches}) top "
-        "JOIN messages m ON m.session_id = top.session_id AND m.seq = top.seq "
-        "JOIN sessions s ON s.id = m.session_id "
-        f"ORDER BY {outer_order}"
-    )
-
-
-def bind_times(statement: TextClause, params: dict[str, Any]) -> TextClause:
-    """``statement`` with the time filters (``:f_since``, ``:f_until``) bound as
-    ``UTCDateTime``, so they compare as the stored times do."""
-    kinds = {"f_since": UTCDateTime(), "f_until": UTCDateTime()}
-    return statement.bindparams(
-        *(bindparam(name, type_=kind) for name, kind in kinds.items() if name in params)
-    )
-
-
-def run_search(connection: Connection, sql: str, params: dict[str, Any]) -> list[Row[Any]]:
-    """The rows of a :func:`page_of_hits` query, typed as ``search_messages`` returns them."""
-    statement = bind_times(text(sql), params).columns(**_SEARCH_COLUMNS)
-    return list(connection.execute(statement, params))

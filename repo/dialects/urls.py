@@ -1,4 +1,4 @@
-"""Database URLs: which backend and driver a URL means, and how it is shown.
+"""Database URLs: which backend, driver and file a URL means, and how it is shown.
 
 Here, beside the engine setup, because the driver is the dialects' choice: the SQLite
 dialect swaps ``pysqlite`` for ``aiosqlite`` when it builds an asyncio engine, the
@@ -69,6 +69,15 @@ def normalize_url(url: str | URL | None) -> URL:
     raise InvalidArgument(
         "url", f"unsupported database {name!r}: sessionrepo runs on SQLite and PostgreSQL"
     )
+
+
+def database_file(url: URL) -> Path | None:
+    """The file a SQLite URL (as :func:`normalize_url` gives it) names; ``None`` for a
+    server's URL or an in-memory database. The one place that tells a SQLite file."""
+    database = url.database
+    if url.get_backend_name() != "sqlite" or not database or database == ":memory:":
+        return None
+    return Path(database)
 
 
 def _connectable(url: URL) -> URL:

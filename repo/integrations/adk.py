@@ -98,6 +98,7 @@ from sessionrepo.store import codec as _codec
 from sessionrepo.store.arguments import check_seconds
 from sessionrepo.store.codec import check_session_id
 from sessionrepo.store.repository import PreparedBatch, SessionRepository
+from sessionrepo.store.transaction import SessionTransaction
 
 __all__ = [
     "SessionRepoListSessionsResponse",
@@ -409,7 +410,7 @@ class SessionRepoSessionService(BaseSessionService):
         loaded = await self._load(sid, app_name, user_id)
         if loaded is not None and loaded.applied_seq < loaded.next_seq - 1:
             # Events replayed from an outbox since: their deltas first, then read again.
-            await self._run(lambda sync: sync.database.write(partial(_catch_up_in, sync, sid)))
+            await self._run(partial(_catch_up, sid))
             loaded = await self._load(sid, app_name, user_id)
         if loaded is None:
             return None
@@ -653,9 +654,7 @@ class SessionRepoSessionService(BaseSessionService):
         )
         outcome: int | str | _Duplicate | None
         if self._writer is None:
-            outcome = await self._run(
-                lambda sync: sync.database.write(partial(_append_in, sync, pending))
-            )
+            outcome = await self._run(partial(_append_event, pending))
         else:
             outcome = await self._write_through(self._writer, pending)
         if outcome == "missing":
@@ -709,11 +708,7 @@ class SessionRepoSessionService(BaseSessionService):
             await writer.retract(sid, pending.rewound)
         if result.status == "stored":
             with contextlib.suppress(BackendUnavailable):
-                await self._run(
-                    lambda sync: sync.bounded_database(self._deadline).write(
-                        partial(_catch_up_in, sync, sid)
-                    )
-                )
+                await self._run(partial(_catch_up, sid, timeout=self._deadline))
         return expected
 
 
@@ -745,18 +740,31 @@ def _stored_in(sid: str, key: uuid.UUID, conn: Connection) -> bool:
     return found.first() is not None
 
 
+def _append_event(pending: _Pending, sync: SessionRepository) -> int | str | _Duplicate:
+    """``append_event``'s unit of work (see :func:`_append_in`)."""
+    try:
+        with sync.session_transaction(pending.sid, create=False) as tx:
+            return _append_in(sync, pending, tx)
+    except NotFound:  # on entry: no such session, nothing written
+        return "missing"
+    except RepoError:
+        raise
+    except Exception as exc:  # this code's own failure: rolled back, in the one error root
+        raise RepoError(f"unexpected {type(exc).__name__} in append_event") from exc
+
+
 def _append_in(
-    sync: SessionRepository, pending: _Pending, conn: Connection
+    sync: SessionRepository, pending: _Pending, tx: SessionTransaction
 ) -> int | str | _Duplicate:
-    """``append_event``'s transaction: the session locked as an append locks it, the
-    stale check, the event, the states, a rewind; the ``next_seq`` after it, or
-    ``"missing"`` / ``"stale"`` (nothing written)."""
+    """``append_event``'s transaction, under the session's lock: the stale check, the
+    event, the states, a rewind; the ``next_seq`` after it, or ``"missing"`` /
+    ``"stale"`` (nothing written)."""
     sid, session, event = pending.sid, pending.session, pending.event
-    next_seq = sync.database.dialect.lock_session(conn, sid)
+    conn, next_seq = tx.connection, tx.next_seq
     row = conn.execute(
         select(A.update_time, A.applied_seq, A.state).where(A.session_id == sid).with_for_update()
     ).first()
-    if next_seq is None or row is None:
+    if row is None:
         return "missing"
     marker = session._storage_update_marker
     if marker is not None and marker != str(next_seq):
@@ -776,14 +784,12 @@ def _append_in(
             return "stale"
     current = None
     if row.applied_seq < next_seq - 1:
-        _catch_up_in(sync, sid, conn)  # events replayed from an outbox first
+        _catch_up_in(sync, tx)  # events replayed from an outbox first
     else:
         current = (dict(row.state), row.update_time)
-    new_session = _codec.session_row(pending.batch.session)
-    result = sync._append(conn, sid, pending.batch.rows, new_session)
+    result = tx.append(pending.batch.messages)
     if not result.inserted:
         return _Duplicate(next_seq)  # stored before this object was loaded: a retry
-    sync._index_inserted(conn, result, pending.batch.messages)
     _apply(
         conn,
         sync,
@@ -795,15 +801,23 @@ def _append_in(
         current=current,
     )
     if pending.rewound:
-        sync._supersede(conn, sid, M.client_msg_uuid.in_(pending.rewound), "retracted")
+        tx.supersede(pending.rewound, "retracted")
     return next_seq + 1
 
 
-def _catch_up_in(sync: SessionRepository, sid: str, conn: Connection) -> None:
+def _catch_up(sid: str, sync: SessionRepository, *, timeout: float | None = None) -> None:
+    """:func:`_catch_up_in` in a unit of work of its own (none without the session)."""
+    with (
+        contextlib.suppress(NotFound),  # on entry: no such session, nothing written
+        sync.session_transaction(sid, create=False, timeout=timeout) as tx,
+    ):
+        _catch_up_in(sync, tx)
+
+
+def _catch_up_in(sync: SessionRepository, tx: SessionTransaction) -> None:
     """Apply the state deltas of the session's events stored after ``applied_seq``
     (replayed from an outbox), in ``seq`` order, under the session's lock."""
-    if sync.database.dialect.lock_session(conn, sid) is None:
-        return
+    sid, conn = tx.session_id, tx.connection
     row = conn.execute(
         select(A.app_name, A.user_id, A.applied_seq).where(A.session_id == sid).with_for_update()
     ).first()

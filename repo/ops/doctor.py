@@ -23,7 +23,7 @@ from alembic.script import ScriptDirectory
 from pydantic import BaseModel, ConfigDict
 from sqlalchemy.engine import URL
 
-from sessionrepo.dialects import normalize_url, safe_url
+from sessionrepo.dialects import database_file, normalize_url, safe_url
 from sessionrepo.errors import RepoError
 from sessionrepo.models.doctor import Check
 from sessionrepo.outbox.table import Outbox
@@ -73,11 +73,8 @@ class _Probe:
 def missing_sqlite_file(url: str | URL | None) -> Path | None:
     """The path of a SQLite database file that does not exist (opening would create
     it, empty); ``None`` for an existing file or another backend."""
-    parsed = normalize_url(url)
-    if parsed.get_backend_name() != "sqlite" or parsed.database in (None, "", ":memory:"):
-        return None
-    path = Path(parsed.database)
-    return None if path.exists() else path
+    path = database_file(normalize_url(url))
+    return None if path is None or path.exists() else path
 
 
 def _check_connection(probe: _Probe) -> Iterator[Check]:
@@ -97,7 +94,7 @@ def _check_connection(probe: _Probe) -> Iterator[Check]:
     version = database.read(database.dialect.server_version)
     elapsed = (time.perf_counter() - started) * 1000
     probe.connected = True
-    name = "SQLite" if database.backend == "sqlite" else "PostgreSQL"
+    name = database.dialect.display_name
     yield Check(name="connection", status="ok", detail=f"{name} {version}, {elapsed:.0f} ms")
 
 

@@ -41,6 +41,7 @@ from typing import Any, Final
 from pydantic import ValidationError
 from sqlalchemy import Connection, Select, case, delete, func, select, update
 
+from sessionrepo.dialects import database_file
 from sessionrepo.errors import BackendUnavailable, RepoError
 from sessionrepo.models import Message, Session
 from sessionrepo.models.message import utcnow
@@ -94,12 +95,8 @@ class Outbox:
         self._insert = database.dialect.insert_ignoring(
             outbox_table, ["session_id", "client_msg_uuid"]
         )
-        path = database.url.database
-        self._parked = (
-            _ParkedSessions(path)
-            if database.backend == "sqlite" and path not in (None, "", ":memory:")
-            else None
-        )
+        path = database_file(database.url)
+        self._parked = None if path is None else _ParkedSessions(str(path))
 
     @classmethod
     def of(cls, repository: SessionRepository) -> Outbox:

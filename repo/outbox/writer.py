@@ -46,7 +46,6 @@ import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import Future
 from datetime import timedelta
-from pathlib import Path
 from typing import Any, Final, Protocol, TypeVar
 
 from sqlalchemy import event
@@ -54,7 +53,7 @@ from sqlalchemy.engine import URL
 
 import sessionrepo.observability as _observe
 from sessionrepo.contract import ResilientWriter
-from sessionrepo.dialects import normalize_url
+from sessionrepo.dialects import database_file, normalize_url
 from sessionrepo.errors import (
     ArgumentTypeError,
     BackendUnavailable,
@@ -137,16 +136,15 @@ def open_outbox_database(
         )
     parsed = normalize_url(url)
     options: dict[str, Any] = {}
-    if parsed.get_backend_name() == "sqlite":
+    path = database_file(parsed)
+    if path is not None:
         options["sqlite_synchronous"] = "FULL"
-        if parsed.database not in (None, "", ":memory:"):
-            path = Path(parsed.database)
-            if path.is_symlink():
-                raise NotARepository(
-                    f"the outbox path {path} is a symbolic link; give the file's own path "
-                    "(an outbox is never made or read through a link)",
-                    path=str(path),
-                )
+        if path.is_symlink():
+            raise NotARepository(
+                f"the outbox path {path} is a symbolic link; give the file's own path "
+                "(an outbox is never made or read through a link)",
+                path=str(path),
+            )
     # The SQLite dialect creates a missing file 0600 (O_EXCL: never through a link made
     # since the check above) and refuses another application's file before any write.
     database = Database(parsed, asynchronous=asynchronous, read_only=read_only, **options)
@@ -1030,7 +1028,7 @@ class _Watchdog:
     def connection_ready(self) -> bool:
         """Whether the call would find a connection made already (a new one could hang
         in the connect, before there is a connection to cut)."""
-        return self._dialect.name == "sqlite" or self._pool.checkedin() > 0  # type: ignore[attr-defined]
+        return not self._dialect.capabilities.connect_may_hang or self._pool.checkedin() > 0  # type: ignore[attr-defined]
 
     def _checked_out(self, dbapi_connection: Any, record: Any, proxy: Any) -> None:
         guard = self._guards.get(threading.get_ident())

@@ -81,12 +81,17 @@ class TaskPool:
         Shielded: cancelling the caller does not cancel the call (see the module's
         docstring); its result, or its error, is then dropped.
         """
+        return await asyncio.shield(self.task(fn, *args, **kwargs))
+
+    def task(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> asyncio.Task[T]:
+        """:meth:`call`'s task, started and returned (awaited by the caller, shielded:
+        a unit of work waits for its last call before it ends)."""
         task = asyncio.get_running_loop().create_task(
             greenlet_spawn(functools.partial(fn, *args, **kwargs))
         )
         self._running.add(task)
         task.add_done_callback(self._finished)
-        return await asyncio.shield(task)
+        return task
 
     def _finished(self, task: asyncio.Task[Any]) -> None:
         self._running.discard(task)
@@ -103,9 +108,7 @@ class TaskPool:
     def submit(self, work: Callable[[], Any]) -> None:
         """From logic running under :meth:`call`: start ``work()`` as a call of its own
         and do not wait for it (its failure is its own to handle)."""
-        task = asyncio.get_running_loop().create_task(greenlet_spawn(work))
-        self._running.add(task)
-        task.add_done_callback(self._finished)
+        self.task(work)
 
     async def settle(self, timeout: float | None = None) -> int:
         """Wait up to ``timeout`` seconds for the calls still running (a cancelled

@@ -9,7 +9,6 @@ types and markers there. A new plain column (text, number, JSON) needs nothing h
 from __future__ import annotations
 
 import hashlib
-import itertools
 import json
 import textwrap
 from collections.abc import Callable, Iterable, Mapping, MutableMapping, Sequence
@@ -46,6 +45,7 @@ from sessionrepo.models.tables import (
     encode_text,
     messages_table,
 )
+from sessionrepo.store.memory import SentMemory
 
 #: ``messages`` for rows that :func:`message_row` already encoded: the text and JSON
 #: columns take the stored strings as they are (the mapped table would encode again).
@@ -167,6 +167,7 @@ def content_hash(row: Mapping[str, Any], encoded: Mapping[str, bytes]) -> bytes:
 
 def prepare_messages(
     messages: Iterable[Message | Mapping[str, Any]],
+    memory: SentMemory | None = None,
 ) -> tuple[list[Message], list[dict[str, Any]]]:
     """Validate and encode a batch before anything is written.
 
@@ -178,6 +179,9 @@ def prepare_messages(
     A dict without a ``client_msg_uuid`` is stamped in place with a new one, as
     :func:`~sessionrepo.ensure_key` would: its next flush carries the same key and
     inserts nothing. Without it, every flush of the same dict would be a new message.
+
+    With ``memory``, what an unchanged dict (or the same validated ``Message``) was made
+    into before is reused, and what is made is remembered (see :mod:`.memory`).
 
     Returns:
         The validated messages and their column values, in batch order.
@@ -191,25 +195,23 @@ def prepare_messages(
         raise InvalidMessage("messages", "expected a list of messages, got a single one")
     validated: list[Message] = []
     rows = []
-    remembered = _ENCODED
     for index, item in enumerate(messages):
+        known = None
         if isinstance(item, dict):
             key = item.get(KEY_FIELD)
             if key is None:
                 key = _stamp(item, index)
-            known = remembered.get(key) if isinstance(key, str) else None
-            if known is not None and known[0] == item:
-                validated.append(known[1])
-                rows.append(known[2])
-                continue
+            if memory is not None and isinstance(key, str):
+                known = memory.recall(key, item)
         elif isinstance(item, Message):
-            known = remembered.get(item.client_msg_uuid)
-            if known is not None and known[0] is item:
-                validated.append(known[1])
-                rows.append(known[2])
-                continue
+            if memory is not None:
+                known = memory.recall(item.client_msg_uuid, item)
         elif isinstance(item, Mapping) and item.get(KEY_FIELD) is None:
             _stamp(item, index)
+        if known is not None:
+            validated.append(known[0])
+            rows.append(known[1])
+            continue
         field = f"messages[{index}]"
         try:
             if isinstance(item, Message) and is_validated(item):
@@ -225,12 +227,14 @@ def prepare_messages(
         row = message_row(message, field)
         validated.append(message)
         rows.append(row)
+        if memory is None or not memory.limit:
+            continue
         if isinstance(item, dict):
             key = item.get(KEY_FIELD)
             if isinstance(key, str):
-                _remember(key, _snapshot(item), message, row)
+                memory.remember(key, _snapshot(item), message, row)
         elif item is message:
-            _remember(message.client_msg_uuid, item, message, row)
+            memory.remember(message.client_msg_uuid, item, message, row)
     return validated, rows
 
 
@@ -251,31 +255,7 @@ def _stamp(item: Mapping[str, Any], index: int) -> str:
     return key
 
 
-# -- validation once ----------------------------------------------------------------
-#
-# A gateway re-flushes the same messages (its whole transcript, each turn); each is
-# validated and encoded once per process. What was made from a stamped dict is reused
-# while the dict still equals a copy of itself taken then (any change made since, deep
-# inside too, is a new message to validate: a re-send with other content is still
-# reported as a conflict); what was made from a validated ``Message`` (frozen) is
-# reused for that same object. Equality is Python's: a value replaced by an equal one
-# of another numeric type (``1`` for ``1.0`` or ``True``) counts as unchanged.
-
-#: Messages remembered (a gateway's open transcripts); the oldest are forgotten first.
-ENCODED_MEMORY: Final = 65_536
-
-_ENCODED: dict[Any, tuple[Any, Message, dict[str, Any]]] = {}
-
-
-def _remember(key: Any, source: Any, message: Message, row: dict[str, Any]) -> None:
-    memory = _ENCODED
-    memory.pop(key, None)
-    memory[key] = (source, message, row)
-    if len(memory) > ENCODED_MEMORY:
-        # Oldest first: dicts keep insertion order. Races between threads only forget
-        # a little more or less; every entry is checked before it is used.
-        for old in list(itertools.islice(memory, len(memory) - ENCODED_MEMORY)):
-            memory.pop(old, None)
+# -- validation once (see .memory) ---------------------------------------------------
 
 
 def _snapshot(value: Any) -> Any:

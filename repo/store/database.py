@@ -167,7 +167,7 @@ class Database:
                         # SQLite's busy error comes after a wait of the whole bound (its
                         # busy timeout): a rerun would wait it again, past the deadline.
                         # PostgreSQL reruns a deadlock or serialization failure once.
-                        attempts=1 if self.dialect.name == "sqlite" else 2,
+                        attempts=1 if self.dialect.capabilities.retry_waits_out_bound else 2,
                         asynchronous=self.asynchronous,
                         read_only=self.read_only,
                         _server_timeout=seconds,

@@ -52,14 +52,18 @@ def _live() -> Any:
     return M.superseded.is_(None)
 
 
-class SessionEditing(TranscriptEditor):
-    """The editing half of :class:`~sessionrepo.store.repository.SessionRepository`
-    (the contract, :class:`~sessionrepo.contract.TranscriptEditor`, says what each edit
-    guarantees)."""
+class SessionEditor(TranscriptEditor):
+    """The edits, a component :class:`~sessionrepo.store.repository.SessionRepository`
+    holds and delegates to (the contract, :class:`~sessionrepo.contract.TranscriptEditor`,
+    says what each edit guarantees), and the editing primitives a unit of work offers
+    (:meth:`retract_in`, :meth:`supersede_keys`)."""
 
-    _db: Database
-    _search: SearchIndex
-    _index_appends: bool | Literal["immediate"]
+    def __init__(
+        self, database: Database, search: SearchIndex, index_appends: bool | Literal["immediate"]
+    ) -> None:
+        self._db = database
+        self._search = search
+        self._index_appends = index_appends
 
     # -- the edits --------------------------------------------------------------------
 
@@ -74,20 +78,7 @@ class SessionEditing(TranscriptEditor):
 
         def work(conn: Connection) -> EditResult:
             self._lock_session(conn, sid)
-            found = set(
-                conn.execute(
-                    select(M.client_msg_uuid).where(
-                        M.session_id == sid, M.client_msg_uuid.in_(wanted)
-                    )
-                ).scalars()
-            )
-            missing = [key for key in wanted if key not in found]
-            if missing:
-                raise NotFound(
-                    f"session {sid!r} holds no message {', '.join(map(str, missing))}; "
-                    "nothing was retracted"
-                )
-            return self._edit(conn, sid, M.client_msg_uuid.in_(wanted), locked=True)
+            return self.retract_in(conn, sid, wanted)
 
         return self._db.write(work)
 
@@ -274,6 +265,28 @@ class SessionEditing(TranscriptEditor):
         if next_seq is None:
             raise NotFound(f"no session {sid!r}")
         return next_seq
+
+    def retract_in(self, conn: Connection, sid: str, wanted: Sequence[UUID]) -> EditResult:
+        """:meth:`retract` of checked keys, the session locked by the caller."""
+        found = set(
+            conn.execute(
+                select(M.client_msg_uuid).where(M.session_id == sid, M.client_msg_uuid.in_(wanted))
+            ).scalars()
+        )
+        missing = [key for key in wanted if key not in found]
+        if missing:
+            raise NotFound(
+                f"session {sid!r} holds no message {', '.join(map(str, missing))}; "
+                "nothing was retracted"
+            )
+        return self._edit(conn, sid, M.client_msg_uuid.in_(wanted), locked=True)
+
+    def supersede_keys(
+        self, conn: Connection, sid: str, keys: Iterable[UUID | str], state: Superseded
+    ) -> list[UUID]:
+        """Take the live messages with these keys out of the live transcript (keys not
+        held live are skipped); the caller holds the lock."""
+        return self._supersede(conn, sid, M.client_msg_uuid.in_(check_keys(keys)), state)
 
     def _edit(self, conn: Connection, sid: str, which: Any, *, locked: bool = False) -> EditResult:
         """Retract the live messages of ``sid`` that ``which`` selects."""

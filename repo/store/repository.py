@@ -10,33 +10,33 @@ from __future__ import annotations
 import base64
 import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Final, Literal
+from typing import Any, Literal
 from uuid import UUID
 
 from sqlalchemy import (
-    ColumnElement,
     Connection,
     Text,
-    and_,
     case,
-    delete,
     func,
     literal,
     select,
-    true,
     tuple_,
     update,
 )
 from sqlalchemy.engine import URL
 
 import sessionrepo.observability as _observe
-from sessionrepo.contract import SessionStore
-from sessionrepo.dialects.base import DirectAppend, DirectLoad, DirectResult
+
+# The operator's value types, re-exported: the operator tools import them from here.
+from sessionrepo.contract import PruneResult as PruneResult  # noqa: PLC0414
+from sessionrepo.contract import RestoreResult as RestoreResult  # noqa: PLC0414
+from sessionrepo.contract import SessionFilter as SessionFilter  # noqa: PLC0414
+from sessionrepo.contract import SessionOperations, SessionStore, TranscriptEditor
+from sessionrepo.contract import SessionSnapshot as SessionSnapshot  # noqa: PLC0414
+from sessionrepo.dialects.base import DirectLoad
 from sessionrepo.errors import (
     ArgumentTypeError,
-    ConflictError,
     InvalidArgument,
     InvalidMessage,
     NotFound,
@@ -45,6 +45,7 @@ from sessionrepo.errors import (
 )
 from sessionrepo.models import (
     AppendResult,
+    EditResult,
     Message,
     SearchHit,
     Session,
@@ -62,11 +63,12 @@ from sessionrepo.models.tables import (
     outbox_table,
     sessions_table,
 )
-from sessionrepo.search.text import content_text, searchable
+from sessionrepo.search.text import content_text
 from sessionrepo.store import codec as _codec
 from sessionrepo.store import schema
+from sessionrepo.store.append import Appender
+from sessionrepo.store.append import PreparedBatch as PreparedBatch  # noqa: PLC0414 (re-exported)
 from sessionrepo.store.arguments import (
-    check_aware_time,
     check_bool,
     check_callable,
     check_choice,
@@ -74,17 +76,18 @@ from sessionrepo.store.arguments import (
     check_int,
     check_iterable,
     check_limit,
-    check_many,
     check_optional_session_id,
     check_optional_text,
     check_seconds,
     check_seq,
     check_session_id,
-    check_session_ids,
 )
 from sessionrepo.store.database import Database
-from sessionrepo.store.editing import SessionEditing
+from sessionrepo.store.editing import SessionEditor
+from sessionrepo.store.memory import DEFAULT_MEMORY_BYTES, SentMemory
+from sessionrepo.store.operations import SessionOperator
 from sessionrepo.store.search_index import SearchIndex
+from sessionrepo.store.transaction import SessionTransaction, fetch_session
 
 S = sessions_table.c
 M = messages_table.c
@@ -110,109 +113,7 @@ _FILLABLE = (
 )
 
 
-@dataclass(frozen=True)
-class PreparedBatch:
-    """A validated, encoded batch: what ``append`` writes and the outbox parks."""
-
-    session_id: str
-    messages: list[Message]
-    rows: list[dict[str, Any]]
-    session: Session
-
-
-@dataclass(frozen=True)
-class SessionFilter:
-    """Which sessions an operator's call is about: the given ids, or every session that
-    matches all the filters set (none set: every session)."""
-
-    session_ids: tuple[str, ...] = ()
-    source: str | None = None
-    user_id: str | None = None
-    status: Literal["open", "ended"] | None = None
-    #: Only sessions that ended before this instant (so only ended ones).
-    ended_before: datetime | None = None
-    #: Only sessions whose last activity is before this instant.
-    active_before: datetime | None = None
-
-    def _where(self) -> ColumnElement[bool]:
-        ids = check_session_ids(self.session_ids, "selection.session_ids")
-        if ids:
-            filters = (
-                self.source,
-                self.user_id,
-                self.status,
-                self.ended_before,
-                self.active_before,
-            )
-            if filters != (None,) * len(filters):
-                raise InvalidArgument("selection", "give session ids or filters, not both")
-            return S.id.in_(ids)
-        check_optional_text(self.source, "selection.source")
-        check_optional_text(self.user_id, "selection.user_id")
-        clauses: list[ColumnElement[bool]] = []
-        if self.source is not None:
-            clauses.append(S.source == self.source)
-        if self.user_id is not None:
-            clauses.append(S.user_id == self.user_id)
-        if self.status == "open":
-            clauses.append(S.ended_at.is_(None))
-        elif self.status == "ended":
-            clauses.append(S.ended_at.is_not(None))
-        elif self.status is not None:
-            raise InvalidArgument("status", "must be 'open', 'ended' or None")
-        for name, bound, column in (
-            ("ended_before", self.ended_before, S.ended_at),
-            ("active_before", self.active_before, S.last_active_at),
-        ):
-            if bound is not None:
-                clauses.append(column < check_aware_time(bound, name))
-        return and_(true(), *clauses)
-
-
-@dataclass(frozen=True)
-class SessionSnapshot:
-    """A session as one read found it, with the ``seq`` its next message would get: its
-    messages then were exactly those with ``seq < next_seq`` (messages are never deleted
-    but with their session), so the two make one consistent picture of it."""
-
-    session: Session
-    next_seq: int
-
-
-@dataclass(frozen=True)
-class RestoreResult:
-    """What one :meth:`SessionRepository.restore_session` call did."""
-
-    session_id: str
-    #: ``created``: the store did not have the session; ``present``: it held it as the
-    #: snapshot describes (what was missing was added); ``diverged``: it holds it
-    #: differently, and nothing was written.
-    outcome: Literal["created", "present", "diverged"]
-    #: Keys stored by this call, each at the ``seq`` it was given.
-    inserted: list[UUID] = field(default_factory=list)
-    #: Keys already stored with the same content.
-    duplicates: list[UUID] = field(default_factory=list)
-    #: Keys already stored with different content (the stored row is kept).
-    conflicts: list[UUID] = field(default_factory=list)
-
-
-@dataclass(frozen=True)
-class PruneResult:
-    """What one :meth:`SessionRepository.delete_ended_sessions` call deleted."""
-
-    #: The sessions deleted, as they were just before, by id.
-    deleted: list[Session]
-    #: Ids asked for but kept: not (or no longer) prunable, gone, or changed since their
-    #: snapshot.
-    kept: list[str]
-    #: Messages deleted with them.
-    messages: int
-    #: ``pending_outbox`` rows (in this database) per deleted session that has any. They
-    #: are left in place: they are the only copy of those messages.
-    parked: dict[str, int]
-
-
-class SessionRepository(SessionStore, SessionEditing):
+class SessionRepository(SessionStore, TranscriptEditor, SessionOperations):
     """Sessions and their transcripts on SQLite or PostgreSQL (made by
     :func:`open_repository`).
 
@@ -222,16 +123,21 @@ class SessionRepository(SessionStore, SessionEditing):
     """
 
     def __init__(
-        self, database: Database, *, search_index: bool | Literal["immediate"] = True
+        self,
+        database: Database,
+        *,
+        search_index: bool | Literal["immediate"] = True,
+        append_memory: int = DEFAULT_MEMORY_BYTES,
     ) -> None:
         check_instance(database, "database", Database)
         check_choice(search_index, "search_index", _SEARCH_INDEX_MODES)
+        check_int(append_memory, "append_memory", minimum=0)
         self._db = database
         self._search = SearchIndex(database)
         self._index_appends = search_index
-        dialect = database.dialect
-        self._insert_session = dialect.insert_ignoring(sessions_table, ["id"])
-        self._acks = _Acknowledged()
+        self._appender = Appender(database, self._search, search_index, SentMemory(append_memory))
+        self._editor = SessionEditor(database, self._search, search_index)
+        self._operator = SessionOperator(database, self._appender, self._editor)
 
     @property
     def backend(self) -> str:
@@ -270,7 +176,8 @@ class SessionRepository(SessionStore, SessionEditing):
         row = _codec.session_row(_codec.build_session(sid, fields, "session"))
 
         def work(conn: Connection) -> Session:
-            created = conn.execute(self._insert_session.values(**row).returning(S.id)).first()
+            insert = self._appender.insert_session.values(**row).returning(S.id)
+            created = conn.execute(insert).first()
             if created is None:
                 fill: dict[str, Any] = {
                     name: func.coalesce(S[name], literal(row[name], S[name].type))
@@ -290,10 +197,7 @@ class SessionRepository(SessionStore, SessionEditing):
         return self._db.read(lambda conn: self._get(conn, sid))
 
     def _get(self, conn: Connection, sid: str) -> Session:
-        row = conn.execute(select(sessions_table).where(S.id == sid)).first()
-        if row is None:
-            raise NotFound(f"no session {sid!r}")
-        return Session.model_construct(**_codec.session_from_row(row))
+        return fetch_session(conn, sid)
 
     def list_sessions(
         self,
@@ -428,6 +332,32 @@ class SessionRepository(SessionStore, SessionEditing):
         chain.reverse()
         return chain
 
+    def session_transaction(
+        self,
+        /,
+        session_id: str,
+        *,
+        create: bool = True,
+        timeout: float | None = None,
+        **session_defaults: Any,
+    ) -> SessionTransaction:
+        sid = check_session_id(session_id)
+        check_bool(create, "create")
+        if timeout is not None:
+            check_seconds(timeout, "timeout")
+        _refuse_derived(session_defaults, "session_defaults")
+        new_session = None
+        if create:
+            new_session = _codec.session_row(
+                _codec.build_session(sid, session_defaults, "session_defaults")
+            )
+        elif session_defaults:
+            raise InvalidArgument(
+                "session_defaults", "given with create=False: a missing session is not created"
+            )
+        database = self._db if timeout is None else self.bounded_database(timeout)
+        return SessionTransaction(self._appender, self._editor, database, sid, new_session)
+
     # -- messages -------------------------------------------------------------------
 
     def append(
@@ -457,7 +387,7 @@ class SessionRepository(SessionStore, SessionEditing):
         sid = check_session_id(session_id)
         check_iterable(messages, "messages")
         _refuse_derived(session_defaults, "session_defaults")
-        validated, rows = _codec.prepare_messages(messages)
+        validated, rows = self._appender.prepare(messages)
         session = _codec.build_session(sid, session_defaults, "session_defaults")
         return PreparedBatch(sid, validated, rows, session)
 
@@ -487,169 +417,37 @@ class SessionRepository(SessionStore, SessionEditing):
             check_seconds(timeout, "timeout")
         check_choice(on_conflict, "on_conflict", _ON_CONFLICT)
         check_bool(behind_outbox, "behind_outbox")
-        result = self._append_batch(
-            batch, timeout=timeout, on_conflict=on_conflict, behind_outbox=behind_outbox
+        result = self._appender.append(
+            batch,
+            database=self._db if timeout is None else self.bounded_database(timeout),
+            on_conflict=on_conflict,
+            behind_outbox=behind_outbox,
         )
         if result is None:
             raise QueuedBehindOutbox(batch.session_id)
         return result
 
-    def _append_batch(
-        self,
-        batch: PreparedBatch,
-        *,
-        timeout: float | None = None,
-        on_conflict: Literal["report", "raise"] = "report",
-        behind_outbox: bool = False,
-    ) -> AppendResult | None:
-        """:meth:`append_prepared`, checked arguments; with ``behind_outbox`` (a
-        ``TranscriptWriter`` whose outbox is this database), ``None`` and nothing
-        written when the session has parked messages: the batch queues behind them."""
-        if not batch.rows:
-            return AppendResult(session_id=batch.session_id)
-        new_session = _codec.session_row(batch.session)
-        database = self._db if timeout is None else self.bounded_database(timeout)
-        if self._index_appends is True:
-            direct = self._append_direct(database, batch, new_session, on_conflict, behind_outbox)
-            if direct is not None:
-                return None if direct is _QUEUED else direct
+    # -- editing (the editor's; the contract, TranscriptEditor, says what each means) -----
 
-        def work(conn: Connection) -> AppendResult | None:
-            if behind_outbox and _has_parked(conn, batch.session_id):
-                return None
-            result = self._append(conn, batch.session_id, batch.rows, new_session)
-            if result.conflicts and on_conflict == "raise":
-                # Raised inside the transaction: it rolls back, the session row included.
-                raise ConflictError(
-                    f"session {batch.session_id!r}: stored with other content under the "
-                    f"same key: {', '.join(map(str, result.conflicts))}; nothing was written",
-                    session_id=batch.session_id,
-                    conflicts=result.conflicts,
-                )
-            self._index_inserted(conn, result, batch.messages)
-            return result
+    def rewind(self, /, session_id: str, to_seq: int) -> EditResult:
+        return self._editor.rewind(session_id, to_seq)
 
-        return database.write(work)
+    def retract(self, /, session_id: str, keys: Iterable[UUID | str]) -> EditResult:
+        return self._editor.retract(session_id, keys)
 
-    def _append_direct(  # noqa: PLR0911 - each way out is one outcome of the statement
-        self,
-        database: Database,
-        batch: PreparedBatch,
-        new_session: dict[str, Any],
-        on_conflict: Literal["report", "raise"],
-        behind_outbox: bool,
-    ) -> AppendResult | None:
-        """The append in the dialect's fewest round trips (one statement on PostgreSQL),
-        the search backlog named with it; ``None`` when the dialect cannot decide alone
-        (a race it leaves to the locked path) or has no such path; :data:`_QUEUED` when
-        it waits behind parked messages."""
-        sid = batch.session_id
-        # Rows this process saw the database store (the same objects: see
-        # codec's validation once) are not sent again while the newest of them is
-        # still stored under its seq: the database stays the authority, at the cost of
-        # one probe instead of one per message.
-        acks = self._acks.get(sid)
-        known: set[int] = set()
-        if acks is not None and acks.tip is not None:
-            remembered = acks.rows
-            known = {id(row) for row in batch.rows if remembered.get(id(row)) is row}
-        unique: dict[Any, dict[str, Any]] = {}
-        for row in batch.rows:
-            if id(row) not in known:
-                first = unique.setdefault(row["client_msg_uuid"], row)
-                if first["content_hash"] != row["content_hash"] and on_conflict == "raise":
-                    return None  # a conflict within the batch: the locked path refuses it
-        tip = acks.tip if known and acks is not None else None
-        if tip is not None and not unique:
-            if database.read_direct(lambda driver: database.dialect.message_at(driver, sid, *tip)):
-                return _outcome(sid, batch.rows, {}, None, known=known)
-            self._acks.forget(sid)
-            return self._append_direct(database, batch, new_session, on_conflict, behind_outbox)
-        append = DirectAppend(
-            session_id=sid,
-            rows=list(unique.values()),
-            new_session=new_session,
-            now=utcnow(),
-            enqueue=True,
-            refuse_conflicts=on_conflict == "raise",
-            behind_outbox=behind_outbox,
-            verify=tip,
-        )
-        # The dialect read on the connection: the first one finds which server it is.
-        done = database.write_direct(lambda driver: database.dialect.append_direct(driver, append))
-        if done is None:
-            return None
-        if done.queued:
-            return _QUEUED
-        if done.lost:  # the newest remembered row is gone: remember nothing, send all
-            self._acks.forget(sid)
-            return self._append_direct(database, batch, new_session, on_conflict, behind_outbox)
-        result = _outcome(sid, batch.rows, done.stored, done.first_seq, known=known)
-        if result.conflicts and on_conflict == "raise":
-            raise ConflictError(
-                f"session {sid!r}: stored with other content under the "
-                f"same key: {', '.join(map(str, result.conflicts))}; nothing was written",
-                session_id=sid,
-                conflicts=result.conflicts,
-            )
-        self._acks.record(sid, append.rows, done)
-        return result
+    def pop_last(self, /, session_id: str) -> EditResult:
+        return self._editor.pop_last(session_id)
 
-    def _index_inserted(
-        self, conn: Connection, result: AppendResult, messages: Sequence[Message]
-    ) -> None:
-        """Keep the search index for what ``result`` inserted, as ``search_index`` says."""
-        if result.first_seq is None:
-            return
-        if not self._index_appends:
-            self._search.mark_stale_in(conn, "appends without indexing (search_index=False)")
-            return
-        if self._index_appends is True:
-            # Named for the catch-up in this transaction: the index work (several
-            # times this append's) runs later, batched, and a message committed is
-            # a message indexed or named (see store/search_index.py).
-            self._search.enqueue_in(conn, result.session_id, result.first_seq, len(result.inserted))
-            return
-        # "immediate": in a savepoint, so a broken index can never make the transcript
-        # write fail (its failure marks the index stale instead; see store/search_index.py).
-        content = {m.client_msg_uuid: searchable(m.content, m.extra) for m in messages}
-        self._search.index_in_transaction(
-            conn,
-            result.session_id,
-            result.first_seq,
-            [content[key] for key in result.inserted],
-        )
+    def clear_session(self, /, session_id: str) -> EditResult:
+        return self._editor.clear_session(session_id)
 
-    def _append(
-        self,
-        conn: Connection,
-        sid: str,
-        rows: list[dict[str, Any]],
-        new_session: dict[str, Any],
-    ) -> AppendResult:
-        dialect = self._db.dialect
-        next_seq = dialect.lock_session(conn, sid)
-        if next_seq is None:
-            conn.execute(self._insert_session.values(**new_session))
-            next_seq = dialect.lock_session(conn, sid)
-            if next_seq is None:  # pragma: no cover - inserted just above
-                raise RepoError(f"session {sid!r} vanished while it was being created")
-        return self._insert_new(conn, sid, next_seq, rows)
+    def compact(
+        self, /, session_id: str, through_seq: int, summary_message: Message | Mapping[str, Any]
+    ) -> EditResult:
+        return self._editor.compact(session_id, through_seq, summary_message)
 
-    def _insert_new(
-        self, conn: Connection, sid: str, next_seq: int, rows: list[dict[str, Any]]
-    ) -> AppendResult:
-        """The one insert path (``append`` and ``restore_session``): the rows whose key
-        the session lacks, numbered from ``next_seq`` in batch order, counters moved."""
-        # The session row is locked: nobody else can add to this session until we
-        # commit, so what is stored now is what the insert would collide with.
-        unique: dict[Any, dict[str, Any]] = {}
-        for row in rows:
-            unique.setdefault(row["client_msg_uuid"], row)
-        stored = self._db.dialect.insert_new_messages(
-            conn, sid, next_seq, list(unique.values()), utcnow()
-        )
-        return _outcome(sid, rows, stored, next_seq)
+    def fork_session(self, /, source_id: str, at_seq: int, new_id: str, **fields: Any) -> Session:
+        return self._editor.fork_session(source_id, at_seq, new_id, **fields)
 
     # -- search ---------------------------------------------------------------------
 
@@ -787,19 +585,10 @@ class SessionRepository(SessionStore, SessionEditing):
     def close(self) -> None:
         self._db.dispose()
 
-    # -- operators: export, restore, prune --------------------------------------------
-    # What `sessionrepo.ops` (export, import, prune) and the importers need, so that
-    # they never write SQL of their own.
+    # -- operators (the operator's; the contract, SessionOperations, says what each means) --
 
     def count_sessions(self, selection: SessionFilter | None = None) -> int:
-        """How many sessions ``selection`` names (default: every session).
-
-        Raises:
-            InvalidMessage: ``selection`` mixes ids and filters, or a bound is naive.
-        """
-        query = select(func.count()).select_from(sessions_table)
-        query = query.where(_selection(selection)._where())
-        return int(self._db.read(lambda conn: conn.execute(query).scalar_one()))
+        return self._operator.count_sessions(selection)
 
     def session_snapshots(
         self,
@@ -808,34 +597,10 @@ class SessionRepository(SessionStore, SessionEditing):
         after_id: str | None = None,
         limit: int = 500,
     ) -> list[SessionSnapshot]:
-        """A page of the sessions ``selection`` names, by id, with their ``next_seq``.
-
-        Ordered by id, not by activity: a session written to between two pages keeps
-        its place. Each page is one read, so each snapshot is consistent (read its
-        messages with ``load_transcript(..., before_seq=snapshot.next_seq)``).
-
-        Args:
-            after_id: the last id of the previous page (``None``: the first page).
-            limit: sessions per page, 1 to 1000.
-
-        Raises:
-            InvalidArgument: ``limit`` is out of range, or the selection is invalid.
-        """
-        check_limit(limit, maximum=1000)
-        query = select(sessions_table).where(_selection(selection)._where())
-        if after_id is not None:
-            query = query.where(S.id > _codec.check_session_id(after_id, "after_id"))
-        query = query.order_by(S.id).limit(limit)
-        rows = self._db.read(lambda conn: conn.execute(query).all())
-        return [_snapshot(row) for row in rows]
+        return self._operator.session_snapshots(selection, after_id=after_id, limit=limit)
 
     def count_messages(self, session_ids: Iterable[str]) -> int:
-        """How many messages the given sessions hold together (every stored one)."""
-        ids = check_session_ids(session_ids)
-        if not ids:
-            return 0
-        query = select(func.count()).select_from(messages_table).where(M.session_id.in_(ids))
-        return int(self._db.read(lambda conn: conn.execute(query).scalar_one()))
+        return self._operator.count_messages(session_ids)
 
     def delete_ended_sessions(
         self,
@@ -844,345 +609,23 @@ class SessionRepository(SessionStore, SessionEditing):
         cutoff: datetime,
         unchanged_from: Mapping[str, SessionSnapshot] | None = None,
     ) -> PruneResult:
-        """Delete those of ``session_ids`` that ended, and were last active, before
-        ``cutoff``, with their messages and search entries; never a live session.
-
-        Atomic: one transaction, which checks every session again under its row lock,
-        so a session reopened or written to since the caller listed it is kept. Their
-        ``pending_outbox`` rows stay (the only copy of those messages; a drain recreates
-        the session) and are counted.
-
-        Args:
-            cutoff: an aware datetime.
-            unchanged_from: snapshots by id (an export's): such a session is deleted
-                only while it is still exactly as its snapshot describes.
-
-        Raises:
-            InvalidArgument: ``cutoff`` is naive, or an id is invalid.
-        """
-        check_aware_time(cutoff, "cutoff")
-        ids = sorted(set(check_session_ids(session_ids)))
-        if unchanged_from is not None and not isinstance(unchanged_from, Mapping):
-            raise ArgumentTypeError(
-                "unchanged_from", f"must be a mapping, got {type(unchanged_from).__name__}"
-            )
-        expected = unchanged_from or {}
-        prunable = SessionFilter(ended_before=cutoff, active_before=cutoff)._where()
-
-        def work(conn: Connection) -> PruneResult:
-            if not ids:
-                return PruneResult(deleted=[], kept=[], messages=0, parked={})
-            current = self._db.dialect.select_locked(
-                conn, select(sessions_table).where(prunable).order_by(S.id), S.id, ids
-            )
-            chosen = [
-                snapshot
-                for snapshot in map(_snapshot, current)
-                if expected.get(snapshot.session.id, snapshot) == snapshot
-            ]
-            gone = [snapshot.session.id for snapshot in chosen]
-            kept = sorted(set(ids) - set(gone))
-            if not gone:
-                return PruneResult(deleted=[], kept=kept, messages=0, parked={})
-            # Explicit, not left to ON DELETE CASCADE alone: the count is reported, and
-            # it holds on a connection where SQLite's foreign keys were left off.
-            removed = conn.execute(
-                delete(messages_table).where(M.session_id.in_(gone)),
-                execution_options={"preserve_rowcount": True},
-            ).rowcount
-            conn.execute(delete(sessions_table).where(S.id.in_(gone)))
-            self._db.dialect.forget_search_documents(conn, gone)
-            parked = conn.execute(
-                select(O.session_id, func.count())
-                .where(O.session_id.in_(gone))
-                .group_by(O.session_id)
-            ).all()
-            return PruneResult(
-                deleted=[snapshot.session for snapshot in chosen],
-                kept=kept,
-                messages=int(removed),
-                parked={sid: int(count) for sid, count in parked},
-            )
-
-        return self._db.write(work)
+        return self._operator.delete_ended_sessions(
+            session_ids, cutoff=cutoff, unchanged_from=unchanged_from
+        )
 
     def restore_session(
         self, snapshot: SessionSnapshot, messages: Sequence[StoredMessage] = ()
     ) -> RestoreResult:
-        """Restore (part of) an exported session: each message at its exported ``seq``.
-
-        Meant for importing an export, the one caller that may set a session's times
-        from elsewhere. Atomic: one transaction, under the session's row lock. The
-        messages go through :meth:`append`'s own insert (its key-based idempotency, its
-        counters, its search indexing); only the times are then set as exported.
-
-        - A session the store lacks is created as ``snapshot`` describes it (outcome
-          ``created``): every field but the derived ones (``message_count``,
-          ``tool_call_count``, ``next_seq``), which count the messages restored.
-        - A session the store holds *as the snapshot describes* (every field equal but
-          the derived ones, and no message at or past ``snapshot.next_seq``: a second
-          import, or one resumed after an interruption) gets the messages it lacks
-          (outcome ``present``).
-        - Otherwise (a gateway wrote to it, it was ended or renamed since) nothing is
-          written (outcome ``diverged``): the caller decides, e.g. ``append`` after the
-          store's own messages.
-
-        A message whose key is stored is skipped (a duplicate, or a conflict when its
-        content differs), as ``append`` skips it.
-
-        Args:
-            snapshot: the session as exported, with its ``next_seq``.
-            messages: some of its messages, ``seq`` ascending, each below ``next_seq``.
-
-        Raises:
-            InvalidMessage: a message cannot be stored, or does not belong there.
-            RepoError: the store holds the session as described but another message
-                at one of these ``seq`` (the export and the database disagree); nothing
-                was written.
-        """
-        check_instance(snapshot, "snapshot", SessionSnapshot)
-        session = check_instance(snapshot.session, "snapshot.session", Session)
-        check_int(snapshot.next_seq, "snapshot.next_seq", minimum=1)
-        messages = check_many(messages, "messages", "stored messages")
-        sid = _codec.check_session_id(session.id)
-        last = 0
-        for index, message in enumerate(messages):
-            check_instance(message, f"messages[{index}]", StoredMessage)
-            if message.session_id != sid:
-                raise InvalidMessage(f"messages[{index}].session_id", f"must be {sid!r}")
-            if not last < message.seq < snapshot.next_seq:
-                raise InvalidMessage(
-                    f"messages[{index}].seq",
-                    f"must be ascending, after {last} and before next_seq {snapshot.next_seq}",
-                )
-            last = message.seq
-        validated, rows = _codec.prepare_messages(messages)
-        new_row = _codec.session_row(session) | {"message_count": 0, "tool_call_count": 0}
-        seqs = [message.seq for message in messages]
-
-        def work(conn: Connection) -> RestoreResult:
-            dialect = self._db.dialect
-            next_seq = dialect.lock_session(conn, sid)
-            created = False
-            if next_seq is None:
-                # Whoever creates it first, this call or a concurrent appender: the row
-                # is then locked, and checked unless it is ours.
-                insert = self._insert_session.values(**new_row).returning(S.id)
-                created = conn.execute(insert).first() is not None
-                next_seq = dialect.lock_session(conn, sid)
-                if next_seq is None:  # pragma: no cover - inserted just above
-                    raise RepoError(f"session {sid!r} vanished while it was being restored")
-            if not created and not _restorable(self._get(conn, sid), next_seq, snapshot):
-                return RestoreResult(session_id=sid, outcome="diverged")
-            inserted: list[UUID] = []
-            duplicates: list[UUID] = []
-            conflicts: list[UUID] = []
-            # Below the stored next_seq: what the session already holds, found by key.
-            held = [index for index, seq in enumerate(seqs) if seq < next_seq]
-            if held:
-                found = self._insert_new(conn, sid, next_seq, [rows[i] for i in held])
-                if found.inserted:
-                    key = found.inserted[0]
-                    seq = next(seqs[i] for i in held if validated[i].client_msg_uuid == key)
-                    raise self._disagree(conn, sid, seq, key)
-                duplicates += found.duplicates
-                conflicts += found.conflicts
-            # From there on, runs of consecutive seq, each appended where the export has
-            # it (a gap in the export stays a gap).
-            for run in _runs(seqs, len(held)):
-                start = seqs[run[0]]
-                if start != next_seq:
-                    conn.execute(update(sessions_table).where(S.id == sid).values(next_seq=start))
-                added = self._insert_new(conn, sid, start, [rows[i] for i in run])
-                if len(added.inserted) != len(run):  # a key stored at another seq
-                    stored = set(added.duplicates) | set(added.conflicts)
-                    index = next(i for i in run if validated[i].client_msg_uuid in stored)
-                    raise RepoError(
-                        f"session {sid!r}: message {validated[index].client_msg_uuid} is "
-                        f"stored here, not at its exported seq {seqs[index]}; the export "
-                        "and the database disagree"
-                    )
-                self._index_inserted(conn, added, [validated[i] for i in run])
-                inserted += added.inserted
-                next_seq = start + len(run)
-            # What an edit had superseded when it was exported is superseded again.
-            states: dict[Literal["retracted", "compacted"], tuple[list[int], int]] = {}
-            fresh = set(inserted)
-            for message in messages:
-                if message.superseded is not None and message.client_msg_uuid in fresh:
-                    marked, calls = states.get(message.superseded, ([], 0))
-                    marked.append(message.seq)
-                    states[message.superseded] = (marked, calls + len(message.tool_calls or ()))
-            for state, (marked, calls) in states.items():
-                self.mark_superseded(conn, sid, marked, calls, state)
-            if inserted:  # the appends stamped the session with the time of now
-                conn.execute(
-                    update(sessions_table)
-                    .where(S.id == sid)
-                    .values(last_active_at=new_row["last_active_at"])
-                )
-            return RestoreResult(
-                session_id=sid,
-                outcome="created" if created else "present",
-                inserted=inserted,
-                duplicates=duplicates,
-                conflicts=conflicts,
-            )
-
-        return self._db.write(work)
-
-    def _disagree(self, conn: Connection, sid: str, seq: int, key: UUID) -> RepoError:
-        holder = conn.execute(
-            select(M.client_msg_uuid).where(M.session_id == sid, M.seq == seq)
-        ).scalar()
-        held = "no message" if holder is None else f"message {holder}"
-        return RepoError(
-            f"session {sid!r}: seq {seq} holds {held} in this database, not {key}; the "
-            "export and the database disagree"
-        )
+        return self._operator.restore_session(snapshot, messages)
 
     def backdate_activity(
         self, session_id: str, when: datetime, *, stamped_since: datetime
     ) -> bool:
-        """Date a session by the history an importer just stored: its last activity
-        becomes ``when`` (the newest imported message, or its end), not the moment of
-        the import, so that listings keep the source's order.
-
-        The importer's own appends stamped the session with their time: a stamp from
-        ``stamped_since`` (when the import began) on is replaced, and so is one older
-        than ``when``; a stamp between the two is real activity newer than the imported
-        history, and stays. Atomic (one statement).
-
-        Returns:
-            Whether the stamp changed.
-
-        Raises:
-            NotFound: no such session.
-            InvalidArgument: a time is naive.
-        """
-        sid = _codec.check_session_id(session_id)
-        check_aware_time(when, "when")
-        check_aware_time(stamped_since, "stamped_since")
-        stamp = S.last_active_at
-
-        def work(conn: Connection) -> bool:
-            changed = conn.execute(
-                update(sessions_table)
-                .where(S.id == sid, (stamp >= stamped_since) | (stamp < when))
-                .values(last_active_at=when)
-            ).rowcount
-            if not changed:
-                self._get(conn, sid)  # NotFound, or a newer stamp that stays
-            return bool(changed)
-
-        return self._db.write(work)
-
-
-#: A writer's batch that waits behind its session's parked messages (nothing written).
-_QUEUED: Final = AppendResult(session_id="")
-
-
-def _has_parked(conn: Connection, session_id: str) -> bool:
-    """Whether the session has messages parked in this database's own outbox."""
-    query = (
-        select(outbox_table.c.position)
-        .where(outbox_table.c.session_id == session_id, outbox_table.c.state == "pending")
-        .limit(1)
-    )
-    return conn.execute(query).first() is not None
+        return self._operator.backdate_activity(session_id, when, stamped_since=stamped_since)
 
 
 def _activity(row: Any) -> tuple[datetime, str]:
     return (row.last_active_at, row.id)
-
-
-def _outcome(
-    sid: str,
-    rows: Sequence[dict[str, Any]],
-    stored: dict[Any, bytes],
-    first_seq: int | None,
-    *,
-    known: set[int] | frozenset[int] = frozenset(),
-) -> AppendResult:
-    """What an insert of ``rows`` did, from the keys that were ``stored`` before it (and
-    their content hashes): the first row of each other key was inserted, in order from
-    ``first_seq``; every repeat is a duplicate or, with other content, a conflict. Rows
-    in ``known`` (by ``id``: remembered as stored, so not sent) are duplicates."""
-    stored = dict(stored)
-    inserted: list[Any] = []
-    duplicates: list[Any] = []
-    conflicts: list[Any] = []
-    for row in rows:
-        key = row["client_msg_uuid"]
-        if known and id(row) in known:
-            duplicates.append(key)
-            continue
-        known_hash = stored.get(key)
-        if known_hash is None:
-            inserted.append(key)
-            stored[key] = row["content_hash"]
-            continue
-        (duplicates if known_hash == row["content_hash"] else conflicts).append(key)
-    # The keys are UUIDs from validated messages: no validation of each again.
-    return AppendResult.model_construct(
-        session_id=sid,
-        inserted=inserted,
-        duplicates=duplicates,
-        conflicts=conflicts,
-        first_seq=first_seq if inserted else None,
-    )
-
-
-class _SessionAcks:
-    __slots__ = ("rows", "tip")
-
-    def __init__(self) -> None:
-        #: Encoded rows the database stored, by ``id`` (held, so the ids stay theirs).
-        self.rows: dict[int, dict[str, Any]] = {}
-        #: ``(seq, key)`` of the newest row this process inserted.
-        self.tip: tuple[int, UUID] | None = None
-
-
-class _Acknowledged:
-    """Per session, the encoded rows this process saw stored (bounded: the sessions
-    used least recently are forgotten first)."""
-
-    #: Rows remembered in all.
-    LIMIT: Final = 200_000
-
-    def __init__(self) -> None:
-        self._sessions: dict[str, _SessionAcks] = {}
-        self._size = 0
-
-    def get(self, session_id: str) -> _SessionAcks | None:
-        return self._sessions.get(session_id)
-
-    def forget(self, session_id: str) -> None:
-        acks = self._sessions.pop(session_id, None)
-        if acks is not None:
-            self._size -= len(acks.rows)
-
-    def record(self, session_id: str, rows: Sequence[dict[str, Any]], done: DirectResult) -> None:
-        """Remember the rows of a direct append that are now stored as sent."""
-        acks = self._sessions.pop(session_id, None) or _SessionAcks()
-        self._sessions[session_id] = acks  # most recently used last
-        before = len(acks.rows)
-        for row in rows:
-            if done.stored.get(row["client_msg_uuid"], row["content_hash"]) == row["content_hash"]:
-                acks.rows[id(row)] = row
-        if done.first_seq is not None:
-            inserted = [row for row in rows if row["client_msg_uuid"] not in done.stored]
-            acks.tip = (done.first_seq + len(inserted) - 1, inserted[-1]["client_msg_uuid"])
-        self._size += len(acks.rows) - before
-        while self._size > self.LIMIT and self._sessions:
-            self.forget(next(iter(self._sessions)))
-
-
-def _selection(selection: object) -> SessionFilter:
-    """An operator call's ``selection``: ``None`` (every session) or a SessionFilter."""
-    if selection is None:
-        return SessionFilter()
-    return check_instance(selection, "selection", SessionFilter)
 
 
 def _encode_cursor(last_active_at: datetime, session_id: str) -> str:
@@ -1237,34 +680,6 @@ def _check_reason(reason: object) -> str:
         raise InvalidMessage("reason", str(exc).removeprefix("reason: ")) from None
 
 
-def _snapshot(row: Any) -> SessionSnapshot:
-    return SessionSnapshot(
-        Session.model_construct(**_codec.session_from_row(row)), int(row.next_seq)
-    )
-
-
-#: Session fields that count what the session holds: a restore derives them.
-_DERIVED = {"message_count", "tool_call_count"}
-
-
-def _restorable(current: Session, next_seq: int, snapshot: SessionSnapshot) -> bool:
-    """Whether the stored session is ``snapshot``'s, restored in part or whole."""
-    described = snapshot.session.model_dump(mode="json", by_alias=True, exclude=_DERIVED)
-    stored = current.model_dump(mode="json", by_alias=True, exclude=_DERIVED)
-    return next_seq <= snapshot.next_seq and stored == described
-
-
-def _runs(seqs: Sequence[int], start: int) -> list[list[int]]:
-    """Positions from ``start`` on, in runs of consecutive ``seqs``."""
-    runs: list[list[int]] = []
-    for index in range(start, len(seqs)):
-        if runs and seqs[index] == seqs[runs[-1][-1]] + 1:
-            runs[-1].append(index)
-        else:
-            runs.append([index])
-    return runs
-
-
 def _preview(stored: str | None) -> str | None:
     if stored is None:
         return None
@@ -1285,6 +700,7 @@ def open_repository(
     require_connection: bool = True,
     search_index: bool | Literal["immediate"] = True,
     read_only: bool = False,
+    append_memory: int = DEFAULT_MEMORY_BYTES,
     **options: Any,
 ) -> SessionRepository:
     """Open the store at ``url``.
@@ -1315,6 +731,13 @@ def open_repository(
             transaction ``READ ONLY``. Every call that writes raises
             :class:`RepoError`; ``search`` answers from the index as the last
             catch-up left it (it cannot index the backlog itself).
+        append_memory: bytes this repository may hold to make re-flushes nearly free
+            (default 32 MiB; ``0``: none): what each message sent was validated and
+            encoded into, and that the database acknowledged it, so that the same dict
+            (or ``Message``) sent again is neither validated nor sent again. The oldest
+            is forgotten first; nothing of a message is kept beyond the bound, and a
+            forgotten one costs only speed (it is validated and sent again, a no-op by
+            its key). See :mod:`sessionrepo.store.memory`.
         **options: engine options: ``pool_size``, ``max_overflow``, ``busy_timeout``
             (SQLite, seconds), ``sqlite_synchronous`` (default ``"FULL"``),
             ``connect_timeout`` (PostgreSQL, seconds), ``search_config`` (PostgreSQL
@@ -1329,14 +752,14 @@ def open_repository(
         InvalidArgument: an argument or option is invalid or unknown (nothing was
             opened; :class:`~sessionrepo.errors.ArgumentTypeError`: of the wrong type).
     """
-    check_open_arguments(auto_migrate, require_connection, search_index, read_only)
+    check_open_arguments(auto_migrate, require_connection, search_index, read_only, append_memory)
     database = Database(url, read_only=read_only, **options)
     schema.check_schema(
         database,
         auto_migrate=False if read_only else auto_migrate,
         require_connection=require_connection,
     )
-    return SessionRepository(database, search_index=search_index)
+    return SessionRepository(database, search_index=search_index, append_memory=append_memory)
 
 
 def check_open_arguments(
@@ -1344,6 +767,7 @@ def check_open_arguments(
     require_connection: object,
     search_index: object,
     read_only: object = False,
+    append_memory: object = DEFAULT_MEMORY_BYTES,
 ) -> None:
     """The arguments :func:`open_repository` and ``open_async_repository`` share, checked
     before anything is opened."""
@@ -1354,3 +778,4 @@ def check_open_arguments(
             raise InvalidArgument("auto_migrate", "a read-only repository is never migrated")
     check_bool(require_connection, "require_connection")
     check_choice(search_index, "search_index", _SEARCH_INDEX_MODES)
+    check_int(append_memory, "append_memory", minimum=0)

@@ -157,7 +157,9 @@ def check_schema(
         defer: check on first use in any case (no I/O now: the asyncio API opens
             databases where none may happen).
     """
-    migrate = database.backend == "sqlite" if auto_migrate is None else auto_migrate
+    migrate = auto_migrate
+    if migrate is None:
+        migrate = database.dialect.capabilities.migrates_on_open
 
     def check(database: Database) -> None:
         ensure_current(database, auto_migrate=migrate)

@@ -1,0 +1,327 @@
+"""PostgreSQL's append: one statement, the batch as binary arrays, the lookup of stored
+keys, the insert and the session's counters on the server; the direct path commits by
+itself (an implicit transaction: one round trip, one durable commit)."""
+
+from __future__ import annotations
+
+import contextlib
+import uuid
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any, Final
+
+import psycopg
+import psycopg.errors
+from sqlalchemy import Column, Connection
+from sqlalchemy.dialects.postgresql.base import PGDialect
+from sqlalchemy.dialects.postgresql.psycopg import dialect as psycopg_dialect
+from sqlalchemy.util import await_
+
+from sessionrepo.dialects.base import (
+    NEW_SESSION_COLUMNS,
+    AppendRole,
+    DirectAppend,
+    DirectLoad,
+    DirectResult,
+    lock_bypassed,
+)
+from sessionrepo.models.tables import MESSAGE_COLUMNS, messages_table, sessions_table
+
+
+def _array_type(column: Column[Any]) -> str:
+    """The element type of the array a column's values travel in: its PostgreSQL type,
+    any text as ``text`` (a cast to ``varchar(n)`` would cut a longer value silently)."""
+    dialect = PGDialect()  # type: ignore[no-untyped-call]  # SQLAlchemy leaves it untyped
+    name = column.type.compile(dialect=dialect).lower()
+    if name.startswith(("varchar", "text")):
+        return "text"
+    return {"timestamp with time zone": "timestamptz"}.get(name, name)
+
+
+#: The arrays of an append: the encoded rows' columns, then each row's tool calls.
+_INPUT_COLUMNS: Final = (*MESSAGE_COLUMNS, "tool_call_total")
+_INPUT_TYPES: Final = {
+    **{name: _array_type(messages_table.c[name]) for name in MESSAGE_COLUMNS},
+    "tool_call_total": "bigint",
+}
+_ARRAYS = ", ".join(f"%({name})b::{_INPUT_TYPES[name]}[]" for name in _INPUT_COLUMNS)
+_INPUT_NAMES = ", ".join(f'"{name}"' for name in _INPUT_COLUMNS)
+_STORED_NAMES = ", ".join(f'"{name}"' for name in MESSAGE_COLUMNS)
+
+# The fragments both append statements are built from, so that the lookup of stored keys
+# and the numbering and insert of the new rows are written once: ``input`` is the batch
+# in its order (``ord``), ``existing`` its keys the session stores (with their stored
+# hash), ``fresh`` the others numbered in batch order, and the insert takes ``fresh``.
+_PG_INPUT = f"""input AS (
+    SELECT * FROM unnest({_ARRAYS}) WITH ORDINALITY AS i({_INPUT_NAMES}, ord)
+)"""
+_PG_EXISTING = """existing AS (
+    -- One probe of (session_id, client_msg_uuid) per key, whatever the statistics say:
+    -- a join may be planned as a scan of the whole session (every append would then
+    -- read every message the session has). A correlated subquery is never pulled up.
+    SELECT client_msg_uuid, content_hash FROM (
+        SELECT i.client_msg_uuid, (
+            SELECT m.content_hash FROM messages m
+            WHERE m.session_id = %(sid)s AND m.client_msg_uuid = i.client_msg_uuid
+        ) AS content_hash
+        FROM input i
+        OFFSET 0  -- keeps the probe from being evaluated again for the WHERE below
+    ) probed
+    WHERE content_hash IS NOT NULL
+)"""
+
+
+def _pg_fresh(first_seq: str, held_back: str = "") -> str:
+    """The ``fresh`` CTE: the rows of ``input`` whose key ``existing`` lacks, numbered in
+    batch order from ``first_seq`` (an SQL expression); ``held_back`` adds conditions on
+    the whole batch (each ``AND …``): when one fails, no row is fresh."""
+    return f"""fresh AS (
+    SELECT i.*, {first_seq} + row_number() OVER (ORDER BY i.ord) - 1 AS seq
+    FROM input i
+    WHERE NOT EXISTS (SELECT 1 FROM existing e
+        WHERE e.client_msg_uuid = i.client_msg_uuid){held_back}
+)"""
+
+
+_PG_INSERT_FRESH = f"""INSERT INTO messages (session_id, seq, {_STORED_NAMES})
+    SELECT %(sid)s, seq, {_STORED_NAMES}
+    FROM fresh"""
+
+_PG_INSERT_NEW = f"""
+WITH {_PG_INPUT},
+{_PG_EXISTING},
+{_pg_fresh("%(next_seq)s::bigint")},
+inserted AS (
+    {_PG_INSERT_FRESH}
+    ORDER BY seq
+    ON CONFLICT (session_id, client_msg_uuid) DO NOTHING
+    RETURNING client_msg_uuid
+),
+counted AS (
+    UPDATE sessions SET
+        next_seq = next_seq + (SELECT count(*) FROM inserted),
+        message_count = message_count + (SELECT count(*) FROM inserted),
+        tool_call_count = tool_call_count + (
+            SELECT coalesce(sum(f.tool_call_total), 0)
+            FROM fresh f JOIN inserted USING (client_msg_uuid)
+        ),
+        last_active_at = %(now)s
+    WHERE id = %(sid)s AND EXISTS (SELECT 1 FROM inserted)
+)
+SELECT client_msg_uuid, NULL::bytea AS content_hash FROM inserted
+UNION ALL
+SELECT client_msg_uuid, content_hash FROM existing
+"""
+
+
+_CREATED_NAMES = ", ".join(f'"{name}"' for name in NEW_SESSION_COLUMNS)
+_CREATED_VALUES = ", ".join(
+    f"%(s_{name})s::{_array_type(sessions_table.c[name])}" for name in NEW_SESSION_COLUMNS
+)
+_PSYCOPG = psycopg_dialect()  # type: ignore[no-untyped-call]  # untyped in SQLAlchemy
+#: The sessions columns' own conversions (JSON as text, times in UTC), as SQLAlchemy
+#: would bind them.
+_SESSION_BINDS: Final = {
+    name: sessions_table.c[name].type.bind_processor(_PSYCOPG) for name in NEW_SESSION_COLUMNS
+}
+
+#: Nothing is fresh (nothing is written) while the session's messages are parked, when
+#: the row the caller remembers is gone, or when a key is stored with other content and
+#: the caller asked for conflicts to be refused.
+_PG_DIRECT_HELD_BACK = """
+        AND NOT EXISTS (SELECT 1 FROM parked)
+        AND NOT EXISTS (SELECT 1 FROM lost)
+        AND NOT (%(refuse_conflicts)s AND EXISTS (
+            SELECT 1 FROM existing e JOIN input j USING (client_msg_uuid)
+            WHERE e.content_hash <> j.content_hash
+        ))"""
+
+# The whole append as one statement that commits by itself (an implicit transaction):
+# one round trip, one durable commit. The session row is locked first (``locked``:
+# appenders to one session queue there; under READ COMMITTED the lock returns the row
+# as the appender before us committed it) and created when missing; the new rows are
+# numbered from its ``next_seq``; the counters, ``last_active_at`` and the search
+# backlog move with them. The statement's snapshot is older than the lock: rows an
+# appender before us committed while we waited are invisible to ``existing``. If one of
+# them has a key of this batch, the insert (no ON CONFLICT) fails on the unique key and
+# nothing is written; a session created meanwhile shows as the ``r`` row. Both send the
+# caller to the locked path, whose probe runs after its lock.
+_PG_APPEND_DIRECT = f"""
+WITH {_PG_INPUT},
+lost AS (
+    SELECT 1 WHERE %(verify_seq)s::bigint IS NOT NULL AND NOT EXISTS (
+        SELECT 1 FROM messages
+        WHERE session_id = %(sid)s AND seq = %(verify_seq)s
+            AND client_msg_uuid = %(verify_key)s::uuid
+    )
+),
+parked AS (
+    SELECT 1 FROM pending_outbox
+    WHERE %(behind_outbox)s AND session_id = %(sid)s AND state = 'pending'
+    LIMIT 1
+),
+locked AS (
+    SELECT next_seq FROM sessions WHERE id = %(sid)s FOR UPDATE
+),
+{_PG_EXISTING},
+{_pg_fresh("coalesce((SELECT next_seq FROM locked), 1)", _PG_DIRECT_HELD_BACK)},
+created AS (
+    INSERT INTO sessions ({_CREATED_NAMES},
+        message_count, tool_call_count, next_seq, last_active_at)
+    SELECT {_CREATED_VALUES},
+        (SELECT count(*) FROM fresh),
+        (SELECT coalesce(sum(tool_call_total), 0) FROM fresh),
+        1 + (SELECT count(*) FROM fresh),
+        %(now)s
+    WHERE NOT EXISTS (SELECT 1 FROM locked) AND NOT EXISTS (SELECT 1 FROM parked)
+        AND NOT EXISTS (SELECT 1 FROM lost)
+    ON CONFLICT (id) DO NOTHING
+    RETURNING 1
+),
+inserted AS (
+    {_PG_INSERT_FRESH}
+    WHERE EXISTS (SELECT 1 FROM locked) OR EXISTS (SELECT 1 FROM created)
+    ORDER BY seq
+    RETURNING seq
+),
+counted AS (
+    UPDATE sessions SET
+        next_seq = next_seq + n.inserted,
+        message_count = message_count + n.inserted,
+        tool_call_count = tool_call_count + n.tool_calls,
+        last_active_at = %(now)s
+    FROM (
+        SELECT (SELECT count(*) FROM inserted) AS inserted,
+            (SELECT coalesce(sum(tool_call_total), 0) FROM fresh) AS tool_calls
+    ) n
+    WHERE id = %(sid)s AND n.inserted > 0 AND EXISTS (SELECT 1 FROM locked)
+),
+queued AS (
+    INSERT INTO search_backlog (session_id, first_seq, count)
+    SELECT %(sid)s, min(seq), count(*) FROM inserted
+    WHERE %(enqueue)s
+    HAVING count(*) > 0
+)
+SELECT 'i', NULL::uuid, NULL::bytea, min(seq), count(*) FROM inserted HAVING count(*) > 0
+UNION ALL
+SELECT 'e', client_msg_uuid, content_hash, NULL, NULL FROM existing
+UNION ALL
+SELECT 'q', NULL, NULL, NULL, NULL FROM parked
+UNION ALL
+SELECT 'm', NULL, NULL, NULL, NULL FROM lost
+UNION ALL
+SELECT 'r', NULL, NULL, NULL, NULL
+WHERE NOT EXISTS (SELECT 1 FROM locked) AND NOT EXISTS (SELECT 1 FROM created)
+    AND NOT EXISTS (SELECT 1 FROM parked) AND NOT EXISTS (SELECT 1 FROM lost)
+"""
+
+_PG_LOCK_SESSION = "SELECT next_seq FROM sessions WHERE id = %(sid)s FOR UPDATE"
+
+
+class PostgresAppend(AppendRole):
+    """The append's statements, on SQLAlchemy's connection or psycopg's."""
+
+    def lock_session(self, connection: Connection, session_id: str) -> int | None:
+        row = connection.exec_driver_sql(_PG_LOCK_SESSION, {"sid": session_id}).first()
+        return None if row is None else int(row[0])
+
+    def insert_new_messages(
+        self,
+        connection: Connection,
+        session_id: str,
+        next_seq: int,
+        rows: Sequence[dict[str, Any]],
+        now: datetime,
+    ) -> dict[uuid.UUID, bytes]:
+        # One statement, one round trip: the batch travels as binary arrays (no text
+        # quoting of each element), and the lookup,
+        # the insert and the counters happen on the server. Its snapshot is taken after
+        # the caller locked the session row, so the lookup sees every committed row.
+        params: dict[str, Any] = {name: [row[name] for row in rows] for name in _INPUT_COLUMNS}
+        params |= {"sid": session_id, "next_seq": next_seq, "now": now}
+        found = connection.exec_driver_sql(_PG_INSERT_NEW, params).all()
+        stored = {key: digest for key, digest in found if digest is not None}
+        inserted = len(found) - len(stored)
+        if inserted != len(rows) - len(stored):
+            raise lock_bypassed(session_id, len(rows) - len(stored) - inserted)
+        return stored
+
+    driver_error = psycopg.Error
+
+    def append_direct(self, driver: Any, append: DirectAppend) -> DirectResult | None:
+        rows = append.rows
+        params: dict[str, Any] = {name: [row[name] for row in rows] for name in _INPUT_COLUMNS}
+        params |= {
+            f"s_{name}": value if (bind := _SESSION_BINDS[name]) is None else bind(value)
+            for name in NEW_SESSION_COLUMNS
+            for value in (append.new_session.get(name),)
+        }
+        params |= {
+            "sid": append.session_id,
+            "now": append.now,
+            "enqueue": append.enqueue,
+            "refuse_conflicts": append.refuse_conflicts,
+            "behind_outbox": append.behind_outbox,
+            "verify_seq": None if append.verify is None else append.verify[0],
+            "verify_key": None if append.verify is None else append.verify[1],
+        }
+        try:
+            found = _execute_alone(driver, _PG_APPEND_DIRECT, params)
+        except psycopg.errors.UniqueViolation:
+            return None  # a concurrent re-send committed first: the locked path decides
+        stored: dict[uuid.UUID, bytes] = {}
+        first_seq: int | None = None
+        inserted = 0
+        for kind, key, digest, seq, count in found:
+            if kind == "q":
+                return DirectResult(stored={}, first_seq=None, queued=True)
+            if kind == "m":
+                return DirectResult(stored={}, first_seq=None, lost=True)
+            if kind == "r":
+                return None  # the session was created meanwhile: the locked path decides
+            if kind == "e":
+                stored[key] = digest
+            else:
+                first_seq, inserted = int(seq), int(count)
+        refused = append.refuse_conflicts and any(
+            stored.get(row["client_msg_uuid"], row["content_hash"]) != row["content_hash"]
+            for row in rows
+        )
+        fresh = 0 if refused else len(rows) - len(stored)
+        if inserted != fresh:  # pragma: no cover - the statement inserts all or fails
+            raise lock_bypassed(append.session_id, fresh - inserted)
+        return DirectResult(stored=stored, first_seq=first_seq)
+
+    def message_at(self, driver: Any, session_id: str, seq: int, key: uuid.UUID) -> bool:
+        return bool(
+            _execute_alone(
+                driver,
+                "SELECT 1 FROM messages WHERE session_id = %(sid)s AND seq = %(seq)s "
+                "AND client_msg_uuid = %(key)s",
+                {"sid": session_id, "seq": seq, "key": key},
+            )
+        )
+
+    def load_direct(self, driver: Any, load: DirectLoad) -> list[Sequence[Any]] | None:
+        sql, params = load.statement(lambda name: f"%({name})s")
+        return _execute_alone(driver, sql, params)
+
+
+def _execute_alone(driver: Any, statement: str, params: dict[str, Any]) -> list[Any]:
+    """Run one statement in autocommit on a psycopg connection (sync, or async from the
+    greenlet of sessionrepo's async API): one round trip, a prepared statement (planned
+    once per connection), its own implicit transaction."""
+    if isinstance(driver, psycopg.AsyncConnection):
+        await_(driver.set_autocommit(True))
+        try:
+            cursor = await_(driver.execute(statement, params, prepare=True))
+            return list(await_(cursor.fetchall()))
+        finally:
+            with contextlib.suppress(psycopg.Error):  # a broken connection is discarded
+                await_(driver.set_autocommit(False))
+    driver.autocommit = True
+    try:
+        return list(driver.execute(statement, params, prepare=True).fetchall())
+    finally:
+        with contextlib.suppress(psycopg.Error):
+            driver.autocommit = False

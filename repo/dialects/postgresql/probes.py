@@ -1,0 +1,109 @@
+"""What ``sessionrepo doctor`` reads of a PostgreSQL server (its settings) and judges."""
+
+from __future__ import annotations
+
+from typing import Final
+
+from sqlalchemy import Connection, text
+
+from sessionrepo.dialects.base import ProbeRole
+from sessionrepo.models.doctor import Check
+
+#: Oldest PostgreSQL major version sessionrepo is tested on.
+MIN_POSTGRES: Final = 13
+
+
+class PostgresProbes(ProbeRole):
+    """The server's version and the settings durability depends on."""
+
+    def server_version(self, connection: Connection) -> str:
+        return str(connection.exec_driver_sql("SHOW server_version").scalar()).split()[0]
+
+    def settings(self, connection: Connection) -> dict[str, str]:
+        settings = {
+            name: str(connection.exec_driver_sql(f"SHOW {name}").scalar())
+            for name in (
+                "server_version_num",
+                "synchronous_commit",
+                "fsync",
+                "full_page_writes",
+                "TimeZone",
+                "default_transaction_read_only",
+            )
+        }
+        settings["in_recovery"] = str(
+            connection.execute(text("SELECT pg_is_in_recovery()")).scalar()
+        )
+        return settings
+
+    def judge_settings(self, settings: dict[str, str]) -> list[Check]:
+        """Judge PostgreSQL settings as a sessionrepo session sees them."""
+        checks = []
+        major = int(settings["server_version_num"]) // 10_000
+        checks.append(
+            Check(name="server_version", status="ok", detail=str(major))
+            if major >= MIN_POSTGRES
+            else Check(
+                name="server_version",
+                status="warn",
+                detail=f"{major}: older than {MIN_POSTGRES}, untested",
+                fix=f"upgrade PostgreSQL to {MIN_POSTGRES} or later",
+            )
+        )
+        commit = settings["synchronous_commit"]
+        checks.append(
+            Check(name="synchronous_commit", status="ok", detail=commit)
+            if commit != "off"
+            else Check(
+                name="synchronous_commit",
+                status="fail",
+                detail="off: a server crash loses commits already acknowledged to gateways",
+                fix="set synchronous_commit = on (ALTER SYSTEM, or reset it for the "
+                "database / role the gateways use)",
+            )
+        )
+        checks.append(
+            Check(name="fsync", status="ok", detail="on")
+            if settings["fsync"] == "on"
+            else Check(
+                name="fsync",
+                status="fail",
+                detail="off: a crash can lose or corrupt committed data",
+                fix="set fsync = on in postgresql.conf",
+            )
+        )
+        checks.append(
+            Check(name="full_page_writes", status="ok", detail="on")
+            if settings["full_page_writes"] == "on"
+            else Check(
+                name="full_page_writes",
+                status="warn",
+                detail="off: a crash during a page write can corrupt it",
+                fix="set full_page_writes = on unless the file system rules torn pages out",
+            )
+        )
+        zone = settings["TimeZone"]
+        checks.append(
+            Check(name="timezone", status="ok", detail=zone)
+            if zone.upper() in ("UTC", "ETC/UTC")
+            else Check(
+                name="timezone",
+                status="warn",
+                detail=f"{zone}: sessionrepo asks for UTC at connect (a pooler may drop that)",
+                fix="let connection options through the pooler, or set the role's timezone to UTC",
+            )
+        )
+        read_only = (
+            settings["in_recovery"] == "True" or settings["default_transaction_read_only"] == "on"
+        )
+        checks.append(
+            Check(name="writable", status="ok", detail="read-write")
+            if not read_only
+            else Check(
+                name="writable",
+                status="fail",
+                detail="read-only (a standby, or default_transaction_read_only = on)",
+                fix="point --url at the primary server",
+            )
+        )
+        return checks

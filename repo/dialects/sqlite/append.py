@@ -1,0 +1,283 @@
+"""SQLite's append: the locked path's statements on SQLAlchemy's connection, and the
+whole append in one ``BEGIN IMMEDIATE`` transaction on the sqlite3 connection itself.
+
+The append runs its own SQL through the driver: compiling and binding through SQLAlchemy
+cost more than SQLite itself (the values are stored exactly as SQLAlchemy's column types
+would store them: see :func:`_sqlite_time`).
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from datetime import UTC, datetime
+from functools import partial
+from operator import itemgetter
+from typing import Any, Final, Protocol
+
+from sqlalchemy import Connection, Uuid
+from sqlalchemy.dialects import sqlite
+from sqlalchemy.util import await_
+
+from sessionrepo.dialects.base import (
+    LOOKUP_CHUNK,
+    NEW_SESSION_COLUMNS,
+    AppendRole,
+    DirectAppend,
+    DirectLoad,
+    DirectResult,
+    lock_bypassed,
+)
+from sessionrepo.errors import RepoError
+from sessionrepo.models.tables import (
+    MESSAGE_COLUMNS,
+    MESSAGE_PLACE,
+    UTCDateTime,
+    messages_table,
+    sessions_table,
+)
+
+
+class SQLiteAppend(AppendRole):
+    """The append's statements, on SQLAlchemy's connection or the sqlite3 one."""
+
+    # The append path runs its own SQL through the driver: compiling and binding through
+    # SQLAlchemy cost more than SQLite itself (the values are stored exactly as
+    # SQLAlchemy's column types would store them: see _sqlite_time).
+
+    def lock_session(self, connection: Connection, session_id: str) -> int | None:
+        # BEGIN IMMEDIATE took the database's write lock: reading is enough.
+        row = connection.exec_driver_sql(_SQLITE_NEXT_SEQ, (session_id,)).first()
+        return None if row is None else int(row[0])
+
+    def insert_new_messages(
+        self,
+        connection: Connection,
+        session_id: str,
+        next_seq: int,
+        rows: Sequence[dict[str, Any]],
+        now: datetime,
+    ) -> dict[uuid.UUID, bytes]:
+        stored, fresh = _sqlite_stored(connection.exec_driver_sql, session_id, rows)
+        if not fresh:
+            return stored
+        _sqlite_insert(
+            partial(connection.exec_driver_sql, execution_options={"preserve_rowcount": True}),
+            session_id,
+            next_seq,
+            fresh,
+        )
+        tool_calls = sum(row["tool_call_total"] for row in fresh)
+        connection.exec_driver_sql(
+            _SQLITE_COUNTERS, (len(fresh), len(fresh), tool_calls, _sqlite_time(now), session_id)
+        )
+        return stored
+
+    driver_error = sqlite3.Error
+
+    def append_direct(self, driver: Any, append: DirectAppend) -> DirectResult | None:
+        # The statements on the sqlite3 connection itself: SQLAlchemy's compiling,
+        # binding and result handling cost more than SQLite's work. On aiosqlite, the
+        # whole append runs in its thread as one call (one hop, not one per statement).
+        if isinstance(driver, sqlite3.Connection):
+            return _sqlite_append(driver, append)
+        result: DirectResult = await_(driver._execute(_sqlite_append, driver._conn, append))
+        return result
+
+    def message_at(self, driver: Any, session_id: str, seq: int, key: uuid.UUID) -> bool:
+        params = (session_id, seq, _sqlite_key(key))
+        if isinstance(driver, sqlite3.Connection):
+            return driver.execute(_SQLITE_AT, params).fetchone() is not None
+        found: list[Any] = await_(driver._execute(_fetch_all, driver._conn, _SQLITE_AT, params))
+        return bool(found)
+
+    def load_direct(self, driver: Any, load: DirectLoad) -> list[Sequence[Any]] | None:
+        sql, params = load.statement(lambda name: f":{name}")
+        if isinstance(driver, sqlite3.Connection):
+            return driver.execute(sql, params).fetchall()
+        rows: list[Sequence[Any]] = await_(driver._execute(_fetch_all, driver._conn, sql, params))
+        return rows
+
+
+_SQLITE_NEXT_SEQ = "SELECT next_seq FROM sessions WHERE id = ?"
+_SQLITE_LOOKUP = (
+    "SELECT client_msg_uuid, content_hash FROM messages "
+    "WHERE session_id = ? AND client_msg_uuid IN "
+)
+#: A message's stored columns (its place first), quoted: ``timestamp`` is a keyword.
+_INSERT_COLUMNS = ", ".join(f'"{name}"' for name in (*MESSAGE_PLACE, *MESSAGE_COLUMNS))
+_SQLITE_INSERT = (
+    f"INSERT INTO messages ({_INSERT_COLUMNS}) "
+    f"VALUES ({', '.join('?' * (len(MESSAGE_PLACE) + len(MESSAGE_COLUMNS)))}) "
+    "ON CONFLICT (session_id, client_msg_uuid) DO NOTHING"
+)
+#: An encoded row's values in :data:`MESSAGE_COLUMNS` order.
+_pick_columns = itemgetter(*MESSAGE_COLUMNS)
+
+
+_SQLITE_COUNTERS = (
+    "UPDATE sessions SET next_seq = next_seq + ?, message_count = message_count + ?, "
+    "tool_call_count = tool_call_count + ?, last_active_at = ? WHERE id = ?"
+)
+
+
+class _Rows(Protocol):
+    """What a statement returns on either connection: a ``sqlite3.Cursor`` or a
+    SQLAlchemy ``CursorResult``."""
+
+    @property
+    def rowcount(self) -> int: ...
+
+    def __iter__(self) -> Iterator[Sequence[Any]]: ...
+
+
+#: Runs one statement (``sqlite3.Connection.execute``, ``Connection.exec_driver_sql``).
+_Execute = Callable[[str, Sequence[Any]], _Rows]
+#: Runs one statement for each parameter tuple (``sqlite3.Connection.executemany``, or
+#: ``exec_driver_sql`` with a list of tuples).
+_ExecuteMany = Callable[[str, list[tuple[Any, ...]]], _Rows]
+
+
+def _sqlite_stored(
+    execute: _Execute, session_id: str, rows: Sequence[dict[str, Any]]
+) -> tuple[dict[uuid.UUID, bytes], list[dict[str, Any]]]:
+    """The batch's keys the session stores (with their stored content hash), and the
+    rows whose key it does not store, in batch order. Both append paths look up through
+    this, on the sqlite3 connection or on SQLAlchemy's, under the write lock."""
+    # Keys are stored as SQLAlchemy's Uuid stores them without a native type.
+    by_hex = {row["client_msg_uuid"].hex: row["client_msg_uuid"] for row in rows}
+    hexes = list(by_hex)
+    stored: dict[uuid.UUID, bytes] = {}
+    for start in range(0, len(hexes), LOOKUP_CHUNK):
+        chunk = hexes[start : start + LOOKUP_CHUNK]
+        found = execute(f"{_SQLITE_LOOKUP}({', '.join('?' * len(chunk))})", (session_id, *chunk))
+        stored.update((by_hex[key], bytes(digest)) for key, digest in found)
+    return stored, [row for row in rows if row["client_msg_uuid"] not in stored]
+
+
+def _sqlite_insert(
+    executemany: _ExecuteMany, session_id: str, next_seq: int, fresh: Sequence[dict[str, Any]]
+) -> None:
+    """Insert ``fresh`` numbered from ``next_seq`` in one ``executemany``. Its rowcount must
+    be every row: a key the lookup did not see means a writer bypassed the lock."""
+    values = []
+    for index, row in enumerate(fresh):
+        value = list(_pick_columns(row))
+        for position, convert in _CONVERTED:
+            value[position] = convert(value[position])
+        values.append((session_id, next_seq + index, *value))
+    inserted = executemany(_SQLITE_INSERT, values).rowcount
+    if inserted != len(fresh):
+        raise lock_bypassed(session_id, len(fresh) - inserted)
+
+
+def _sqlite_time(value: datetime) -> str:
+    """An aware time as ``UTCDateTime`` stores it on SQLite: the UTC wall time as
+    SQLAlchemy's SQLite text ("2026-11-29 12:00:00.000000"), which sorts as time does."""
+    if value.tzinfo is not UTC:
+        if value.tzinfo is None or value.utcoffset() is None:
+            raise RepoError("naive datetime reached the database layer")
+        value = value.astimezone(UTC)
+    return value.isoformat(" ", "microseconds")[:26]
+
+
+def _sqlite_key(key: uuid.UUID) -> str:
+    """A key as SQLAlchemy's ``Uuid`` stores it without a native type: 32 hex digits."""
+    return key.hex
+
+
+def _converter(column_type: object) -> Callable[[Any], Any] | None:
+    if isinstance(column_type, Uuid):
+        return _sqlite_key
+    if isinstance(column_type, UTCDateTime):
+        return _sqlite_time
+    return None
+
+
+#: ``(position, convert)`` of the encoded row's values that the driver takes in another
+#: form than the codec gives (the key, times), found by the column's type.
+_CONVERTED: Final = tuple(
+    (position, convert)
+    for position, name in enumerate(MESSAGE_COLUMNS)
+    if (convert := _converter(messages_table.c[name].type)) is not None
+)
+
+
+#: A new session's columns (:data:`NEW_SESSION_COLUMNS`) converted as SQLAlchemy would
+#: for SQLite (JSON as text, times as SQLAlchemy writes them).
+_SESSION_BINDS: Final = tuple(
+    sessions_table.c[name].type.bind_processor(sqlite.dialect()) for name in NEW_SESSION_COLUMNS
+)
+_SQLITE_CREATE = (
+    "INSERT INTO sessions ("
+    + ", ".join(f'"{name}"' for name in NEW_SESSION_COLUMNS)
+    + ", message_count, tool_call_count, next_seq, last_active_at) VALUES ("
+    + ", ".join("?" * (len(NEW_SESSION_COLUMNS) + 4))
+    + ")"
+)
+_SQLITE_PARKED = "SELECT 1 FROM pending_outbox WHERE session_id = ? AND state = 'pending' LIMIT 1"
+_SQLITE_AT = "SELECT 1 FROM messages WHERE session_id = ? AND seq = ? AND client_msg_uuid = ?"
+_SQLITE_BACKLOG = "INSERT INTO search_backlog (session_id, first_seq, count) VALUES (?, ?, ?)"
+
+
+def _sqlite_append(db: sqlite3.Connection, append: DirectAppend) -> DirectResult:
+    """An append in one ``BEGIN IMMEDIATE`` transaction on the sqlite3 connection: the
+    write lock serialises appenders, so what the lookup finds is what the insert would
+    collide with."""
+    sid = append.session_id
+    db.execute("BEGIN IMMEDIATE")
+    try:
+        result = _sqlite_append_locked(db, append, sid)
+    except BaseException:
+        if db.in_transaction:
+            db.execute("ROLLBACK")
+        raise
+    if result.first_seq is None:
+        db.execute("ROLLBACK")  # nothing written: no commit to wait for
+    else:
+        db.execute("COMMIT")
+    return result
+
+
+def _sqlite_append_locked(db: sqlite3.Connection, append: DirectAppend, sid: str) -> DirectResult:
+    if append.verify is not None:
+        seq, key = append.verify
+        if db.execute(_SQLITE_AT, (sid, seq, _sqlite_key(key))).fetchone() is None:
+            return DirectResult(stored={}, first_seq=None, lost=True)
+    session = db.execute(_SQLITE_NEXT_SEQ, (sid,)).fetchone()
+    if append.behind_outbox and db.execute(_SQLITE_PARKED, (sid,)).fetchone() is not None:
+        return DirectResult(stored={}, first_seq=None, queued=True)
+    rows = append.rows
+    if session is None:
+        stored: dict[uuid.UUID, bytes] = {}
+        fresh = list(rows)  # a session that does not exist yet stores none of them
+    else:
+        stored, fresh = _sqlite_stored(db.execute, sid, rows)
+    refused = append.refuse_conflicts and any(
+        stored.get(row["client_msg_uuid"], row["content_hash"]) != row["content_hash"]
+        for row in rows
+    )
+    if not fresh or refused:
+        return DirectResult(stored=stored, first_seq=None)
+    now = _sqlite_time(append.now)
+    tool_calls = sum(row["tool_call_total"] for row in fresh)
+    if session is None:
+        next_seq = 1
+        values = [
+            value if bind is None else bind(value)
+            for name, bind in zip(NEW_SESSION_COLUMNS, _SESSION_BINDS, strict=True)
+            for value in (append.new_session.get(name),)
+        ]
+        db.execute(_SQLITE_CREATE, (*values, len(fresh), tool_calls, 1 + len(fresh), now))
+    else:
+        next_seq = int(session[0])
+        db.execute(_SQLITE_COUNTERS, (len(fresh), len(fresh), tool_calls, now, sid))
+    _sqlite_insert(db.executemany, sid, next_seq, fresh)
+    if append.enqueue:
+        db.execute(_SQLITE_BACKLOG, (sid, next_seq, len(fresh)))
+    return DirectResult(stored=stored, first_seq=next_seq)
+
+
+def _fetch_all(db: sqlite3.Connection, sql: str, params: Any) -> list[Any]:
+    return db.execute(sql, params).fetchall()

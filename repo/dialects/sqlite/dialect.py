@@ -1,0 +1,19 @@
+"""The SQLite dialect: its four roles joined, and what it can do."""
+
+from __future__ import annotations
+
+from sessionrepo.dialects.base import BackendDialect, Capabilities
+from sessionrepo.dialects.sqlite.append import SQLiteAppend
+from sessionrepo.dialects.sqlite.engine import SQLiteEngine
+from sessionrepo.dialects.sqlite.probes import SQLiteProbes
+from sessionrepo.dialects.sqlite.search import SQLiteSearch
+
+
+class SQLiteDialect(SQLiteEngine, SQLiteAppend, SQLiteSearch, SQLiteProbes, BackendDialect):
+    """SQLite in WAL mode through the standard library driver (``aiosqlite`` for asyncio)."""
+
+    name = "sqlite"
+    display_name = "SQLite"
+    capabilities = Capabilities(
+        migrates_on_open=True, connect_may_hang=False, retry_waits_out_bound=True
+    )

@@ -1,0 +1,220 @@
+"""SQLite's engine: WAL, a busy timeout, transactions begun by sessionrepo, the store file
+created private and another application's file refused; errors classified by their
+primary result code."""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Final
+
+from sqlalchemy import Connection, Engine, Insert, Table, event, func
+from sqlalchemy import exc as sa_exc
+from sqlalchemy.dialects import sqlite
+from sqlalchemy.engine import URL
+from sqlalchemy.pool import ConnectionPoolEntry
+from sqlalchemy.sql.elements import ColumnElement
+
+from sessionrepo.dialects.base import READ_ONLY, EngineRole, make_engine
+from sessionrepo.dialects.urls import database_file
+from sessionrepo.errors import BackendUnavailable, NotARepository, RepoError, WriteRejected
+
+#: Tables every sessionrepo store has, from its first revision on; a file with tables
+#: but not these is another application's.
+_OWN_TABLES: Final = frozenset({"alembic_version", "sessions", "messages"})
+
+
+def _read_only_url(url: URL, path: Path) -> URL:
+    """The URL that opens ``path`` read-only (``mode=ro``): SQLite then neither creates
+    the file nor writes to it, whatever a statement asks."""
+    if not path.exists():
+        raise NotARepository(f"no sessionrepo database at {path}", path=str(path))
+    query = {**url.query, "mode": "ro", "uri": "true"}
+    return url.set(database=path.absolute().as_uri(), query=query)
+
+
+def _create_private(url: URL, path: Path) -> URL:
+    """Create a missing store file (and its folder) readable by its owner only (it holds
+    private conversations); SQLite gives its ``-wal`` and ``-shm`` files the same mode."""
+    try:
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+    except FileExistsError:
+        pass  # there already (or a symlink, followed as SQLite follows it)
+    except OSError as exc:
+        raise BackendUnavailable(f"cannot create the SQLite file {path}: {exc.strerror}") from exc
+    return url
+
+
+def _refuse_foreign(dbapi_connection: Any, cursor: Any, path: Path) -> None:
+    """Raise :class:`NotARepository` (closing the connection) unless the file is empty or
+    a sessionrepo store: its tables are read, nothing is written."""
+    try:
+        # Statement, then fetch: aiosqlite's adapter returns no cursor from execute.
+        cursor.execute(
+            "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite!_%' "
+            "ESCAPE '!'"
+        )
+        tables = {name for (name,) in cursor.fetchall()}
+        cursor.execute("PRAGMA table_info(messages)")
+        ours = tables >= _OWN_TABLES and any(
+            column[1] == "client_msg_uuid" for column in cursor.fetchall()
+        )
+    except sqlite3.DatabaseError as exc:
+        if exc.sqlite_errorcode & 0xFF != sqlite3.SQLITE_NOTADB:
+            raise  # busy, I/O: the caller's error handling decides
+        reason = "not a SQLite database"
+    else:
+        if not tables or ours:
+            return
+        names = ", ".join(sorted(tables)[:5]) + (", ..." if len(tables) > 5 else "")
+        reason = f"its tables are another application's: {names}"
+    cursor.close()
+    dbapi_connection.close()
+    raise NotARepository(
+        f"{path} is not a sessionrepo database ({reason}); sessionrepo opens only its own "
+        "stores, or an empty file",
+        path=str(path),
+    )
+
+
+#: How SQLITE_ERROR messages that name a schema object (a table, an index), and nothing
+#: of a statement or a query, begin ("no such column" is not one: FTS5 says it of a
+#: query's word).
+_NAMING_OBJECTS: Final = ("no such table: ", "no such index: ", "table ", "index ")
+
+
+class SQLiteEngine(EngineRole):
+    """SQLite in WAL mode: writes begin IMMEDIATE (take the write lock up front, which
+    makes the busy timeout apply); reads begin DEFERRED and never block writers."""
+
+    # Primary result codes of errors that come from the file's state, not the data.
+    _TRANSIENT: Final = {
+        sqlite3.SQLITE_BUSY,
+        sqlite3.SQLITE_LOCKED,
+        sqlite3.SQLITE_IOERR,
+        sqlite3.SQLITE_FULL,
+        sqlite3.SQLITE_CANTOPEN,
+        sqlite3.SQLITE_PROTOCOL,
+        sqlite3.SQLITE_READONLY,
+        sqlite3.SQLITE_CORRUPT,
+        sqlite3.SQLITE_NOTADB,
+        sqlite3.SQLITE_NOLFS,
+        sqlite3.SQLITE_PERM,
+    }
+    _REJECTS: Final = {
+        sqlite3.SQLITE_TOOBIG,
+        sqlite3.SQLITE_MISMATCH,
+        sqlite3.SQLITE_RANGE,
+    }
+
+    def create_engine(
+        self, url: URL, options: dict[str, Any], *, asynchronous: bool = False
+    ) -> Engine:
+        options.pop("connect_timeout", None)  # PostgreSQL's; a file has nothing to connect
+        options.pop("search_config", None)
+        busy_timeout = float(options.pop("busy_timeout", 10.0))
+        server_timeout = options.pop("server_timeout", None)
+        if server_timeout is not None:
+            busy_timeout = min(busy_timeout, float(server_timeout))
+        synchronous = str(options.pop("sqlite_synchronous", "FULL")).upper()
+        if synchronous not in ("OFF", "NORMAL", "FULL", "EXTRA"):
+            raise ValueError(f"sqlite_synchronous: {synchronous!r} is not a SQLite level")
+        read_only = bool(options.pop("read_only", False))
+        path = database_file(url)
+        if path is not None and url.query.get("uri") in ("true", "1"):
+            # The caller's own SQLite URI (``file:…?…``): SQLite opens it as given.
+            if read_only:
+                url = url.update_query_dict({"mode": "ro"})
+        elif path is not None:
+            url = _read_only_url(url, path) if read_only else _create_private(url, path)
+        engine = make_engine(
+            url.set(drivername="sqlite+aiosqlite") if asynchronous else url,
+            asynchronous,
+            connect_args={"timeout": busy_timeout, "check_same_thread": False},
+            **options,
+        )
+
+        @event.listens_for(engine, "connect")
+        def _configure(dbapi_connection: Any, record: ConnectionPoolEntry) -> None:
+            # Take transaction control from the driver: we issue BEGIN ourselves.
+            dbapi_connection.isolation_level = None
+            cursor = dbapi_connection.cursor()
+            cursor.execute(f"PRAGMA busy_timeout={int(busy_timeout * 1000)}")
+            if path is not None:
+                # Before anything that could change the file (the journal mode first).
+                _refuse_foreign(dbapi_connection, cursor, path)
+            if read_only:
+                cursor.execute("PRAGMA query_only=ON")
+            else:
+                cursor.execute("PRAGMA journal_mode=WAL")
+            cursor.execute(f"PRAGMA synchronous={synchronous}")
+            cursor.execute("PRAGMA foreign_keys=ON")
+            cursor.close()
+
+        @event.listens_for(engine, "begin")
+        def _begin(connection: Connection) -> None:
+            read_only = connection.get_execution_options().get(READ_ONLY, False)
+            connection.exec_driver_sql("BEGIN" if read_only else "BEGIN IMMEDIATE")
+
+        return engine
+
+    def insert_ignoring(self, table: Table, conflict_columns: Sequence[str]) -> Insert:
+        return sqlite.insert(table).on_conflict_do_nothing(index_elements=list(conflict_columns))
+
+    @staticmethod
+    def _code(exc: sa_exc.DBAPIError) -> int | None:
+        code = getattr(exc.orig, "sqlite_errorcode", None)
+        return None if code is None else int(code) & 0xFF
+
+    def rare(self, condition: ColumnElement[bool]) -> ColumnElement[bool]:
+        result: ColumnElement[bool] = func.unlikely(condition)
+        return result
+
+    def sever(self, driver: Any) -> None:
+        driver.interrupt()  # the statement (or its busy wait) ends with SQLITE_INTERRUPT
+
+    def describe(self, exc: sa_exc.DBAPIError) -> str:
+        code = self._code(exc)
+        name = getattr(exc.orig, "sqlite_errorname", None)
+        if code is None:  # the sqlite3 module's own (binding, a closed connection)
+            return f"SQLite: {exc.orig}"
+        text = str(exc.orig)
+        if code == sqlite3.SQLITE_ERROR and not (
+            text.startswith(_NAMING_OBJECTS) and len(text) <= 200 and "\n" not in text
+        ):
+            # Its messages quote the statement ('near "...": syntax error') or, from
+            # FTS5, the query ('fts5: syntax error near "..."'): SQLite's own words
+            # for the code instead, unless the message only names a schema object.
+            return f"SQLite [{name}]: SQL logic error"
+        return f"SQLite [{name}]: {text}"
+
+    def translate(self, exc: sa_exc.DBAPIError) -> RepoError:
+        code = self._code(exc)
+        name = getattr(exc.orig, "sqlite_errorname", None)
+        detail = self.describe(exc)
+        if code in self._TRANSIENT or (code is None and exc.connection_invalidated):
+            return BackendUnavailable(detail, code=name)
+        if code in self._REJECTS:
+            return WriteRejected(detail, code=name)
+        return RepoError(detail)
+
+    def is_retryable(self, exc: sa_exc.DBAPIError) -> bool:
+        return self._code(exc) in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
+
+    def transaction_alive(self, connection: Connection) -> bool:
+        # SQLite rolls a transaction back by itself on some errors (I/O, full disk).
+        if connection.invalidated:
+            return False
+        return bool(connection.connection.driver_connection.in_transaction)  # type: ignore[union-attr]
+
+    def is_broken_object(self, exc: sa_exc.DBAPIError) -> bool:
+        # SQLITE_ERROR: a missing table or column, FTS5 refusing its own files (or a
+        # statement badly put together: the probe tells); SQLITE_CORRUPT: damage.
+        return self._code(exc) in (sqlite3.SQLITE_ERROR, sqlite3.SQLITE_CORRUPT)
+
+    def is_damaged(self, exc: sa_exc.DBAPIError) -> bool:
+        # A damaged page or FTS5 record (SQLITE_CORRUPT_VTAB too: the primary code).
+        return self._code(exc) == sqlite3.SQLITE_CORRUPT

@@ -1,0 +1,334 @@
+"""The append path, in one place: which way a batch goes, and what is remembered.
+
+:class:`Appender` is what :meth:`SessionRepository.append` (and ``append_prepared``, the
+writer's, the async API's) and a unit of work's ``append`` run. It owns:
+
+- the choice of path: **direct** (the dialect's own statement on the driver connection,
+  one round trip on PostgreSQL, the session created and the search backlog named with
+  it) when the dialect has one and appends name their messages in the search backlog;
+  else, or when the direct statement cannot decide alone (a race with a concurrent first
+  append or re-send), the **locked** path: a transaction that locks the session's row,
+  inserts what is new and keeps the search index, which a unit of work also runs;
+- the :class:`~sessionrepo.store.memory.SentMemory` (validated once, acknowledged rows),
+  one per repository.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Final, Literal
+from uuid import UUID
+
+from sqlalchemy import Connection, Insert, select
+
+from sessionrepo.dialects.base import DirectAppend, DirectResult
+from sessionrepo.errors import ConflictError, RepoError
+from sessionrepo.models import AppendResult, Message, Session
+from sessionrepo.models.message import utcnow
+from sessionrepo.models.tables import outbox_table, sessions_table
+from sessionrepo.search.text import searchable
+from sessionrepo.store import codec as _codec
+from sessionrepo.store.database import Database
+from sessionrepo.store.memory import SentMemory
+from sessionrepo.store.search_index import SearchIndex
+
+S = sessions_table.c
+
+#: The ways appends keep the search index (see :func:`open_repository`).
+IndexMode = bool | Literal["immediate"]
+OnConflict = Literal["report", "raise"]
+
+
+@dataclass(frozen=True)
+class PreparedBatch:
+    """A validated, encoded batch: what ``append`` writes and the outbox parks."""
+
+    session_id: str
+    messages: list[Message]
+    rows: list[dict[str, Any]]
+    session: Session
+
+
+#: A writer's batch that waits behind its session's parked messages (nothing written).
+_QUEUED: Final = AppendResult(session_id="")
+
+
+class Appender:
+    """Appends for one repository (see the module's docstring).
+
+    Args:
+        database: the repository's database (a writer's deadline passes a bounded one
+            per call).
+        search: the repository's search index.
+        index_appends: ``open_repository``'s ``search_index``.
+        memory: what re-flushes reuse; its bound is ``open_repository``'s
+            ``append_memory``.
+    """
+
+    def __init__(
+        self,
+        database: Database,
+        search: SearchIndex,
+        index_appends: IndexMode,
+        memory: SentMemory,
+    ) -> None:
+        self._db = database
+        self._search = search
+        self._index_appends = index_appends
+        self.memory = memory
+        #: Whether the direct path is tried first (the contract suite turns it off to
+        #: run every append on the locked path).
+        self.direct = index_appends is True
+        self.insert_session: Insert = database.dialect.insert_ignoring(sessions_table, ["id"])
+
+    def prepare(
+        self, messages: Iterable[Message | Mapping[str, Any]]
+    ) -> tuple[list[Message], list[dict[str, Any]]]:
+        """Validate and encode (see :func:`~sessionrepo.store.codec.prepare_messages`)."""
+        return _codec.prepare_messages(messages, self.memory)
+
+    # -- an append of its own -------------------------------------------------------------
+
+    def append(
+        self,
+        batch: PreparedBatch,
+        *,
+        database: Database,
+        on_conflict: OnConflict,
+        behind_outbox: bool,
+    ) -> AppendResult | None:
+        """``batch`` appended on ``database``; ``None`` and nothing written when
+        ``behind_outbox`` (a writer whose outbox is this database) and the session has
+        parked messages: the batch queues behind them."""
+        if not batch.rows:
+            return AppendResult(session_id=batch.session_id)
+        new_session = _codec.session_row(batch.session)
+        if self.direct:
+            done = self._append_direct(database, batch, new_session, on_conflict, behind_outbox)
+            if done is not None:
+                return None if done is _QUEUED else done
+
+        def locked(conn: Connection) -> AppendResult | None:
+            if behind_outbox and has_parked(conn, batch.session_id):
+                return None
+            next_seq, _ = self.lock(conn, batch.session_id, new_session)
+            assert next_seq is not None  # created when missing
+            return self.append_locked(
+                conn, batch.session_id, next_seq, batch, on_conflict=on_conflict
+            )
+
+        return database.write(locked)
+
+    def _append_direct(  # noqa: PLR0911 - each way out is one outcome of the statement
+        self,
+        database: Database,
+        batch: PreparedBatch,
+        new_session: dict[str, Any],
+        on_conflict: OnConflict,
+        behind_outbox: bool,
+    ) -> AppendResult | None:
+        """The append in the dialect's fewest round trips, the search backlog named with
+        it; ``None`` when the dialect cannot decide alone (a race it leaves to the
+        locked path) or has no such path; :data:`_QUEUED` when it waits behind parked
+        messages."""
+        sid = batch.session_id
+        memory = self.memory
+        # Rows the database acknowledged storing (the same objects: see .memory) are
+        # not sent again while the newest of them is still stored under its seq.
+        known = memory.acknowledged(sid, batch.rows)
+        unique: dict[Any, dict[str, Any]] = {}
+        for row in batch.rows:
+            if id(row) not in known:
+                first = unique.setdefault(row["client_msg_uuid"], row)
+                if first["content_hash"] != row["content_hash"] and on_conflict == "raise":
+                    return None  # a conflict within the batch: the locked path refuses it
+        tip = memory.tip(sid) if known else None
+        if tip is not None and not unique:
+            if database.read_direct(lambda driver: database.dialect.message_at(driver, sid, *tip)):
+                return outcome(sid, batch.rows, {}, None, known=known)
+            memory.forget_session(sid)
+            return self._append_direct(database, batch, new_session, on_conflict, behind_outbox)
+        append = DirectAppend(
+            session_id=sid,
+            rows=list(unique.values()),
+            new_session=new_session,
+            now=utcnow(),
+            enqueue=True,
+            refuse_conflicts=on_conflict == "raise",
+            behind_outbox=behind_outbox,
+            verify=tip,
+        )
+        # The dialect read on the connection: the first one finds which server it is.
+        done = database.write_direct(lambda driver: database.dialect.append_direct(driver, append))
+        if done is None:
+            return None
+        if done.queued:
+            return _QUEUED
+        if done.lost:  # the newest remembered row is gone: remember nothing, send all
+            memory.forget_session(sid)
+            return self._append_direct(database, batch, new_session, on_conflict, behind_outbox)
+        result = outcome(sid, batch.rows, done.stored, done.first_seq, known=known)
+        if result.conflicts and on_conflict == "raise":
+            raise conflict(sid, result.conflicts)
+        self._acknowledge(sid, append.rows, done)
+        return result
+
+    def _acknowledge(self, sid: str, rows: Sequence[dict[str, Any]], done: DirectResult) -> None:
+        stored = [
+            row
+            for row in rows
+            if done.stored.get(row["client_msg_uuid"], row["content_hash"]) == row["content_hash"]
+        ]
+        tip = None
+        if done.first_seq is not None:
+            inserted = [row for row in rows if row["client_msg_uuid"] not in done.stored]
+            tip = (done.first_seq + len(inserted) - 1, inserted[-1]["client_msg_uuid"])
+        self.memory.acknowledge(sid, stored, tip)
+
+    # -- the locked path (a unit of work runs it too) ---------------------------------------
+
+    def lock(
+        self, conn: Connection, sid: str, new_session: dict[str, Any] | None
+    ) -> tuple[int | None, bool]:
+        """Lock the session's row for the rest of the transaction, creating it from
+        ``new_session`` when it is missing (``None``: not); its ``next_seq`` (``None``:
+        no such session) and whether this call created it."""
+        dialect = self._db.dialect
+        next_seq = dialect.lock_session(conn, sid)
+        if next_seq is not None or new_session is None:
+            return next_seq, False
+        # Whoever creates it first, this call or a concurrent appender: the row is then
+        # locked by the one that did.
+        insert = self.insert_session.values(**new_session).returning(S.id)
+        created = conn.execute(insert).first() is not None
+        next_seq = dialect.lock_session(conn, sid)
+        if next_seq is None:  # pragma: no cover - inserted just above
+            raise RepoError(f"session {sid!r} vanished while it was being created")
+        return next_seq, created
+
+    def append_locked(
+        self,
+        conn: Connection,
+        sid: str,
+        next_seq: int,
+        batch: PreparedBatch | Iterable[Message | Mapping[str, Any]],
+        *,
+        on_conflict: OnConflict,
+    ) -> AppendResult:
+        """An append in a transaction holding ``sid``'s lock (its ``next_seq``): the
+        rows whose key the session lacks inserted, the search index kept. A conflict
+        with ``on_conflict="raise"`` raises having written nothing of the batch."""
+        if isinstance(batch, PreparedBatch):
+            messages, rows = batch.messages, batch.rows
+        else:
+            messages, rows = self.prepare(batch)
+        if not rows:
+            return AppendResult(session_id=sid)
+        if on_conflict == "raise":
+            # A savepoint: the refused batch leaves nothing; a unit of work goes on.
+            with conn.begin_nested():
+                result = self.insert_new(conn, sid, next_seq, rows)
+                if result.conflicts:
+                    raise conflict(sid, result.conflicts)
+        else:
+            result = self.insert_new(conn, sid, next_seq, rows)
+        self.index_inserted(conn, result, messages)
+        return result
+
+    def insert_new(
+        self, conn: Connection, sid: str, next_seq: int, rows: Sequence[dict[str, Any]]
+    ) -> AppendResult:
+        """The one insert of the locked path (appends, units of work, restores): the
+        rows whose key the session lacks, numbered from ``next_seq`` in batch order,
+        counters moved. The caller holds the session's lock."""
+        # Nobody else can add to this session until we commit, so what is stored now
+        # is what the insert would collide with.
+        unique: dict[Any, dict[str, Any]] = {}
+        for row in rows:
+            unique.setdefault(row["client_msg_uuid"], row)
+        stored = self._db.dialect.insert_new_messages(
+            conn, sid, next_seq, list(unique.values()), utcnow()
+        )
+        return outcome(sid, rows, stored, next_seq)
+
+    def index_inserted(
+        self, conn: Connection, result: AppendResult, messages: Sequence[Message]
+    ) -> None:
+        """Keep the search index for what ``result`` inserted, as ``search_index`` says."""
+        if result.first_seq is None:
+            return
+        if not self._index_appends:
+            self._search.mark_stale_in(conn, "appends without indexing (search_index=False)")
+            return
+        if self._index_appends is True:
+            # Named for the catch-up in this transaction: the index work (several
+            # times this append's) runs later, batched, and a message committed is
+            # a message indexed or named (see store/search_index.py).
+            self._search.enqueue_in(conn, result.session_id, result.first_seq, len(result.inserted))
+            return
+        # "immediate": in a savepoint, so a broken index can never make the transcript
+        # write fail (its failure marks the index stale instead; see store/search_index.py).
+        content = {m.client_msg_uuid: searchable(m.content, m.extra) for m in messages}
+        self._search.index_in_transaction(
+            conn,
+            result.session_id,
+            result.first_seq,
+            [content[key] for key in result.inserted],
+        )
+
+
+def has_parked(conn: Connection, session_id: str) -> bool:
+    """Whether the session has messages parked in this database's own outbox."""
+    query = (
+        select(outbox_table.c.position)
+        .where(outbox_table.c.session_id == session_id, outbox_table.c.state == "pending")
+        .limit(1)
+    )
+    return conn.execute(query).first() is not None
+
+
+def conflict(sid: str, conflicts: list[UUID]) -> ConflictError:
+    return ConflictError(
+        f"session {sid!r}: stored with other content under the same key: "
+        f"{', '.join(map(str, conflicts))}; nothing was written",
+        session_id=sid,
+        conflicts=conflicts,
+    )
+
+
+def outcome(
+    sid: str,
+    rows: Sequence[dict[str, Any]],
+    stored: dict[Any, bytes],
+    first_seq: int | None,
+    *,
+    known: set[int] | frozenset[int] = frozenset(),
+) -> AppendResult:
+    """What an insert of ``rows`` did, from the keys that were ``stored`` before it (and
+    their content hashes): the first row of each other key was inserted, in order from
+    ``first_seq``; every repeat is a duplicate or, with other content, a conflict. Rows
+    in ``known`` (by ``id``: acknowledged as stored, so not sent) are duplicates."""
+    stored = dict(stored)
+    inserted: list[Any] = []
+    duplicates: list[Any] = []
+    conflicts: list[Any] = []
+    for row in rows:
+        key = row["client_msg_uuid"]
+        if known and id(row) in known:
+            duplicates.append(key)
+            continue
+        known_hash = stored.get(key)
+        if known_hash is None:
+            inserted.append(key)
+            stored[key] = row["content_hash"]
+            continue
+        (duplicates if known_hash == row["content_hash"] else conflicts).append(key)
+    # The keys are UUIDs from validated messages: no validation of each again.
+    return AppendResult.model_construct(
+        session_id=sid,
+        inserted=inserted,
+        duplicates=duplicates,
+        conflicts=conflicts,
+        first_seq=first_seq if inserted else None,
+    )
