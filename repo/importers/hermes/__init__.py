@@ -56,7 +56,7 @@ state in ``extra["hermes"]["state"]``. They are stored in their own session, in 
 order with the other rows (each ``seq`` where Hermes had it), and retracted there
 (``superseded == "retracted"``; the store's ``compacted`` state is only set by its own
 ``compact``, which writes a summary, so an archived row is retracted too and says
-``archived`` in its state): :meth:`.importing._Importer._set_aside` is the one place that
+``archived`` in its state): :meth:`.importing._Importer._write` is the one place that
 decides it. So ``load_transcript(id)`` is the conversation Hermes' own reader presents,
 ``load_transcript(id, include_retracted=True)`` every row, and ``search`` finds none of
 these. A row an earlier import stored live that Hermes took out of the conversation since
@@ -80,7 +80,9 @@ or in a kind-4 dump. Keys never depend on a path or a row ``id``:
   stored keeps the key that message was stored under, whatever uid the row has: a version
   31 gateway mints a fresh uid for each replayed message without one, and a
   ``client_msg_uuid`` the dict carried has no column in ``state.db``. Such a row is
-  recognised, in a session stored before this run (read once per run), by the uid the
+  recognised, when appending inserted it into a session stored before this run (the batch
+  is then rolled back and appended again; what the session holds from the spool is read
+  once per run, and only then), by the uid the
   payload carried, else by its place (its content key, as above) or, for a message
   stored under its dict's own key, by its role and content, and in both cases by its
   time (the payload's ``ts``, or the message's own) (:class:`.mapping.Replayable`).
@@ -115,10 +117,13 @@ the nearest storable value and the original goes, as its ``repr()``, to
 ``extra["hermes"]["moved_aside"][field]`` (``metadata["hermes"]["moved_aside"]`` for
 sessions); the summary lists each one.
 
-**Writes** go straight to the primary with ``SessionRepository.append``, in batches of at
-most 500 messages per transaction. A database failure stops the import with an error that
-says how far it got; running it again continues. A message the store rejects for its size
-is reported and the rest of its batch is stored.
+**Writes** go straight to the primary, in batches of at most 500 messages, each batch one
+unit of work of its session (``SessionRepository.session_transaction``): its messages
+appended and its rows that are not conversation retracted in one transaction, so no such
+row is ever live, not even between two batches. A database failure stops the import with
+an error that says how far it got; running it again continues. A message the store
+rejects for its size is reported and the rest of its batch is stored. Only public names of
+``sessionrepo`` are used.
 
 **Running it again** on an unchanged source inserts nothing, and neither does a run after a
 Hermes restart replayed the spool into ``state.db``. A row Hermes changed in place since an

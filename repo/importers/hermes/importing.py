@@ -34,7 +34,7 @@ from sessionrepo.importers.hermes.summary import (
     HermesSourceError,
     Problem,
 )
-from sessionrepo.models import Message
+from sessionrepo.models import AppendResult, Message
 from sessionrepo.models.message import to_utc, utcnow
 from sessionrepo.store.repository import SessionRepository
 
@@ -45,20 +45,44 @@ BATCH_SIZE: Final = 500
 _BATCH_INDEX: Final = re.compile(r"^messages\[(\d+)\]")
 
 
+@dataclasses.dataclass(frozen=True)
+class _Replay:
+    """What tells whether a row with a uid is a replayed spool message, should appending
+    it insert it (see :meth:`.mapping.Replayable.key_of`)."""
+
+    row: Mapping[str, Any]
+    content: Any
+    by_content: uuid.UUID
+
+
+@dataclasses.dataclass
+class _Entry:
+    """One message waiting to be appended: where it came from, what kind of key it has,
+    whether it is kept out of the live transcript (``marked``), and, for a row that may
+    be a replayed spool message, how to tell."""
+
+    message: Message
+    where: str
+    kind: KeyKind
+    marked: bool = False
+    replay: _Replay | None = None
+
+
 @dataclasses.dataclass
 class _Pending:
-    """Messages waiting to be appended to one stored session, with where each came from
-    and what kind of key each has (``uid`` or ``content``)."""
+    """Messages waiting to be appended to one stored session."""
 
     session_id: str
-    messages: list[Message] = dataclasses.field(default_factory=list)
-    wheres: list[str] = dataclasses.field(default_factory=list)
-    kinds: list[KeyKind] = dataclasses.field(default_factory=list)
-    #: Keys of the rows that are not conversation, to retract once the writes are done
-    #: (a row the store rejected is taken out again).
-    marked: dict[uuid.UUID, str] = dataclasses.field(default_factory=dict)
-    #: Keys this run inserted.
-    inserted: set[uuid.UUID] = dataclasses.field(default_factory=set)
+    entries: list[_Entry] = dataclasses.field(default_factory=list)
+
+
+class _Rekeyed(Exception):
+    """Appending inserted rows that may be replayed spool messages under new uids: the
+    transaction is rolled back, they are sorted out, and the batch appended again."""
+
+    def __init__(self, suspects: list[_Entry]) -> None:
+        super().__init__(f"{len(suspects)} rows to sort out")
+        self.suspects = suspects
 
 
 class _Importer:
@@ -279,19 +303,17 @@ class _Importer:
             built = self._row_message(row, sid, last_time, keys)
             if built is None:
                 continue
-            message, kind, state, where = built
-            last_time = message.timestamp
+            entry, state = built
+            last_time = entry.message.timestamp
             if not created:
                 # Messages without a sessions row: the session starts with its first one.
-                self.repo.create_session(sid, **{**fields, "started_at": message.timestamp})
+                self.repo.create_session(sid, **{**fields, "started_at": last_time})
                 created = True
-            if state is None:
-                self._add(live, message, where, kind)
-                continue
-            self.set_aside[state] += 1
-            if row.get("active") in (0, "0"):
-                self.counts["inactive_rows"] += 1
-            self._set_aside(live, message, where, kind)
+            if state is not None:
+                self.set_aside[state] += 1
+                if row.get("active") in (0, "0"):
+                    self.counts["inactive_rows"] += 1
+            self._add(live, entry)
         for item in spooled:
             self.counts["spool_messages_read"] += 1
             built_spool = self._spool_message(item, sid, keys)
@@ -315,47 +337,18 @@ class _Importer:
                 )
             if item.kind in (1, 2):
                 self._inbound_keys.add(message.client_msg_uuid)
-            self._add(live, message, where, kind)
+            self._add(live, _Entry(message, where, kind))
         self._flush(live)
-        if live.marked:
-            if existed:
-                self._check_archived(sid, live.marked, live.inserted)
-            self.repo.retract(sid, list(live.marked))
         if not existed:
             self._settle_activity(sid, fields)
 
-    def _replayed(
-        self,
-        sid: str,
-        row: Mapping[str, Any],
-        content: Any,
-        key: uuid.UUID,
-        by_content: uuid.UUID,
-    ) -> uuid.UUID | None:
-        """The key of the spool message an earlier import stored that a row with a uid is,
-        now that a Hermes restart replayed it into ``state.db``, else ``None`` (see
-        :meth:`.mapping.Replayable.key_of`). Only a session stored before this run can
-        hold one; what it holds from the spool is read once per session."""
-        if sid not in self._existed:
-            return None
+    def _replayable_of(self, sid: str) -> mapping.Replayable:
+        """What an existing session holds from the spool, read once per run."""
         replayable = self._replayable.get(sid)
         if replayable is None:
             transcript = self.repo.load_transcript(sid, include_retracted=True)
             replayable = self._replayable[sid] = mapping.Replayable(transcript)
-        return replayable.key_of(row, content, key, by_content)
-
-    def _set_aside(self, pending: _Pending, message: Message, where: str, kind: KeyKind) -> None:
-        """Keep a non-conversation row out of the live transcript.
-
-        The one place that decides where such rows go: appended to their own session in
-        ``id`` order with the other rows (so its ``seq`` is where Hermes had it), and
-        retracted once the session's writes are done (``_import_messages``). Retracted,
-        not ``compacted``: the store marks ``compacted`` only by its own ``compact``, which
-        writes a summary; Hermes' state (``archived``, ``rewound``, ``session_meta``,
-        ``hidden``) is in ``extra["hermes"]["state"]``.
-        """
-        pending.marked[message.client_msg_uuid] = where
-        self._add(pending, message, where, kind)
+        return replayable
 
     def _settle_activity(self, sid: str, fields: Mapping[str, Any]) -> None:
         """Date a session this import created by its own history: its last activity is
@@ -372,9 +365,9 @@ class _Importer:
 
     def _row_message(
         self, row: dict[str, Any], sid: str, last_time: Any, keys: SessionKeys
-    ) -> tuple[Message, KeyKind, str | None, str] | None:
-        """A row's message, its key's kind, its state and where it is; ``None`` when it
-        is not stored (a second live row of one uid, or one the model refuses)."""
+    ) -> tuple[_Entry, str | None] | None:
+        """A row's entry and its state; ``None`` when it is not stored (a second live row
+        of one uid, or one the model refuses)."""
         where = f"state.db messages.id={row['id']}"
         record = Record(where, sid, "extra.hermes.moved_aside")
         decoded = mapping.row_content(row, record)
@@ -382,10 +375,6 @@ class _Importer:
         role = row.get("role")
         uid = row.get("message_uid")
         key, kind, by_content = keys.for_row(uid, role, decoded[0], live=state is None)
-        if kind == "uid":
-            replayed = self._replayed(sid, row, decoded[0], key, by_content)
-            if replayed is not None:
-                key, kind = replayed, "replayed"
         if kind == "duplicate":
             self.lists["notes"] += record.notes
             self.lists["duplicate_rows"].append(
@@ -401,7 +390,18 @@ class _Importer:
             return None
         values = mapping.row_message(row, record, key=key, decoded=decoded, last_time=last_time)
         message = self._message(values, record)
-        return None if message is None else (message, kind, state, where)
+        if message is None:
+            return None
+        # Only a session stored before this run can hold the spool message a row is.
+        replay = _Replay(row, decoded[0], by_content) if kind == "uid" else None
+        entry = _Entry(
+            message,
+            where,
+            kind,
+            marked=state is not None,
+            replay=replay if sid in self._existed else None,
+        )
+        return entry, state
 
     def _spool_message(
         self, item: SpoolMessage, sid: str, keys: SessionKeys
@@ -430,67 +430,139 @@ class _Importer:
 
     # -- writing --------------------------------------------------------------------------
 
-    def _add(
-        self, pending: _Pending, message: Message, where: str, kind: KeyKind
-    ) -> dict[uuid.UUID, str]:
-        pending.messages.append(message)
-        pending.wheres.append(where)
-        pending.kinds.append(kind)
-        if len(pending.messages) >= self.batch_size:
-            return self._flush(pending)
-        return {}
+    def _add(self, pending: _Pending, entry: _Entry) -> None:
+        pending.entries.append(entry)
+        if len(pending.entries) >= self.batch_size:
+            self._flush(pending)
 
-    def _flush(self, pending: _Pending) -> dict[uuid.UUID, str]:
-        """Append what is pending; the keys inserted, with where each came from."""
-        messages, wheres, kinds = pending.messages, pending.wheres, pending.kinds
-        pending.messages, pending.wheres, pending.kinds = [], [], []
-        total = len(messages)
-        inserted: dict[uuid.UUID, str] = {}
-        while messages:
+    def _flush(self, pending: _Pending) -> None:
+        """Append what is pending (:meth:`_write`); a message the store rejects is
+        reported and the rest of the batch appended."""
+        sid = pending.session_id
+        entries, pending.entries = pending.entries, []
+        total = len(entries)
+        while entries:
             try:
-                result = self.repo.append(pending.session_id, messages)
+                result, taken_out = self._write(sid, entries)
             except InvalidMessage as exc:
                 match = _BATCH_INDEX.match(exc.field)
                 if match is None:
                     raise
                 index = int(match.group(1))
-                pending.marked.pop(messages[index].client_msg_uuid, None)
                 self.counts["messages_rejected"] += 1
                 self.lists["rejected"].append(
                     Problem(
-                        where=wheres[index],
-                        session_id=pending.session_id,
+                        where=entries[index].where,
+                        session_id=sid,
                         field=exc.field.partition(".")[2] or None,
                         problem=f"{exc.reason}: not stored; it stays in the source",
                     )
                 )
-                del messages[index], wheres[index], kinds[index]
+                del entries[index]
                 continue
-            by_key = {
-                m.client_msg_uuid: (m, w, k)
-                for m, w, k in zip(messages, wheres, kinds, strict=True)
-            }
-            pending.inserted.update(result.inserted)
-            for key in result.inserted:
-                inserted[key] = by_key[key][1]
-                if key in self._inbound_keys:
-                    self.counts["inbound_inserted"] += 1
-            if result.inserted:
-                newest = max(message.timestamp for message in messages)
-                known = self._newest.get(pending.session_id)
-                self._newest[pending.session_id] = newest if known is None else max(known, newest)
-            self.counts["messages_inserted"] += len(result.inserted)
-            self.counts["messages_already_present"] += len(result.duplicates)
-            self._sort_out_conflicts(pending.session_id, result.conflicts, by_key)
+            self._written(sid, entries, result, taken_out)
             break
         self._processed(total)
-        return inserted
+
+    def _write(self, sid: str, entries: list[_Entry]) -> tuple[AppendResult, list[uuid.UUID]]:
+        """Append a batch in one unit of work of its session, and take its rows that are
+        not conversation out of the live transcript in the same transaction.
+
+        The one place that decides where such rows go: appended to their own session in
+        ``id`` order with the other rows (so its ``seq`` is where Hermes had it), then
+        retracted: never live, not even for a moment. Retracted, not ``compacted``: the
+        store marks ``compacted`` only by its own ``compact``, which writes a summary;
+        Hermes' state (``archived``, ``rewound``, ``session_meta``, ``hidden``) is in
+        ``extra["hermes"]["state"]``. A row stored live by an earlier import is taken
+        out now too (the keys taken out are returned).
+
+        A row with a uid that the append inserted may be a spool message an earlier import
+        stored, which a Hermes restart replayed under a new uid: then the transaction is
+        rolled back and the batch appended again, the row under the stored key. What the
+        session holds from the spool is read at most once per run, outside a transaction.
+        """
+        try:
+            return self._attempt(sid, entries)
+        except _Rekeyed as rolled_back:
+            self._resolve(sid, rolled_back.suspects)
+        return self._attempt(sid, entries)  # every row that could be a replay sorted out
+
+    def _attempt(self, sid: str, entries: list[_Entry]) -> tuple[AppendResult, list[uuid.UUID]]:
+        with self.repo.session_transaction(sid, create=False) as tx:
+            result = tx.append([entry.message for entry in entries])
+            inserted = set(result.inserted)
+            suspects = []
+            for entry in entries:
+                if entry.replay is None:
+                    continue
+                if entry.message.client_msg_uuid in inserted:
+                    suspects.append(entry)
+                else:
+                    entry.replay = None  # stored before under its own key: no replay
+            if suspects:
+                if sid in self._replayable and not self._resolve(sid, suspects):
+                    suspects = []  # none was a replay: what was appended stands
+                if suspects:
+                    raise _Rekeyed(suspects)  # rolls back; appended again
+            marked = [entry.message.client_msg_uuid for entry in entries if entry.marked]
+            return result, tx.supersede(marked) if marked else []
+
+    def _resolve(self, sid: str, suspects: list[_Entry]) -> bool:
+        """Give each suspect that is a replayed spool message its stored key; whether one
+        was. What the session holds from the spool is read on the first call."""
+        replayable = self._replayable_of(sid)
+        rekeyed = False
+        for entry in suspects:
+            replay, entry.replay = entry.replay, None
+            if replay is None:
+                continue  # sorted out already
+            stored = replayable.key_of(
+                replay.row, replay.content, entry.message.client_msg_uuid, replay.by_content
+            )
+            if stored is not None:
+                entry.message = entry.message.model_copy(update={"client_msg_uuid": stored})
+                entry.kind = "replayed"
+                rekeyed = True
+        return rekeyed
+
+    def _written(
+        self,
+        sid: str,
+        entries: list[_Entry],
+        result: AppendResult,
+        taken_out: list[uuid.UUID],
+    ) -> None:
+        """Count what a committed batch did, and sort out its conflicts."""
+        by_key = {entry.message.client_msg_uuid: entry for entry in entries}
+        for key in result.inserted:
+            if key in self._inbound_keys:
+                self.counts["inbound_inserted"] += 1
+        if result.inserted:
+            newest = max(entry.message.timestamp for entry in entries)
+            known = self._newest.get(sid)
+            self._newest[sid] = newest if known is None else max(known, newest)
+        self.counts["messages_inserted"] += len(result.inserted)
+        self.counts["messages_already_present"] += len(result.duplicates)
+        self._sort_out_conflicts(sid, result.conflicts, by_key)
+        inserted = set(result.inserted)
+        for key in taken_out:
+            if key not in inserted:
+                self.lists["archived_since_import"].append(
+                    Problem(
+                        where=by_key[key].where,
+                        session_id=sid,
+                        field="active",
+                        problem="stored as live by an earlier import, taken out of the "
+                        "conversation by Hermes since: retracted now (kept, with its state "
+                        "in extra.hermes.state)",
+                    )
+                )
 
     def _sort_out_conflicts(
         self,
         sid: str,
         conflicts: list[uuid.UUID],
-        by_key: Mapping[uuid.UUID, tuple[Message, str, KeyKind]],
+        by_key: Mapping[uuid.UUID, _Entry],
     ) -> None:
         """A key stored with other content is the same message read by another route
         (already present), or a message Hermes changed since (listed)."""
@@ -500,7 +572,7 @@ class _Importer:
             m.client_msg_uuid: m for m in self.repo.load_transcript(sid, include_retracted=True)
         }
         for key in conflicts:
-            message, where, kind = by_key[key]
+            message, where, kind = by_key[key].message, by_key[key].where, by_key[key].kind
             earlier = stored.get(key)
             if earlier is not None and mapping.same_message(message, earlier, kind):
                 self.counts["messages_already_present"] += 1
@@ -508,7 +580,7 @@ class _Importer:
                 continue
             if earlier is not None and mapping.same_but_state(message, earlier):
                 # Taken out of (or back into) the conversation by Hermes since: the
-                # stored row is the same message; _check_archived retracts it.
+                # stored row is the same message; _write has retracted it.
                 self.counts["messages_already_present"] += 1
                 continue
             self.counts["messages_changed"] += 1
@@ -520,25 +592,6 @@ class _Importer:
                     "source changed since; the stored message was kept",
                 )
             )
-
-    def _check_archived(
-        self, sid: str, marked: Mapping[uuid.UUID, str], inserted: set[uuid.UUID]
-    ) -> None:
-        """List the rows an earlier import stored live that Hermes has taken out of the
-        conversation since: the retraction that follows takes them out here too."""
-        live = {message.client_msg_uuid for message in self.repo.load_transcript(sid)}
-        for key, where in marked.items():
-            if key in live and key not in inserted:
-                self.lists["archived_since_import"].append(
-                    Problem(
-                        where=where,
-                        session_id=sid,
-                        field="active",
-                        problem="stored as live by an earlier import, taken out of the "
-                        "conversation by Hermes since: retracted now (kept, with its state "
-                        "in extra.hermes.state)",
-                    )
-                )
 
 
 def import_hermes(

@@ -29,8 +29,14 @@ from pydantic import ValidationError
 from sessionrepo.importers.hermes.keys import NAMESPACE, KeyKind, fingerprint, uid_key
 from sessionrepo.importers.hermes.source import SPOOL_DIR, SpoolMessage, epoch_seconds, one_line
 from sessionrepo.importers.hermes.summary import Problem
-from sessionrepo.models import Message, StoredMessage
-from sessionrepo.models._limits import MAX_ID_LENGTH, check_identifier, check_json, check_text
+from sessionrepo.models import (
+    MAX_ID_LENGTH,
+    Message,
+    StoredMessage,
+    check_identifier,
+    check_json,
+    check_text,
+)
 from sessionrepo.models.message import KEY_FIELD, Role, to_utc
 
 #: How Hermes marks a ``content`` value that is JSON (multimodal parts).
