@@ -9,8 +9,6 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent / "repo"
-#: Being split by the importers' owner in the same session (issue 23); drop once merged.
-PENDING = ("importers", "demo")
 
 
 def _code_in(source: str) -> list[str]:
@@ -34,9 +32,7 @@ def _code_in(source: str) -> list[str]:
     return found
 
 
-INITS = sorted(
-    path for path in REPO.rglob("__init__.py") if path.relative_to(REPO).parts[0] not in PENDING
-)
+INITS = sorted(REPO.rglob("__init__.py"))
 
 
 @pytest.mark.parametrize("path", INITS, ids=lambda path: str(path.relative_to(REPO.parent)))

@@ -16,7 +16,8 @@ from sqlalchemy.engine import make_url
 
 from sessionrepo import SchemaOutOfDate, open_repository
 from sessionrepo.cli import main
-from sessionrepo.demo import GatewayReport, OutageReport, _verify, outbox_paths, run_demo
+from sessionrepo.demo import GatewayReport, OutageReport, outbox_paths, run_demo
+from sessionrepo.demo.verify import verify
 from sessionrepo.store.schema import head_revision
 
 from support.cli_tree import COMMAND_PATHS, command_at
@@ -274,7 +275,7 @@ def test_the_demo_checks_catch_loss_reordering_no_outage_and_a_full_outbox(
         outboxes: dict[str, Path] = demo.outboxes,
     ) -> set[str]:
         return {
-            check.name for check in _verify(url, reports, outage, outboxes).checks if not check.ok
+            check.name for check in verify(url, reports, outage, outboxes).checks if not check.ok
         }
 
     def copies() -> list[GatewayReport]:

@@ -642,10 +642,11 @@ def test_spool_payloads_of_every_kind(
     assert summary.needs_attention
     assert (s.spool.path / s.files["broken"]).exists()
 
-    # The delegation result Hermes never delivered is mentioned.
-    assert [p.where for p in summary.pending_delegations] == [
-        "state.db async_delegations id='dlg-1'"
+    # The delegation result Hermes never delivered is mentioned, with its session.
+    assert [(p.where, p.session_id) for p in summary.pending_delegations] == [
+        ("state.db async_delegations delegation_id='dlg-1'", s.c)
     ]
+    assert "(state 'completed')" in summary.pending_delegations[0].problem
 
 
 def test_inbound_text_no_session_takes_needs_a_person(
@@ -898,16 +899,17 @@ def test_a_store_failure_stops_the_import_and_a_rerun_completes_it(
 ) -> None:
     s = modern
     calls = 0
-    append = SessionRepository.append
+    # Each batch is one unit of work of its session.
+    transaction = SessionRepository.session_transaction
 
     def failing(self: SessionRepository, *args: Any, **kwargs: Any) -> Any:
         nonlocal calls
         calls += 1
         if calls >= 3:  # down from the third batch on, until the test says otherwise
             raise BackendUnavailable("the database went away", code="57P01")
-        return append(self, *args, **kwargs)
+        return transaction(self, *args, **kwargs)
 
-    monkeypatch.setattr(SessionRepository, "append", failing)
+    monkeypatch.setattr(SessionRepository, "session_transaction", failing)
     with pytest.raises(HermesImportError, match="run it again") as caught:
         import_hermes(s.home, store)
     partial = caught.value.summary.messages_inserted
@@ -919,7 +921,7 @@ def test_a_store_failure_stops_the_import_and_a_rerun_completes_it(
     assert error.startswith("Error: the import stopped after")
     assert "run it again" in error
 
-    monkeypatch.setattr(SessionRepository, "append", append)
+    monkeypatch.setattr(SessionRepository, "session_transaction", transaction)
     done = run_import(database_url, s.home, expect=EXIT_ATTENTION)
     assert done.messages_already_present + done.messages_inserted == 34
     assert len(by_row_id(store)) == len(s.db.rows)

@@ -121,8 +121,24 @@ WHEN new.display_order IS NULL BEGIN
 END;
 CREATE TABLE gateway_routing (session_key TEXT PRIMARY KEY, session_id TEXT NOT NULL);
 CREATE TABLE async_delegations (
-    id TEXT PRIMARY KEY, session_id TEXT, status TEXT, result TEXT,
-    created_at REAL, completed_at REAL, delivered_at REAL
+    delegation_id TEXT PRIMARY KEY,
+    origin_session TEXT NOT NULL,
+    origin_ui_session_id TEXT NOT NULL DEFAULT '',
+    parent_session_id TEXT,
+    state TEXT NOT NULL,
+    dispatched_at REAL NOT NULL,
+    completed_at REAL,
+    updated_at REAL NOT NULL,
+    event_json TEXT,
+    result_json TEXT,
+    delivery_state TEXT NOT NULL DEFAULT 'pending',
+    delivery_attempts INTEGER NOT NULL DEFAULT 0,
+    delivered_at REAL,
+    owner_pid INTEGER,
+    owner_started_at INTEGER,
+    task_json TEXT,
+    delivery_claim TEXT,
+    delivery_claimed_at REAL
 );
 CREATE TABLE session_model_usage (session_id TEXT, model TEXT, input_tokens INTEGER);
 """
@@ -323,12 +339,13 @@ def conversation(row: dict[str, Any]) -> dict[str, Any]:
 
 def hermes_restart(home: Path) -> list[str]:
     """What Hermes does with its spool when it starts: kinds 1 and 2 become ``user`` rows
-    (``timestamp = ts``, from version 31 with a uid of their own) of
-    ``data.session_id``, else the session ``session_key`` routes to,
-    followed to the tip of its compression chain; kind 3 is appended to
-    ``data.session_id`` with the whole message dict; in ``(ts, seq, file)`` order; each
-    file is deleted once its row is in. Kind 4, ``.bad`` and unreadable files stay.
-    Returns the names of the files it replayed."""
+    (``timestamp = ts``) of ``data.session_id``, else the session ``session_key`` routes
+    to, followed to the tip of its compression chain; kind 3 is appended to
+    ``data.session_id`` with the whole message dict (the columns Hermes has: a
+    ``client_msg_uuid`` key is not one); in ``(ts, seq, file)`` order; each file is
+    deleted once its row is in. From version 31 every row has a uid: a replayed message
+    keeps its own, one without gets a fresh one. Kind 4, ``.bad`` and unreadable files
+    stay. Returns the names of the files it replayed."""
     spool = home / "pending_messages"
     conn = sqlite3.connect(home / "state.db", isolation_level=None)
     (version,) = conn.execute("SELECT max(version) FROM schema_version").fetchone()
@@ -347,13 +364,7 @@ def hermes_restart(home: Path) -> list[str]:
         elif "text" in data:
             target = data.get("session_id") or _route(conn, payload.get("session_key"))
             target = _tip(conn, target)
-            # Every version 31 row has a uid: the replay mints one for inbound text.
-            message = {
-                "role": "user",
-                "content": data["text"],
-                "timestamp": payload["ts"],
-                "message_uid": uid() if version >= 31 else None,
-            }
+            message = {"role": "user", "content": data["text"], "timestamp": payload["ts"]}
         else:
             continue
         order = (payload.get("ts"), payload.get("seq", -1), path.name)
@@ -371,7 +382,7 @@ def hermes_restart(home: Path) -> list[str]:
             "tool_name": message.get("name"),
             "reasoning": message.get("reasoning"),
             "finish_reason": message.get("finish_reason"),
-            "message_uid": message.get("message_uid"),
+            "message_uid": message.get("message_uid") or (uid() if version >= 31 else None),
         }
         values["display_identity"] = display_identity(values)
         columns = {row[1] for row in conn.execute("PRAGMA table_info(messages)")}
@@ -747,13 +758,21 @@ def build_modern_home(home: Path, *, junk: bool = True) -> ModernHome:
     ids["c_user"] = db.message(s.c, "user", "Thanks! And dinner?")
     ids["c_hidden"] = db.message(s.c, "assistant", "(tool budget note)", display_kind="hidden")
     db.execute("INSERT INTO gateway_routing VALUES (?, ?)", "agent:main:telegram:dm:42", s.a)
-    db.execute(
-        "INSERT INTO async_delegations VALUES ('dlg-1', ?, 'completed', 'found 3 places', "
-        "?, ?, NULL)",
-        s.c,
-        db.clock,
-        db.clock + 1,
-    )
+    # One delegated result delivered to its session, one never delivered.
+    for delegation, delivered in (("dlg-0", db.clock + 2), ("dlg-1", None)):
+        db.execute(
+            "INSERT INTO async_delegations (delegation_id, origin_session, state, "
+            "dispatched_at, completed_at, updated_at, result_json, delivery_state, "
+            "delivered_at) VALUES (?, ?, 'completed', ?, ?, ?, ?, ?, ?)",
+            delegation,
+            s.c,
+            db.clock,
+            db.clock + 1,
+            db.clock + 1,
+            json.dumps({"summary": "found 3 places"}),
+            "pending" if delivered is None else "delivered",
+            delivered,
+        )
 
     # -- a cron session, ended, with a plain exchange -------------------------------------
     db.session(s.cron, source="cron", model="gpt-4o-mini")

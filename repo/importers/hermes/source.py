@@ -43,6 +43,11 @@ _COPY_ATTEMPTS: Final = 8
 _UIDS_PER_QUERY: Final = 500
 #: How far a compression chain is followed.
 _MAX_CHAIN: Final = 10_000
+#: ``async_delegations`` columns, by what they hold: the name version 31 gives it first,
+#: then the one older versions had.
+_DELEGATION_ID: Final = ("delegation_id", "id")
+_DELEGATION_SESSION: Final = ("origin_session", "session_id")
+_DELEGATION_STATE: Final = ("state", "status")
 
 
 def epoch_seconds(value: Any) -> float | None:
@@ -138,6 +143,20 @@ class DumpEntry:
     message_uid: str | None
     #: ``verified``: its uid is in ``state.db``; ``flag``: only its ``_db_persisted`` says so.
     how: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Delegation:
+    """An ``async_delegations`` row whose result was never delivered to its session."""
+
+    #: The column that identifies it (``delegation_id``; ``id`` before version 31) and
+    #: its value.
+    id_column: str
+    id: Any
+    #: The Hermes session that delegated it (``origin_session``; ``session_id`` before).
+    session: Any
+    #: Its ``state`` (``status`` before): ``running``, ``completed``, ...
+    state: Any
 
 
 @dataclasses.dataclass
@@ -403,11 +422,12 @@ class HermesSource:
             return row["id"]
         return None
 
-    def pending_delegations(self) -> list[dict[str, Any]]:
-        """``async_delegations`` rows whose result was never delivered to their session."""
+    def pending_delegations(self) -> list[Delegation]:
+        """``async_delegations`` rows whose result was never delivered to their session,
+        in the order Hermes wrote them."""
         if self._conn is None or "async_delegations" not in self.tables:
             return []
-        columns = set(self._columns("async_delegations"))
+        columns = self._columns("async_delegations")
         if "delivered_at" in columns:
             where = "delivered_at IS NULL"
         elif "delivered" in columns:
@@ -416,8 +436,19 @@ class HermesSource:
             where = "status IN ('pending', 'running', 'completed', 'complete', 'done')"
         else:
             where = "1"
-        order = "rowid"
-        return list(self._query(f"SELECT * FROM async_delegations WHERE {where} ORDER BY {order}"))
+        id_column = _first(_DELEGATION_ID, columns) or "rowid"
+        session, state = _first(_DELEGATION_SESSION, columns), _first(_DELEGATION_STATE, columns)
+        return [
+            Delegation(
+                id_column=id_column,
+                id=row.get(id_column),
+                session=row.get(session) if session else None,
+                state=row.get(state) if state else None,
+            )
+            for row in self._query(
+                f'SELECT rowid AS "rowid", * FROM async_delegations WHERE {where} ORDER BY rowid'
+            )
+        ]
 
     # -- pending_messages/ ----------------------------------------------------------
 
@@ -652,6 +683,12 @@ class HermesSource:
 
     def _add_spool_message(self, item: SpoolMessage) -> None:
         self.spool.messages.setdefault(item.session, []).append(item)
+
+
+def _first(names: Iterable[str], columns: Iterable[str]) -> str | None:
+    """The first of ``names`` that is one of ``columns``."""
+    present = set(columns)
+    return next((name for name in names if name in present), None)
 
 
 def _identity(path: Path) -> tuple[int, int, int] | None:
