@@ -68,14 +68,14 @@ class _QueryCommand(click.Command):
 @click.option("--user", "user_id", metavar="ID", help="Only this user's sessions.")
 @click.option(
     "--since",
-    callback=lambda ctx, param, value: None if value is None else parse_when(value),
+    callback=lambda _ctx, _param, value: _moment(value),
     metavar="WHEN",
     help="Only messages made at or after WHEN: a time (RFC 3339, UTC unless it says), "
     "a date (from its start, UTC) or an age such as 7d.",
 )
 @click.option(
     "--until",
-    callback=lambda ctx, param, value: None if value is None else parse_when(value, until=True),
+    callback=lambda _ctx, _param, value: _moment(value, until=True),
     metavar="WHEN",
     help="Only messages made before WHEN: a time, a date (that whole day included) or an age.",
 )
@@ -145,6 +145,10 @@ def search_(
             )
     if not as_json:
         click.echo(f"{count(len(hits), 'hit')}", err=True)
+
+
+def _moment(value: str | None, *, until: bool = False) -> datetime | None:
+    return None if value is None else parse_when(value, until=until)
 
 
 def stdout_is_terminal() -> bool:
