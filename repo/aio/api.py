@@ -45,6 +45,7 @@ log = logging.getLogger("sessionrepo")
 CLOSE_TIMEOUT = 30.0
 
 F = TypeVar("F", bound=Callable[..., Any])
+T = TypeVar("T")
 
 
 def _documented_as(method: Callable[..., Any]) -> Callable[[F], F]:
@@ -193,6 +194,20 @@ class AsyncSessionRepository(AsyncFacade[SessionRepository]):
             session_id, create=create, timeout=timeout, **session_defaults
         )
         return AsyncSessionTransaction(sync, self._calls)
+
+    async def run_sync(self, fn: Callable[[SessionRepository], T], /) -> T:
+        """``fn(repository)`` on the sync repository this one wraps, with its database
+        waits awaited on this repository's task pool (as SQLAlchemy's
+        ``AsyncConnection.run_sync``): for several sync calls that belong together and
+        that the async API has no one method for (a framework adapter's unit of work,
+        say). :meth:`close` waits for it like any other call.
+
+        Raises:
+            ArgumentTypeError: ``fn`` is not callable (nothing runs).
+        """
+        if not callable(fn):
+            raise ArgumentTypeError("fn", f"must be callable, got {type(fn).__name__}")
+        return await self._calls.call(fn, self._sync)
 
     def prepare(
         self,

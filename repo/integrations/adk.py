@@ -100,6 +100,7 @@ from sessionrepo.errors import (
     NotFound,
     RepoError,
 )
+from sessionrepo.integrations.adk_compat import set_update_marker, update_marker
 from sessionrepo.models import Message, StoredMessage
 from sessionrepo.models.adk import adk_app_states_table, adk_sessions_table, adk_user_states_table
 from sessionrepo.models.tables import dump_json, messages_table, sessions_table
@@ -337,7 +338,7 @@ class SessionRepoSessionService(BaseSessionService):
         # One transaction of our own for what the public API cannot do in one: the
         # stale check, the event, the state and a rewind together, as ADK's
         # DatabaseSessionService does them.
-        return await repo._calls.call(work, repo._sync)
+        return await repo.run_sync(work)
 
     async def close(self) -> None:
         """Stop the outbox's drainer and close the repository this service opened (one
@@ -418,7 +419,7 @@ class SessionRepoSessionService(BaseSessionService):
             state=merged,
             last_update_time=now,
         )
-        session._storage_update_marker = str(next_seq)
+        set_update_marker(session, str(next_seq))
         return session
 
     @override
@@ -448,7 +449,7 @@ class SessionRepoSessionService(BaseSessionService):
             events=events,
             last_update_time=loaded.update_time,
         )
-        session._storage_update_marker = str(loaded.next_seq)
+        set_update_marker(session, str(loaded.next_seq))
         return session
 
     async def _resolved_id(self, app_name: str, user_id: str, session_id: str) -> str:
@@ -717,7 +718,7 @@ class SessionRepoSessionService(BaseSessionService):
             )
         duplicate = isinstance(outcome, _Duplicate)
         seq = outcome.next_seq if isinstance(outcome, _Duplicate) else outcome
-        session._storage_update_marker = None if seq is None else str(seq)
+        set_update_marker(session, None if seq is None else str(seq))
         session.last_update_time = event.timestamp
         if duplicate and any(known.id == event.id for known in reversed(session.events)):
             return event  # a retry of what this object holds already
@@ -731,7 +732,7 @@ class SessionRepoSessionService(BaseSessionService):
         writer, then the state deltas of what is stored (a transaction of its own, which
         the next read repeats if it fails now: nothing is applied twice)."""
         sid, session = pending.sid, pending.session
-        marker = session._storage_update_marker
+        marker = update_marker(session)
         known = marker is not None and marker.isdigit()
         expected = int(marker) + 1 if marker is not None and known else None
         try:
@@ -836,7 +837,7 @@ def _append_in(
     ).first()
     if row is None:
         return "missing"
-    marker = session._storage_update_marker
+    marker = update_marker(session)
     if marker is not None and marker != str(next_seq):
         # Appended to since this object was loaded: by this very event (a retry whose
         # first attempt committed: a no-op), or by someone else (stale).

@@ -87,7 +87,7 @@ from sessionrepo import (
     open_async_repository,
     open_repository,
 )
-from sessionrepo.models._limits import check_identifier
+from sessionrepo.models import check_identifier
 from sessionrepo.models.message import KEY_FIELD, ROLES, WIRE_FIELDS
 from sessionrepo.store.arguments import check_session_id
 

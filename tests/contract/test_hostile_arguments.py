@@ -235,6 +235,7 @@ VALID: Final[dict[str, st.SearchStrategy[Any]]] = {
     "behind_outbox": st.booleans(),
     "create": st.booleans(),
     "progress": st.sampled_from([None, lambda done, total: None]),
+    "fn": st.sampled_from([lambda repository: repository.backend]),
     "selection": st.one_of(
         st.none(),
         st.builds(SessionFilter, session_ids=st.just(("scratch-a",))),
