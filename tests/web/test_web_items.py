@@ -10,13 +10,14 @@ from typing import Any
 
 import pytest
 from _console_data import AGENTS
-from _responses_items import RESPONSES_ITEMS
 from conftest import Server, Watched
 
 from sessionrepo import Message
 from sessionrepo.models import StoredMessage
 from sessionrepo.models.transcript import OUTPUT_TYPES
 from sessionrepo.web.views import ROLE_CLASSES, message_view, pair_tool_outputs
+
+from support.responses_items import RESPONSES_ITEMS
 
 pytestmark = pytest.mark.slow
 

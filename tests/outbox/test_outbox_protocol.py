@@ -38,7 +38,7 @@ from sessionrepo.outbox.writer import open_outbox_database
 
 pytestmark = pytest.mark.contract
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(params=["on-primary", "sqlite-file"])

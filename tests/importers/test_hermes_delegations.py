@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from _hermes_fixtures import HermesDB
+from support.hermes_fixtures import HermesDB
 from click.testing import CliRunner
 
 from sessionrepo.cli.hermes import import_hermes as command

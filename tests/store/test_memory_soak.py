@@ -27,7 +27,7 @@ from sessionrepo import (
 )
 from sessionrepo.store import codec
 from sessionrepo.store.memory import DEFAULT_MEMORY_BYTES
-from tests.conftest import EventLoopThread
+from conftest import EventLoopThread
 
 MiB = 1024 * 1024
 #: The bound under test, and the content written through it (several times over).
@@ -132,7 +132,7 @@ def test_a_bound_of_zero_remembers_nothing(database_url: str) -> None:
 def test_the_bound_is_checked_and_documented() -> None:
     # The goal: at most 64 MiB by default, and the README says what it is.
     assert 64 * MiB >= DEFAULT_MEMORY_BYTES
-    readme = (Path(__file__).parent.parent / "README.md").read_text(encoding="utf-8")
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
     assert f"`append_memory` (bytes, default {DEFAULT_MEMORY_BYTES // MiB} MiB" in readme
     for wrong in (-1, 1.5, True, "1"):
         with pytest.raises(InvalidArgument):

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from sessionrepo import Message, SessionRepository, open_repository
-from tests.conftest import take_path
+from conftest import take_path
 
 
 @pytest.fixture

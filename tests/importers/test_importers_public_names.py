@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parent.parent / "repo"
+REPO = Path(__file__).resolve().parents[2] / "repo"
 #: The packages checked, each free to use its own private names.
 PACKAGES = ("importers", "demo")
 

@@ -17,7 +17,7 @@ from packaging.requirements import Requirement
 
 from sessionrepo.dialects.aiosqlite_compat import REQUIRED, missing, on_connection_thread
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_the_installed_aiosqlite_has_what_the_shim_uses() -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from _outbox_workers import FlakyRepository, keys_of, make_message
+from support.outbox_workers import FlakyRepository, keys_of, make_message
 
 from sessionrepo import BackendUnavailable, EditResult, TranscriptWriter, open_repository
 

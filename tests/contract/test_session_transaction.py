@@ -30,7 +30,7 @@ from sessionrepo import (
     open_repository,
 )
 from sessionrepo.models.tables import messages_table, sessions_table
-from tests.conftest import EventLoopThread
+from conftest import EventLoopThread
 
 M = messages_table.c
 S = sessions_table.c

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from _hermes_fixtures import HermesDB, Spool, conversation, hermes_restart, hermes_view, uid
+from support.hermes_fixtures import HermesDB, Spool, conversation, hermes_restart, hermes_view, uid
 from click.testing import CliRunner
 
 from sessionrepo import SessionRepository, StoredMessage, open_repository
