@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from conftest import EventLoopThread
 from sqlalchemy import func, select, update
 
 from sessionrepo import (
@@ -30,7 +31,6 @@ from sessionrepo import (
     open_repository,
 )
 from sessionrepo.models.tables import messages_table, sessions_table
-from conftest import EventLoopThread
 
 M = messages_table.c
 S = sessions_table.c

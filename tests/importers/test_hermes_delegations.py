@@ -8,12 +8,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from support.hermes_fixtures import HermesDB
 from click.testing import CliRunner
 
 from sessionrepo.cli.hermes import import_hermes as command
 from sessionrepo.importers.hermes import HermesImportReport, import_hermes, open_hermes
 from sessionrepo.store.repository import open_repository
+
+from support.hermes_fixtures import HermesDB
 
 #: The columns before version 31.
 OLD_TABLE = (

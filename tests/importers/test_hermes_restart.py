@@ -17,12 +17,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support.hermes_fixtures import HermesDB, Spool, conversation, hermes_restart, hermes_view, uid
 from click.testing import CliRunner
 
 from sessionrepo import SessionRepository, StoredMessage, open_repository
 from sessionrepo.cli.hermes import import_hermes as command
 from sessionrepo.importers.hermes import HermesImportReport
+
+from support.hermes_fixtures import HermesDB, Spool, conversation, hermes_restart, hermes_view, uid
 
 
 @dataclass

@@ -9,9 +9,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from support.outbox_workers import FlakyRepository, keys_of, make_message
-
 from sessionrepo import BackendUnavailable, EditResult, TranscriptWriter, open_repository
+
+from support.outbox_workers import FlakyRepository, keys_of, make_message
 
 
 class EditsFlaky(FlakyRepository):

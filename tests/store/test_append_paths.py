@@ -12,9 +12,9 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from conftest import take_path
 
 from sessionrepo import Message, SessionRepository, open_repository
-from conftest import take_path
 
 
 @pytest.fixture

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import EventLoopThread
 
 from sessionrepo import (
     InvalidArgument,
@@ -27,7 +28,6 @@ from sessionrepo import (
 )
 from sessionrepo.store import codec
 from sessionrepo.store.memory import DEFAULT_MEMORY_BYTES
-from conftest import EventLoopThread
 
 MiB = 1024 * 1024
 #: The bound under test, and the content written through it (several times over).
