@@ -54,4 +54,3 @@ def test_a_resend_after_its_rows_vanished_is_one_append(
     assert _count(registry, "sessionrepo_appends_total", backend=backend) == 2
     assert _count(registry, "sessionrepo_append_seconds_count", backend=backend) == 2
     assert _count(registry, "sessionrepo_messages_total", backend=backend, outcome="inserted") == 4
-
