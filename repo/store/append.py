@@ -19,7 +19,6 @@ writer's, the async API's) and a unit of work's ``append`` run. It owns:
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any, Literal
 from uuid import UUID
 
@@ -28,11 +27,12 @@ from sqlalchemy import Connection, Insert
 import sessionrepo.observability as _observe
 from sessionrepo.dialects.base import DirectAppend, DirectResult, conflict_error
 from sessionrepo.errors import QueuedBehindOutbox, RepoError
-from sessionrepo.models import AppendResult, Message, Session
+from sessionrepo.models import AppendResult, Message
 from sessionrepo.models.message import utcnow
 from sessionrepo.models.tables import sessions_table
 from sessionrepo.search.text import searchable
 from sessionrepo.store import codec as _codec
+from sessionrepo.store.codec import PreparedBatch
 from sessionrepo.store.database import Database
 from sessionrepo.store.memory import SentMemory
 from sessionrepo.store.search_index import SearchIndex
@@ -42,22 +42,6 @@ S = sessions_table.c
 #: The ways appends keep the search index (see :func:`open_repository`).
 IndexMode = bool | Literal["immediate"]
 OnConflict = Literal["report", "raise"]
-
-
-@dataclass(frozen=True)
-class PreparedBatch:
-    """A validated, encoded batch: what ``append`` writes and the outbox parks."""
-
-    session_id: str
-    messages: list[Message]
-    rows: list[dict[str, Any]]
-    session: Session
-    #: ``session``'s columns, for the row a first append creates: encoded with the
-    #: messages (the codec's work done in one place, once however often it is sent).
-    new_session: dict[str, Any] = field(init=False, repr=False, compare=False)
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "new_session", _codec.session_row(self.session))
 
 
 class Appender:
@@ -100,11 +84,9 @@ class Appender:
         messages: Iterable[Message | Mapping[str, Any]],
         session_defaults: Mapping[str, Any],
     ) -> PreparedBatch:
-        """:meth:`prepare`, and the session a first append creates (``session_id`` and
-        ``session_defaults`` already checked by the caller)."""
-        validated, rows = _codec.prepare_messages(messages, self.memory)
-        session = _codec.build_session(session_id, session_defaults, "session_defaults")
-        return PreparedBatch(session_id, validated, rows, session)
+        """:meth:`prepare`, and the session a first append creates (see
+        :func:`~sessionrepo.store.codec.prepare_batch`)."""
+        return _codec.prepare_batch(session_id, messages, session_defaults, self.memory)
 
     @property
     def backend(self) -> str:

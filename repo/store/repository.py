@@ -71,7 +71,6 @@ from sessionrepo.search.text import (
 from sessionrepo.store import codec as _codec
 from sessionrepo.store import schema
 from sessionrepo.store.append import Appender
-from sessionrepo.store.append import PreparedBatch as PreparedBatch  # noqa: PLC0414 (re-exported)
 from sessionrepo.store.arguments import (
     check_bool,
     check_callable,
@@ -86,6 +85,7 @@ from sessionrepo.store.arguments import (
     check_seq,
     check_session_id,
 )
+from sessionrepo.store.codec import PreparedBatch as PreparedBatch  # noqa: PLC0414 (re-exported)
 from sessionrepo.store.database import Database
 from sessionrepo.store.editing import SessionEditor
 from sessionrepo.store.memory import DEFAULT_MEMORY_BYTES, SentMemory
