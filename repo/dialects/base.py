@@ -19,6 +19,7 @@ carry only the reasons for their choices.
 
 from __future__ import annotations
 
+import functools
 import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
@@ -320,7 +321,8 @@ class AppendRole(ABC):
                 content (nothing was written).
         """
         if direct and then is None:
-            done = run.write_direct(lambda driver: self.append_direct(driver, append))
+            # A partial, not a lambda: the database calls the backend's statement itself.
+            done = run.write_direct(functools.partial(self.append_direct, append=append))
             if done is not None:
                 return done
 

@@ -190,7 +190,8 @@ def _record_drain(
             metrics.drained.labels(name).inc(amount)
 
 
-#: ``SessionRepository.append_prepared`` (every append, the writer's included).
+#: ``Appender.append`` (every append: ``SessionRepository.append``, ``append_prepared``,
+#: the writer's, the async API's).
 instrument_append: Final = _instrument("append", _batch_session, _record_append)
 #: ``SessionRepository.load_transcript``.
 instrument_load: Final = _instrument("load", _first_session, _record_load)

@@ -19,19 +19,20 @@ writer's, the async API's) and a unit of work's ``append`` run. It owns:
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any, Literal
 from uuid import UUID
 
 from sqlalchemy import Connection, Insert
 
+import sessionrepo.observability as _observe
 from sessionrepo.dialects.base import DirectAppend, DirectResult, conflict_error
-from sessionrepo.errors import RepoError
-from sessionrepo.models import AppendResult, Message, Session
+from sessionrepo.errors import QueuedBehindOutbox, RepoError
+from sessionrepo.models import AppendResult, Message
 from sessionrepo.models.message import utcnow
 from sessionrepo.models.tables import sessions_table
 from sessionrepo.search.text import searchable
 from sessionrepo.store import codec as _codec
+from sessionrepo.store.codec import PreparedBatch
 from sessionrepo.store.database import Database
 from sessionrepo.store.memory import SentMemory
 from sessionrepo.store.search_index import SearchIndex
@@ -41,16 +42,6 @@ S = sessions_table.c
 #: The ways appends keep the search index (see :func:`open_repository`).
 IndexMode = bool | Literal["immediate"]
 OnConflict = Literal["report", "raise"]
-
-
-@dataclass(frozen=True)
-class PreparedBatch:
-    """A validated, encoded batch: what ``append`` writes and the outbox parks."""
-
-    session_id: str
-    messages: list[Message]
-    rows: list[dict[str, Any]]
-    session: Session
 
 
 class Appender:
@@ -87,8 +78,24 @@ class Appender:
         """Validate and encode (see :func:`~sessionrepo.store.codec.prepare_messages`)."""
         return _codec.prepare_messages(messages, self.memory)
 
+    def prepare_batch(
+        self,
+        session_id: str,
+        messages: Iterable[Message | Mapping[str, Any]],
+        session_defaults: Mapping[str, Any],
+    ) -> PreparedBatch:
+        """:meth:`prepare`, and the session a first append creates (see
+        :func:`~sessionrepo.store.codec.prepare_batch`)."""
+        return _codec.prepare_batch(session_id, messages, session_defaults, self.memory)
+
+    @property
+    def backend(self) -> str:
+        """The backend's name: the label of the append's span and metrics."""
+        return self._db.backend
+
     # -- an append of its own -------------------------------------------------------------
 
+    @_observe.instrument_append
     def append(
         self,
         batch: PreparedBatch,
@@ -96,11 +103,24 @@ class Appender:
         database: Database,
         on_conflict: OnConflict,
         behind_outbox: bool,
-    ) -> AppendResult | None:
+    ) -> AppendResult:
         """``batch`` appended on ``database`` through the dialect's one append entry
-        (its direct statement, or its locked path); ``None`` and nothing written when
-        ``behind_outbox`` (a writer whose outbox is this database) and the session has
-        parked messages: the batch queues behind them."""
+        (its direct statement, or its locked path): every append's one entry (the
+        repository's, the writer's, the async API's), so the one that is instrumented.
+
+        Raises:
+            QueuedBehindOutbox: ``behind_outbox`` (a writer whose outbox is this
+                database) and the session has parked messages: nothing was written,
+                the batch queues behind them.
+        """
+        result = self._append(batch, database, on_conflict, behind_outbox)
+        if result is None:
+            raise QueuedBehindOutbox(batch.session_id)
+        return result
+
+    def _append(
+        self, batch: PreparedBatch, database: Database, on_conflict: OnConflict, behind_outbox: bool
+    ) -> AppendResult | None:
         if not batch.rows:
             return AppendResult(session_id=batch.session_id)
         sid = batch.session_id
@@ -108,7 +128,7 @@ class Appender:
         # Rows the database acknowledged storing (the same objects: see .memory) are
         # not sent again while the newest of them is still stored under its seq (the
         # dialect verifies it, or the probe below): the database stays the authority.
-        known = memory.acknowledged(sid, batch.rows) if self.direct else set()
+        known, tip = memory.acknowledged(sid, batch.rows) if self.direct else (set(), None)
         unique: dict[Any, dict[str, Any]] = {}
         repeated: list[UUID] = []
         for row in batch.rows:
@@ -118,18 +138,15 @@ class Appender:
                     repeated.append(row["client_msg_uuid"])
         if repeated and on_conflict == "raise":  # a conflict within the batch itself
             raise conflict_error(sid, list(dict.fromkeys(repeated)))
-        tip = memory.tip(sid) if known else None
         if tip is not None and not unique:
             if database.read_direct(lambda driver: database.dialect.message_at(driver, sid, *tip)):
                 return outcome(sid, batch.rows, {}, None, known=known)
             memory.forget_session(sid)
-            return self.append(
-                batch, database=database, on_conflict=on_conflict, behind_outbox=behind_outbox
-            )
+            return self._append(batch, database, on_conflict, behind_outbox)
         append = DirectAppend(
             session_id=sid,
             rows=list(unique.values()),
-            new_session=_codec.session_row(batch.session),
+            new_session=batch.new_session,
             now=utcnow(),
             enqueue=self._index_appends is True,
             refuse_conflicts=on_conflict == "raise",
@@ -147,9 +164,7 @@ class Appender:
             return None
         if done.lost:  # the newest remembered row is gone: remember nothing, send all
             memory.forget_session(sid)
-            return self.append(
-                batch, database=database, on_conflict=on_conflict, behind_outbox=behind_outbox
-            )
+            return self._append(batch, database, on_conflict, behind_outbox)
         result = outcome(sid, batch.rows, done.stored, done.first_seq, known=known)
         if result.conflicts and on_conflict == "raise":
             raise conflict_error(sid, result.conflicts)

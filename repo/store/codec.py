@@ -12,6 +12,7 @@ import hashlib
 import json
 import textwrap
 from collections.abc import Callable, Iterable, Mapping, MutableMapping, Sequence
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Final
 
@@ -163,6 +164,39 @@ def content_hash(row: Mapping[str, Any], encoded: Mapping[str, bytes]) -> bytes:
                 data = str(value).encode("utf-8")
             parts += (b"\x01", len(data).to_bytes(8, "big"), data)
     return hashlib.sha256(b"".join(parts)).digest()[:16]
+
+
+@dataclass(frozen=True)
+class PreparedBatch:
+    """A validated, encoded batch: what ``append`` writes and the outbox parks."""
+
+    session_id: str
+    messages: list[Message]
+    rows: list[dict[str, Any]]
+    session: Session
+    #: ``session``'s columns, for the row a first append creates: encoded with the
+    #: messages (the codec's work done in one place, once however often it is sent).
+    new_session: dict[str, Any] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "new_session", session_row(self.session))
+
+
+def prepare_batch(
+    session_id: str,
+    messages: Iterable[Message | Mapping[str, Any]],
+    session_defaults: Mapping[str, Any],
+    memory: SentMemory | None = None,
+) -> PreparedBatch:
+    """A batch for ``session_id`` (checked by the caller): :func:`prepare_messages`
+    and the session a first append creates from ``session_defaults``, encoded.
+
+    Raises:
+        InvalidMessage: as :func:`prepare_messages`, or a session default is invalid.
+    """
+    validated, rows = prepare_messages(messages, memory)
+    session = build_session(session_id, session_defaults, "session_defaults")
+    return PreparedBatch(session_id, validated, rows, session)
 
 
 def prepare_messages(

@@ -141,12 +141,15 @@ class SentMemory:
         tip = self._tips.get(session_id)
         return None if tip is None else (tip[0], tip[1])
 
-    def acknowledged(self, session_id: str, rows: Iterable[dict[str, Any]]) -> set[int]:
+    def acknowledged(
+        self, session_id: str, rows: Iterable[dict[str, Any]]
+    ) -> tuple[set[int], tuple[int, UUID] | None]:
         """The ``id`` of each of ``rows`` the database acknowledged storing, as it is,
-        in the session (since the session's tip was last set)."""
+        in the session (since the session's tip was last set), and that tip (``None``
+        when none of them is known): one look-up for what a direct append may skip."""
         tip = self._tips.get(session_id)
         if tip is None:
-            return set()
+            return set(), None
         ack = (session_id, tip[2])
         by_row = self._by_row
         known = set()
@@ -154,7 +157,7 @@ class SentMemory:
             entry = by_row.get(id(row))
             if entry is not None and entry.row is row and entry.ack == ack:
                 known.add(id(row))
-        return known
+        return known, (tip[0], tip[1]) if known else None
 
     def acknowledge(
         self, session_id: str, rows: Iterable[dict[str, Any]], tip: tuple[int, UUID] | None

@@ -40,7 +40,6 @@ from sessionrepo.errors import (
     InvalidArgument,
     InvalidMessage,
     NotFound,
-    QueuedBehindOutbox,
     RepoError,
 )
 from sessionrepo.models import (
@@ -72,7 +71,6 @@ from sessionrepo.search.text import (
 from sessionrepo.store import codec as _codec
 from sessionrepo.store import schema
 from sessionrepo.store.append import Appender
-from sessionrepo.store.append import PreparedBatch as PreparedBatch  # noqa: PLC0414 (re-exported)
 from sessionrepo.store.arguments import (
     check_bool,
     check_callable,
@@ -87,6 +85,7 @@ from sessionrepo.store.arguments import (
     check_seq,
     check_session_id,
 )
+from sessionrepo.store.codec import PreparedBatch as PreparedBatch  # noqa: PLC0414 (re-exported)
 from sessionrepo.store.database import Database
 from sessionrepo.store.editing import SessionEditor
 from sessionrepo.store.memory import DEFAULT_MEMORY_BYTES, SentMemory
@@ -384,7 +383,11 @@ class SessionRepository(SessionStore, TranscriptEditor, SessionOperations):
     ) -> AppendResult:
         check_choice(on_conflict, "on_conflict", _ON_CONFLICT)
         batch = self.prepare(session_id, messages, **session_defaults)
-        return self.append_prepared(batch, on_conflict=on_conflict)
+        # Straight to the appender (its entry is the instrumented one): the batch was
+        # made here, append_prepared's checks have nothing to check.
+        return self._appender.append(
+            batch, database=self._db, on_conflict=on_conflict, behind_outbox=False
+        )
 
     def prepare(
         self,
@@ -401,11 +404,8 @@ class SessionRepository(SessionStore, TranscriptEditor, SessionOperations):
         sid = check_session_id(session_id)
         check_iterable(messages, "messages")
         _refuse_derived(session_defaults, "session_defaults")
-        validated, rows = self._appender.prepare(messages)
-        session = _codec.build_session(sid, session_defaults, "session_defaults")
-        return PreparedBatch(sid, validated, rows, session)
+        return self._appender.prepare_batch(sid, messages, session_defaults)
 
-    @_observe.instrument_append
     def append_prepared(
         self,
         batch: PreparedBatch,
@@ -431,15 +431,12 @@ class SessionRepository(SessionStore, TranscriptEditor, SessionOperations):
             check_seconds(timeout, "timeout")
         check_choice(on_conflict, "on_conflict", _ON_CONFLICT)
         check_bool(behind_outbox, "behind_outbox")
-        result = self._appender.append(
+        return self._appender.append(
             batch,
             database=self._db if timeout is None else self.bounded_database(timeout),
             on_conflict=on_conflict,
             behind_outbox=behind_outbox,
         )
-        if result is None:
-            raise QueuedBehindOutbox(batch.session_id)
-        return result
 
     # -- editing (the editor's; the contract, TranscriptEditor, says what each means) -----
 

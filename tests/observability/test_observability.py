@@ -178,4 +178,4 @@ def test_off_by_default_and_after_disabling() -> None:
     # The wrapper of a method is the method's own signature and docstring.
     from sessionrepo import SessionRepository
 
-    assert SessionRepository.append_prepared.__wrapped__.__name__ == "append_prepared"  # type: ignore[attr-defined]
+    assert SessionRepository.load_transcript.__wrapped__.__name__ == "load_transcript"  # type: ignore[attr-defined]
