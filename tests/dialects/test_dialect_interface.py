@@ -66,6 +66,7 @@ def test_the_abstract_interface_lists_what_a_backend_must_write() -> None:
         "translate",
         "describe",
         "is_broken_object",
+        "text_after",
         "is_damaged",
         "insert_ignoring",
         "lock_session",
