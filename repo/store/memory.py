@@ -34,7 +34,7 @@ from sessionrepo.models import Message
 from sessionrepo.models.tables import ENCODED_MARK, JSONText, messages_table
 
 #: The default bound of :class:`SentMemory`, in bytes.
-DEFAULT_MEMORY_BYTES: Final = 32 * 1024 * 1024
+DEFAULT_MEMORY_BYTES: Final = 64 * 1024 * 1024
 #: Bytes an entry costs beyond its text: the dicts, the model, the row, their keys
 #: (measured with ``tracemalloc``: about 3 KiB for a chat message).
 ENTRY_OVERHEAD: Final = 4096

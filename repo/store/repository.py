@@ -748,7 +748,7 @@ def open_repository(
             :class:`RepoError`; ``search`` answers from the index as the last
             catch-up left it (it cannot index the backlog itself).
         append_memory: bytes this repository may hold to make re-flushes nearly free
-            (default 32 MiB; ``0``: none): what each message sent was validated and
+            (default 64 MiB; ``0``: none): what each message sent was validated and
             encoded into, and that the database acknowledged it, so that the same dict
             (or ``Message``) sent again is neither validated nor sent again. The oldest
             is forgotten first; nothing of a message is kept beyond the bound, and a
