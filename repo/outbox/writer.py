@@ -253,7 +253,7 @@ class TranscriptWriter(ResilientWriter):
         self._refuse_if_closed()
         started = self._drainer.last_write = time.monotonic()
         batch = self._repository.prepare(session_id, messages, **session_defaults)
-        if not batch.messages:
+        if not batch.keys:  # not .messages: that would validate what the memory took as known
             return WriteResult(session_id=batch.session_id, status="stored")
         return self._path.send(batch, self._appending(batch), started=started, on_writes_pool=True)
 

@@ -76,7 +76,7 @@ class Appender:
         self, messages: Iterable[Message | Mapping[str, Any]]
     ) -> tuple[list[Message], list[dict[str, Any]]]:
         """Validate and encode (see :func:`~sessionrepo.store.codec.prepare_messages`)."""
-        return _codec.prepare_messages(messages, self.memory)
+        return _codec.prepare_messages(messages)
 
     def prepare_batch(
         self,
@@ -86,7 +86,8 @@ class Appender:
     ) -> PreparedBatch:
         """:meth:`prepare`, and the session a first append creates (see
         :func:`~sessionrepo.store.codec.prepare_batch`)."""
-        return _codec.prepare_batch(session_id, messages, session_defaults, self.memory)
+        memory = self.memory if self.direct else None
+        return _codec.prepare_batch(session_id, messages, session_defaults, memory)
 
     @property
     def backend(self) -> str:
@@ -121,18 +122,24 @@ class Appender:
     def _append(
         self, batch: PreparedBatch, database: Database, on_conflict: OnConflict, behind_outbox: bool
     ) -> AppendResult | None:
-        if not batch.rows:
+        if not batch.keys:
             return AppendResult(session_id=batch.session_id)
         sid = batch.session_id
         memory = self.memory
-        # Rows the database acknowledged storing (the same objects: see .memory) are
-        # not sent again while the newest of them is still stored under its seq (the
-        # dialect verifies it, or the probe below): the database stays the authority.
-        known, tip = memory.acknowledged(sid, batch.rows) if self.direct else (set(), None)
+        # Messages the memory proved acknowledged, unchanged (batch.pending_rows holds
+        # None for them), are not sent again while the session's tip is still stored
+        # under its seq (the dialect verifies it, or the probe below): the database
+        # stays the authority. A batch made in an older era is sent whole.
+        tip = None
+        if batch.era is not None:
+            tip = memory.tip(sid, batch.era) if self.direct else None
+            if tip is None:
+                batch.materialize()
+        rows = batch.pending_rows
         unique: dict[Any, dict[str, Any]] = {}
         repeated: list[UUID] = []
-        for row in batch.rows:
-            if id(row) not in known:
+        for row in rows:
+            if row is not None:
                 first = unique.setdefault(row["client_msg_uuid"], row)
                 if first["content_hash"] != row["content_hash"]:
                     repeated.append(row["client_msg_uuid"])
@@ -140,8 +147,9 @@ class Appender:
             raise conflict_error(sid, list(dict.fromkeys(repeated)))
         if tip is not None and not unique:
             if database.read_direct(lambda driver: database.dialect.message_at(driver, sid, *tip)):
-                return outcome(sid, batch.rows, {}, None, known=known)
+                return outcome(sid, batch.keys, rows, {}, None)
             memory.forget_session(sid)
+            batch.materialize()
             return self._append(batch, database, on_conflict, behind_outbox)
         append = DirectAppend(
             session_id=sid,
@@ -155,7 +163,7 @@ class Appender:
         )
 
         def index(conn: Connection, done: DirectResult) -> None:
-            stored = outcome(sid, batch.rows, done.stored, done.first_seq, known=known)
+            stored = outcome(sid, batch.keys, rows, done.stored, done.first_seq)
             self.index_inserted(conn, stored, batch.messages)
 
         then = None if self._index_appends is True else index
@@ -164,25 +172,36 @@ class Appender:
             return None
         if done.lost:  # the newest remembered row is gone: remember nothing, send all
             memory.forget_session(sid)
+            batch.materialize()
             return self._append(batch, database, on_conflict, behind_outbox)
-        result = outcome(sid, batch.rows, done.stored, done.first_seq, known=known)
+        result = outcome(sid, batch.keys, rows, done.stored, done.first_seq)
         if result.conflicts and on_conflict == "raise":
             raise conflict_error(sid, result.conflicts)
-        if self.direct:
-            self._acknowledge(sid, append.rows, done)
+        if self.direct and memory.limit:
+            self._acknowledge(sid, batch, append.rows, done)
         return result
 
-    def _acknowledge(self, sid: str, rows: Sequence[dict[str, Any]], done: DirectResult) -> None:
-        stored = [
-            row
-            for row in rows
-            if done.stored.get(row["client_msg_uuid"], row["content_hash"]) == row["content_hash"]
-        ]
+    def _acknowledge(
+        self, sid: str, batch: PreparedBatch, sent: Sequence[dict[str, Any]], done: DirectResult
+    ) -> None:
+        """One memory call after the write: what is stored as sent, and the new tip."""
         tip = None
         if done.first_seq is not None:
-            inserted = [row for row in rows if row["client_msg_uuid"] not in done.stored]
+            inserted = [row for row in sent if row["client_msg_uuid"] not in done.stored]
             tip = (done.first_seq + len(inserted) - 1, inserted[-1]["client_msg_uuid"])
-        self.memory.acknowledge(sid, stored, tip)
+        proofs = batch.proofs
+        if not proofs:
+            self.memory.acknowledge(sid, (), tip)
+            return
+        stored = done.stored
+        acknowledged = [
+            (proof[0], proof[1], row["client_msg_uuid"])
+            for proof, row in zip(proofs, batch.pending_rows, strict=True)
+            if proof is not None
+            and row is not None
+            and stored.get(row["client_msg_uuid"], row["content_hash"]) == row["content_hash"]
+        ]
+        self.memory.acknowledge(sid, acknowledged, tip)
 
     # -- the locked path (a unit of work runs it too) ---------------------------------------
 
@@ -218,7 +237,7 @@ class Appender:
         rows whose key the session lacks inserted, the search index kept. A conflict
         with ``on_conflict="raise"`` raises having written nothing of the batch."""
         if isinstance(batch, PreparedBatch):
-            messages, rows = batch.messages, batch.rows
+            messages, rows = batch.messages, batch.rows  # validates what was taken as known
         else:
             messages, rows = self.prepare(batch)
         if not rows:
@@ -248,7 +267,7 @@ class Appender:
         stored = self._db.dialect.insert_new_messages(
             conn, sid, next_seq, list(unique.values()), utcnow()
         )
-        return outcome(sid, rows, stored, next_seq)
+        return outcome(sid, [row["client_msg_uuid"] for row in rows], rows, stored, next_seq)
 
     def index_inserted(
         self, conn: Connection, result: AppendResult, messages: Sequence[Message]
@@ -281,23 +300,22 @@ class Appender:
 
 def outcome(
     sid: str,
-    rows: Sequence[dict[str, Any]],
+    keys: Sequence[Any],
+    rows: Sequence[dict[str, Any] | None],
     stored: dict[Any, bytes],
     first_seq: int | None,
-    *,
-    known: set[int] | frozenset[int] = frozenset(),
 ) -> AppendResult:
-    """What an insert of ``rows`` did, from the keys that were ``stored`` before it (and
-    their content hashes): the first row of each other key was inserted, in order from
-    ``first_seq``; every repeat is a duplicate or, with other content, a conflict. Rows
-    in ``known`` (by ``id``: acknowledged as stored, so not sent) are duplicates."""
+    """What an insert of ``rows`` (the batch's, with its ``keys``) did, from the keys
+    that were ``stored`` before it (and their content hashes): the first row of each
+    other key was inserted, in order from ``first_seq``; every repeat is a duplicate
+    or, with other content, a conflict. A row that is ``None`` (acknowledged as stored
+    unchanged, so not sent) is a duplicate."""
     stored = dict(stored)
     inserted: list[Any] = []
     duplicates: list[Any] = []
     conflicts: list[Any] = []
-    for row in rows:
-        key = row["client_msg_uuid"]
-        if known and id(row) in known:
+    for key, row in zip(keys, rows, strict=True):
+        if row is None:
             duplicates.append(key)
             continue
         known_hash = stored.get(key)

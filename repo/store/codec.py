@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import pickle
 import textwrap
+import weakref
 from collections.abc import Callable, Iterable, Mapping, MutableMapping, Sequence
-from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Final
 
@@ -166,20 +167,94 @@ def content_hash(row: Mapping[str, Any], encoded: Mapping[str, bytes]) -> bytes:
     return hashlib.sha256(b"".join(parts)).digest()[:16]
 
 
-@dataclass(frozen=True)
 class PreparedBatch:
-    """A validated, encoded batch: what ``append`` writes and the outbox parks."""
+    """A validated, encoded batch: what ``append`` writes and the outbox parks.
 
-    session_id: str
-    messages: list[Message]
-    rows: list[dict[str, Any]]
-    session: Session
-    #: ``session``'s columns, for the row a first append creates: encoded with the
-    #: messages (the codec's work done in one place, once however often it is sent).
-    new_session: dict[str, Any] = field(init=False, repr=False, compare=False)
+    Messages the repository's memory proved acknowledged in the session, unchanged
+    (see :mod:`.memory`), are neither validated nor encoded when the batch is made: the
+    append sends only the others. :attr:`messages` and :attr:`rows` validate them the
+    first time they are read (the outbox parks a whole batch; a lost tip resends it).
+    """
 
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "new_session", session_row(self.session))
+    __slots__ = (
+        "_items",
+        "_messages",
+        "_rows",
+        "era",
+        "keys",
+        "new_session",
+        "proofs",
+        "session",
+        "session_id",
+    )
+
+    def __init__(
+        self,
+        session_id: str,
+        messages: list[Message | None],
+        rows: list[dict[str, Any] | None],
+        session: Session,
+        *,
+        keys: list[Any] | None = None,
+        proofs: list[Any] | None = None,
+        items: list[Any] | None = None,
+        era: int | None = None,
+    ) -> None:
+        self.session_id = session_id
+        self.session = session
+        self._messages = messages
+        self._rows = rows
+        #: Each message's UUID, in batch order.
+        self.keys: list[Any] = (
+            keys
+            if keys is not None
+            else [row["client_msg_uuid"] for row in rows if row is not None]
+        )
+        #: Per message, ``(memory key, proof)`` to remember it by once stored, or ``None``.
+        self.proofs = proofs
+        self._items = items
+        #: The session's era in the memory when the batch was made (``None``: no message
+        #: was taken as acknowledged).
+        self.era = era
+        #: ``session``'s columns, for the row a first append creates: encoded with the
+        #: messages (the codec's work done in one place, once however often it is sent).
+        self.new_session = session_row(session)
+
+    def __repr__(self) -> str:
+        return f"PreparedBatch(session_id={self.session_id!r}, messages={len(self.keys)})"
+
+    @property
+    def known(self) -> bool:
+        """Whether messages were taken as acknowledged (and are not encoded yet)."""
+        return self.era is not None
+
+    @property
+    def messages(self) -> list[Message]:
+        """The validated messages, in batch order."""
+        self.materialize()
+        return self._messages  # type: ignore[return-value]
+
+    @property
+    def rows(self) -> list[dict[str, Any]]:
+        """Their column values, in batch order."""
+        self.materialize()
+        return self._rows  # type: ignore[return-value]
+
+    @property
+    def pending_rows(self) -> list[dict[str, Any] | None]:
+        """The rows, ``None`` for a message taken as acknowledged (not encoded)."""
+        return self._rows
+
+    def materialize(self) -> None:
+        """Validate and encode the messages taken as acknowledged (they are sent, or
+        parked, whole from now on)."""
+        if self.era is None:
+            return
+        items = self._items or []
+        for index, row in enumerate(self._rows):
+            if row is None:
+                self._messages[index], self._rows[index] = _validated(items[index], index)
+        self.era = None
 
 
 def prepare_batch(
@@ -191,17 +266,84 @@ def prepare_batch(
     """A batch for ``session_id`` (checked by the caller): :func:`prepare_messages`
     and the session a first append creates from ``session_defaults``, encoded.
 
+    With ``memory``, one pass over the batch: a message the memory proves acknowledged
+    in the session, unchanged, is taken as it is (not validated, not encoded); the
+    proof of every other one is taken for remembering it once stored.
+
     Raises:
         InvalidMessage: as :func:`prepare_messages`, or a session default is invalid.
     """
-    validated, rows = prepare_messages(messages, memory)
+    if memory is None or not memory.limit:
+        validated, rows = prepare_messages(messages)
+        session = build_session(session_id, session_defaults, "session_defaults")
+        return PreparedBatch(session_id, validated, rows, session)  # type: ignore[arg-type]
+    if isinstance(messages, Message | Mapping | str | bytes):
+        raise InvalidMessage("messages", "expected a list of messages, got a single one")
+    items = messages if isinstance(messages, list) else list(messages)
+    era = memory.era(session_id)
+    entries = memory.entries
+    count = len(items)
+    out_messages: list[Message | None] = [None] * count
+    out_rows: list[dict[str, Any] | None] = [None] * count
+    keys: list[Any] = [None] * count
+    #: Per message, (memory key, proof): what it is remembered by once stored.
+    proofs: list[Any] = [None] * count
+    taken = False
+    # One pass; the digest inlined (it is most of a re-flush's time).
+    blake2b, dumps = hashlib.blake2b, pickle.dumps
+    for index, item in enumerate(items):
+        kind = type(item)
+        proof: Any = None
+        if kind is dict:
+            key: Any = item.get(KEY_FIELD)
+            if key is None:
+                key = _stamp(item, index)
+            if type(key) is str:
+                try:
+                    proof = blake2b(dumps(item, 5), digest_size=16).digest()
+                except Exception:  # unpicklable: not remembered (see memory.digest)
+                    proof = None
+                else:
+                    entry = entries.get(key) if era is not None else None
+                    if entry is not None and entry[2] == era and entry[0] == proof:
+                        keys[index] = entry[1]
+                        proofs[index] = (key, proof)
+                        taken = True
+                        continue
+        elif kind is Message:
+            key = item.client_msg_uuid
+            entry = entries.get(key) if era is not None else None
+            if entry is not None and entry[2] == era:
+                ref = entry[0]
+                if type(ref) is not bytes and ref() is item:  # type: ignore[operator]
+                    keys[index] = key
+                    proofs[index] = (key, ref)
+                    taken = True
+                    continue
+            proof = weakref.ref(item) if is_validated(item) else None
+        elif isinstance(item, Mapping) and item.get(KEY_FIELD) is None:
+            _stamp(item, index)
+        message, row = _validated(item, index)
+        out_messages[index] = message
+        out_rows[index] = row
+        keys[index] = row["client_msg_uuid"]
+        if proof is not None:
+            proofs[index] = (key, proof)
     session = build_session(session_id, session_defaults, "session_defaults")
-    return PreparedBatch(session_id, validated, rows, session)
+    return PreparedBatch(
+        session_id,
+        out_messages,
+        out_rows,
+        session,
+        keys=keys,
+        proofs=proofs,
+        items=items if taken else None,
+        era=era if taken else None,
+    )
 
 
 def prepare_messages(
     messages: Iterable[Message | Mapping[str, Any]],
-    memory: SentMemory | None = None,
 ) -> tuple[list[Message], list[dict[str, Any]]]:
     """Validate and encode a batch before anything is written.
 
@@ -213,9 +355,6 @@ def prepare_messages(
     A dict without a ``client_msg_uuid`` is stamped in place with a new one, as
     :func:`~sessionrepo.ensure_key` would: its next flush carries the same key and
     inserts nothing. Without it, every flush of the same dict would be a new message.
-
-    With ``memory``, what an unchanged dict (or the same validated ``Message``) was made
-    into before is reused, and what is made is remembered (see :mod:`.memory`).
 
     Returns:
         The validated messages and their column values, in batch order.
@@ -230,46 +369,29 @@ def prepare_messages(
     validated: list[Message] = []
     rows = []
     for index, item in enumerate(messages):
-        known = None
-        if isinstance(item, dict):
-            key = item.get(KEY_FIELD)
-            if key is None:
-                key = _stamp(item, index)
-            if memory is not None and isinstance(key, str):
-                known = memory.recall(key, item)
-        elif isinstance(item, Message):
-            if memory is not None:
-                known = memory.recall(item.client_msg_uuid, item)
-        elif isinstance(item, Mapping) and item.get(KEY_FIELD) is None:
+        if isinstance(item, Mapping) and item.get(KEY_FIELD) is None:
             _stamp(item, index)
-        if known is not None:
-            validated.append(known[0])
-            rows.append(known[1])
-            continue
-        field = f"messages[{index}]"
-        try:
-            if isinstance(item, Message) and is_validated(item):
-                message = item if type(item) is Message else _plain(item)
-            elif isinstance(item, Message):
-                message = Message.model_validate({name: getattr(item, name) for name in _FIELDS})
-            else:
-                message = coerce_message(item)
-        except ValidationError as exc:
-            raise invalid_from_validation(exc, field) from exc
-        except TypeError as exc:
-            raise InvalidMessage(field, str(exc)) from exc
-        row = message_row(message, field)
+        message, row = _validated(item, index)
         validated.append(message)
         rows.append(row)
-        if memory is None or not memory.limit:
-            continue
-        if isinstance(item, dict):
-            key = item.get(KEY_FIELD)
-            if isinstance(key, str):
-                memory.remember(key, _snapshot(item), message, row)
-        elif item is message:
-            memory.remember(message.client_msg_uuid, item, message, row)
     return validated, rows
+
+
+def _validated(item: Any, index: int) -> tuple[Message, dict[str, Any]]:
+    """One message (stamped already, if a dict) validated and encoded."""
+    field = f"messages[{index}]"
+    try:
+        if isinstance(item, Message) and is_validated(item):
+            message = item if type(item) is Message else _plain(item)
+        elif isinstance(item, Message):
+            message = Message.model_validate({name: getattr(item, name) for name in _FIELDS})
+        else:
+            message = coerce_message(item)
+    except ValidationError as exc:
+        raise invalid_from_validation(exc, field) from exc
+    except TypeError as exc:
+        raise InvalidMessage(field, str(exc)) from exc
+    return message, message_row(message, field)
 
 
 def _stamp(item: Mapping[str, Any], index: int) -> str:
@@ -287,19 +409,6 @@ def _stamp(item: Mapping[str, Any], index: int) -> str:
     if key is None:  # given as None: no key either
         key = item[KEY_FIELD] = fresh
     return key
-
-
-# -- validation once (see .memory) ---------------------------------------------------
-
-
-def _snapshot(value: Any) -> Any:
-    """A copy of a JSON-like value's containers that shares its leaves (strings,
-    numbers: immutable), so comparing the value with it later is fast and exact."""
-    if isinstance(value, dict):
-        return {name: _snapshot(item) for name, item in value.items()}
-    if isinstance(value, list):
-        return [_snapshot(item) for item in value]
-    return value
 
 
 _FIELDS = tuple(Message.model_fields)

@@ -1,187 +1,156 @@
-"""What the append path remembers between flushes, bounded in bytes.
+"""What the append path remembers between flushes, bounded in bytes, holding no content.
 
-A gateway flushes its whole transcript again and again (each turn, each exit path). Two
-things make such a re-flush nearly free, and both live here, in one structure with one
-lifetime (the repository's), so they cannot disagree about identity:
+A gateway flushes its whole transcript again and again (each turn, each exit path). What
+makes such a re-flush nearly free lives here: **which messages the database acknowledged
+storing in a session, as they are now**, so a re-flush neither validates, encodes nor
+sends them again while the session's newest remembered row is still stored where it was
+(one probe, or the dialect's check inside its statement, instead of one per message: the
+database stays the authority).
 
-- **validated once**: what a message (a stamped dict, or a validated ``Message``) was
-  validated and encoded into, reused while the dict still equals a copy of itself taken
-  then (any change since, deep inside too, is a new message to validate: a re-send with
-  other content is still reported as a conflict), or, for a ``Message`` (frozen), for
-  that same object. Equality is Python's: a value replaced by an equal one of another
-  numeric type (``1`` for ``1.0``) counts as unchanged.
-- **acknowledged**: that the database stored that encoded row in a session, so a direct
-  append need not send it again while the session's newest remembered row is still
-  stored where it was (one probe instead of one per message: the database stays the
-  authority).
+"As they are now" is proved without keeping the caller's content:
 
-An entry holds the copy of the dict's containers (sharing its strings), the validated
-message and the encoded row: what the caller's message was, kept alive. So the memory is
-bounded by the bytes its entries hold (:attr:`SentMemory.limit`), the oldest forgotten
-first; ``0`` turns it off. Forgetting costs speed only (a re-flush validates and sends
-again; the key keeps it a no-op), never correctness.
+- a message dict by a **digest** (BLAKE2b, 16 bytes) of its pickled form, taken before it
+  was validated and compared with the dict's digest at the next flush: any change since,
+  deep inside too, a value of another type (``1`` for ``1.0``) or a reordered key, is a
+  new digest, so the message is validated again and a re-send with other content is
+  still reported as a conflict;
+- a validated ``Message`` (frozen) by a **weak reference**: that same object, while the
+  caller keeps it.
+
+An entry is the key, its proof, the UUID and the session's era: about 300 bytes
+(:data:`ENTRY_BYTES`, measured with ``tracemalloc``) whatever the message's size. Each
+session's newest acknowledged row (its tip, :data:`TIP_BYTES`) counts too. The bound
+(:attr:`SentMemory.limit`, ``open_repository(append_memory=...)``) is over both; past it
+the oldest entries (or, when tips hold more, the oldest tips) are forgotten first; ``0``
+turns it off. Forgetting costs speed only (a re-flush validates and sends again; the key
+keeps it a no-op), never correctness.
 """
 
 from __future__ import annotations
 
-import sys
+import hashlib
+import pickle
 import threading
+import weakref
 from collections.abc import Iterable
 from typing import Any, Final
 from uuid import UUID
 
 from sessionrepo.models import Message
-from sessionrepo.models.tables import ENCODED_MARK, JSONText, messages_table
 
 #: The default bound of :class:`SentMemory`, in bytes.
 DEFAULT_MEMORY_BYTES: Final = 64 * 1024 * 1024
-#: Bytes an entry costs beyond its text: the dicts, the model, the row, their keys
-#: (measured with ``tracemalloc``: about 3 KiB for a chat message).
-ENTRY_OVERHEAD: Final = 4096
-#: Sessions whose newest acknowledged row is remembered (about 200 bytes each).
-MAX_TIPS: Final = 16_384
+#: Bytes an entry holds (its place in the table, the key it shares with the caller, the
+#: digest or weak reference, the UUID, the era), measured with ``tracemalloc`` over
+#: 100,000 entries (``tests/store/test_memory.py`` checks it from above).
+ENTRY_BYTES: Final = 320
+#: Bytes a session's tip holds (its id, seq, key and era), measured likewise.
+TIP_BYTES: Final = 320
 
-#: Columns stored as JSON text: the message holds them parsed, several times larger.
-_JSON_COLUMNS: Final = frozenset(
-    column.name for column in messages_table.columns if isinstance(column.type, JSONText)
-)
-
-
-def entry_size(row: dict[str, Any]) -> int:
-    """What remembering ``row`` (with its message and the dict's copy) holds, in bytes,
-    estimated from above: the strings once (the three share them), JSON thrice (parsed
-    in the message, as text in the row)."""
-    size = ENTRY_OVERHEAD
-    for name, value in row.items():
-        if type(value) is str:
-            parsed = name in _JSON_COLUMNS or value.startswith(ENCODED_MARK)
-            size += sys.getsizeof(value) * (3 if parsed else 1)
-    return size
+#: A proof that a message is unchanged: a digest of a dict, a weak reference to a Message.
+Proof = bytes | weakref.ReferenceType[Message]
 
 
-class _Entry:
-    __slots__ = ("ack", "message", "row", "size", "source")
+def digest(item: dict[str, Any]) -> bytes | None:
+    """The proof of a message dict's content: equal only for a dict pickled the same (its
+    keys in order, every value of the same type and value); ``None`` when it cannot be
+    pickled (such a dict is not remembered)."""
+    try:
+        return hashlib.blake2b(pickle.dumps(item, 5), digest_size=16).digest()
+    except Exception:  # anything a value's own __reduce__ raises
+        return None
 
-    def __init__(self, source: Any, message: Message, row: dict[str, Any], size: int) -> None:
-        #: A copy of the dict's containers, or the validated ``Message`` itself.
-        self.source = source
-        self.message = message
-        self.row = row
-        self.size = size
-        #: ``(session, era)`` in which the database acknowledged storing ``row``.
-        self.ack: tuple[str, int] | None = None
+
+def proof_of(item: Any) -> Proof | None:
+    """What proves ``item`` unchanged at a later flush (see :func:`digest`), if anything."""
+    if type(item) is dict:
+        return digest(item)
+    if type(item) is Message:
+        return weakref.ref(item)
+    return None
 
 
 class SentMemory:
-    """Validated-once messages and their acknowledgements, bounded in bytes (see the
-    module's docstring). Thread-safe; every entry is checked before it is used."""
+    """Acknowledged messages and per-session tips, bounded in bytes (see the module's
+    docstring). Thread-safe for its writers; readers check every entry they use."""
 
     def __init__(self, limit: int = DEFAULT_MEMORY_BYTES) -> None:
         #: The bound, in bytes (``0``: nothing is remembered).
         self.limit = limit
         self._lock = threading.Lock()
-        #: By the caller's key (the dict's text, the ``Message``'s UUID), oldest first.
-        self._entries: dict[Any, _Entry] = {}
-        #: The same entries by ``id`` of their row: valid while the entry holds the row.
-        self._by_row: dict[int, _Entry] = {}
-        #: Per session: ``(seq, key, era)`` of the newest row this process inserted.
+        #: By the caller's key (a dict's ``client_msg_uuid`` text, a Message's UUID),
+        #: oldest first: ``(proof, uuid, era)``.
+        self.entries: dict[Any, tuple[Proof, UUID, int]] = {}
+        #: Per session, least recently acknowledged first: ``(seq, key, era)`` of the
+        #: newest row this process inserted.
         self._tips: dict[str, tuple[int, UUID, int]] = {}
-        self._size = 0
         self._eras = 0
 
     @property
     def size(self) -> int:
-        """Bytes held now (estimated as :func:`entry_size` does)."""
-        return self._size
+        """Bytes held now (entries and tips, as :data:`ENTRY_BYTES` and :data:`TIP_BYTES`)."""
+        return len(self.entries) * ENTRY_BYTES + len(self._tips) * TIP_BYTES
 
-    # -- validated once -----------------------------------------------------------------
-
-    def recall(self, key: Any, item: Any) -> tuple[Message, dict[str, Any]] | None:
-        """The message and row ``item`` (under ``key``) was made into, if unchanged."""
-        entry = self._entries.get(key)
-        if entry is None:
-            return None
-        source = entry.source
-        if source is item if isinstance(item, Message) else source == item:
-            return entry.message, entry.row
-        return None
-
-    def remember(self, key: Any, source: Any, message: Message, row: dict[str, Any]) -> None:
-        """Remember what ``source`` (under ``key``) was made into; the oldest entries
-        are forgotten past the bound (and an entry larger than the bound is not kept)."""
-        size = entry_size(row)
-        if size > self.limit:
-            return
-        entry = _Entry(source, message, row, size)
-        with self._lock:
-            self._drop(self._entries.pop(key, None))
-            self._entries[key] = entry
-            self._by_row[id(row)] = entry
-            self._size += size
-            while self._size > self.limit:
-                self._drop(self._entries.pop(next(iter(self._entries))))
-
-    def _drop(self, entry: _Entry | None) -> None:
-        if entry is not None:
-            self._size -= entry.size
-            if self._by_row.get(id(entry.row)) is entry:
-                del self._by_row[id(entry.row)]
+    @property
+    def tips(self) -> int:
+        """Sessions whose tip is remembered."""
+        return len(self._tips)
 
     def clear(self) -> None:
         with self._lock:
-            self._entries.clear()
-            self._by_row.clear()
+            self.entries.clear()
             self._tips.clear()
-            self._size = 0
 
-    # -- acknowledged -------------------------------------------------------------------
+    # -- before a write -----------------------------------------------------------------
 
-    def tip(self, session_id: str) -> tuple[int, UUID] | None:
-        """``(seq, key)`` of the newest row this process inserted in the session."""
+    def era(self, session_id: str) -> int | None:
+        """The session's era: entries acknowledged in it count for the session (``None``:
+        nothing is remembered of it)."""
         tip = self._tips.get(session_id)
-        return None if tip is None else (tip[0], tip[1])
+        return None if tip is None else tip[2]
 
-    def acknowledged(
-        self, session_id: str, rows: Iterable[dict[str, Any]]
-    ) -> tuple[set[int], tuple[int, UUID] | None]:
-        """The ``id`` of each of ``rows`` the database acknowledged storing, as it is,
-        in the session (since the session's tip was last set), and that tip (``None``
-        when none of them is known): one look-up for what a direct append may skip."""
+    def tip(self, session_id: str, era: int) -> tuple[int, UUID] | None:
+        """``(seq, key)`` of the session's tip, when its era is still ``era``."""
         tip = self._tips.get(session_id)
-        if tip is None:
-            return set(), None
-        ack = (session_id, tip[2])
-        by_row = self._by_row
-        known = set()
-        for row in rows:
-            entry = by_row.get(id(row))
-            if entry is not None and entry.row is row and entry.ack == ack:
-                known.add(id(row))
-        return known, (tip[0], tip[1]) if known else None
+        return None if tip is None or tip[2] != era else (tip[0], tip[1])
+
+    # -- after a write --------------------------------------------------------------------
 
     def acknowledge(
-        self, session_id: str, rows: Iterable[dict[str, Any]], tip: tuple[int, UUID] | None
+        self,
+        session_id: str,
+        stored: Iterable[tuple[Any, Proof, UUID]],
+        tip: tuple[int, UUID] | None,
     ) -> None:
-        """The database stored ``rows`` as they are in the session; ``tip``: the newest
-        row this append inserted, if any."""
+        """The database stored the ``(key, proof, uuid)`` messages as they are in the
+        session; ``tip``: the newest row this append inserted, if any."""
+        if not self.limit:
+            return
         with self._lock:
             current = self._tips.pop(session_id, None)
             if current is None:
+                if tip is None:
+                    return  # nothing of the session to check a later flush against
                 self._eras += 1
                 era = self._eras
             else:
                 era = current[2]
-            if tip is not None:
-                current = (*tip, era)
-            if current is not None:
-                self._tips[session_id] = current  # most recently used last
-                while len(self._tips) > MAX_TIPS:
-                    del self._tips[next(iter(self._tips))]
-            by_row = self._by_row
-            for row in rows:
-                entry = by_row.get(id(row))
-                if entry is not None and entry.row is row:
-                    entry.ack = (session_id, era)
+            self._tips[session_id] = (*tip, era) if tip is not None else current  # type: ignore[assignment]
+            entries = self.entries
+            for key, proof, uuid in stored:
+                entries.pop(key, None)
+                entries[key] = (proof, uuid, era)
+            self._evict()
+
+    def _evict(self) -> None:
+        entries, tips, limit = self.entries, self._tips, self.limit
+        while len(entries) * ENTRY_BYTES + len(tips) * TIP_BYTES > limit:
+            # From whichever holds more: a gateway of many short sessions keeps its
+            # newest sessions' tips, one of long transcripts their messages.
+            if entries and len(entries) * ENTRY_BYTES >= len(tips) * TIP_BYTES:
+                del entries[next(iter(entries))]
+            else:
+                del tips[next(iter(tips))]
 
     def forget_session(self, session_id: str) -> None:
         """Forget what was acknowledged in the session (its newest row is gone): the

@@ -27,7 +27,7 @@ from sessionrepo import (
     open_repository,
 )
 from sessionrepo.store import codec
-from sessionrepo.store.memory import DEFAULT_MEMORY_BYTES
+from sessionrepo.store.memory import DEFAULT_MEMORY_BYTES, ENTRY_BYTES
 
 MiB = 1024 * 1024
 #: The bound under test, and the content written through it (several times over).
@@ -110,8 +110,10 @@ def test_a_reflush_within_the_bound_validates_nothing_again(
     assert validated == []
     # Past the bound the oldest are forgotten: sent again, they are validated again,
     # and still stored once (the key decides, not the memory).
-    for index in range(2 * BOUND // CONTENT):
-        bounded.append("other", [_message(index)])
+    for start in range(0, 2 * BOUND // ENTRY_BYTES, 500):
+        bounded.append(
+            "other", [{"role": "user", "content": f"{n}"} for n in range(start, start + 500)]
+        )
     validated.clear()
     assert bounded.append("s", small).duplicates == again.duplicates
     assert len(validated) == 20
