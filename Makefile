@@ -60,6 +60,8 @@ screenshots: $(STAMP)
 
 # make bench   sessionrepo against the raw drivers and the peer stores (issues 7, 13), about
 #              15 minutes; results in bench/results/. BENCH_ARGS=--quick for a smoke run.
+#              Then bench/longrun.py (issue 31, about 25 minutes): RSS over 100,000 writes of
+#              50 KB, and 8 writers' RSS per minute over 10 minutes, on both backends.
 #              PostgreSQL from BENCH_POSTGRES_URL (default postgresql://postgres@127.0.0.1:5432/postgres)
 #              With BENCH_CITUS_URL (a Citus coordinator), then bench/citus.py: sessionrepo on
 #              Citus against that PostgreSQL (BENCH_CITUS_ARGS=--quick for a smoke run).
@@ -70,6 +72,7 @@ screenshots: $(STAMP)
 .PHONY: bench
 bench: $(STAMP)
 	$(BIN)/python -m bench $(BENCH_ARGS)
+	$(BIN)/python -m bench.longrun $(filter --quick,$(BENCH_ARGS))
 	$(if $(BENCH_CITUS_URL),$(BIN)/python -m bench.citus --citus-url '$(BENCH_CITUS_URL)' $(BENCH_CITUS_ARGS))
 
 # make test-citus  the Citus tests (tests/dialects/test_citus.py) and the whole contract suite on a
