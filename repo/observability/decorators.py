@@ -68,6 +68,33 @@ def _instrument(
     return decorate
 
 
+class _InstalledWhenOn:
+    """A method whose wrapper is on its class only while metrics or tracing are on: while
+    both are off, a call is the method's own (no wrapper frame, no flag read)."""
+
+    def __init__(self, method: Any, wrapper: Any) -> None:
+        self.method = method
+        self.wrapper = wrapper
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        def install(off: bool) -> None:
+            setattr(owner, name, self.method if off else self.wrapper)
+
+        state.listeners.append(install)
+        install(state.off)
+
+
+def installed_only_when_on(instrument: Callable[[F], F]) -> Callable[[F], F]:
+    """``instrument`` (one of the decorators below) for a method looked up on its class at
+    every call (never captured as a function, as ``aio.awaited`` does): its wrapper is
+    installed when metrics or tracing are enabled and removed when both are disabled."""
+
+    def decorate(method: F) -> F:
+        return _InstalledWhenOn(method, instrument(method))  # type: ignore[return-value]
+
+    return decorate
+
+
 def _end_span(manager: Any, span: Any, exc: BaseException) -> None:
     from opentelemetry.trace import Status, StatusCode
 
@@ -191,8 +218,10 @@ def _record_drain(
 
 
 #: ``Appender.append`` (every append: ``SessionRepository.append``, ``append_prepared``,
-#: the writer's, the async API's).
-instrument_append: Final = _instrument("append", _batch_session, _record_append)
+#: the writer's, the async API's): installed only while something is on.
+instrument_append: Final = installed_only_when_on(
+    _instrument("append", _batch_session, _record_append)
+)
 #: ``SessionRepository.load_transcript``.
 instrument_load: Final = _instrument("load", _first_session, _record_load)
 #: ``SessionRepository.search`` (the query is never recorded).

@@ -3,7 +3,8 @@ instruments made from it, and turning metrics and traces on and off."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
 
 from sessionrepo.errors import InvalidArgument
@@ -150,8 +151,21 @@ class State:
 
     metrics: Metrics | None = None
     tracer: Tracer | None = None
-    #: Both off: the decorated methods run as they are.
-    off: bool = True
+    #: Called with ``off`` whenever it is set (the decorators that install their wrapper
+    #: only while something is on: see ``decorators.installed_only_when_on``).
+    listeners: list[Callable[[bool], None]] = field(default_factory=list)
+    _off: bool = True
+
+    @property
+    def off(self) -> bool:
+        """Both off: the decorated methods run as they are."""
+        return self._off
+
+    @off.setter
+    def off(self, value: bool) -> None:
+        self._off = value
+        for listener in self.listeners:
+            listener(value)
 
 
 #: The process's one switchboard (the decorated methods are the library's own).

@@ -183,6 +183,7 @@ class PreparedBatch:
         "era",
         "keys",
         "new_session",
+        "pending_rows",
         "proofs",
         "session",
         "session_id",
@@ -204,6 +205,9 @@ class PreparedBatch:
         self.session = session
         self._messages = messages
         self._rows = rows
+        #: The rows, ``None`` for a message taken as acknowledged (not encoded yet): the
+        #: same list :attr:`rows` fills in.
+        self.pending_rows = rows
         #: Each message's UUID, in batch order.
         self.keys: list[Any] = (
             keys
@@ -240,11 +244,6 @@ class PreparedBatch:
         self.materialize()
         return self._rows  # type: ignore[return-value]
 
-    @property
-    def pending_rows(self) -> list[dict[str, Any] | None]:
-        """The rows, ``None`` for a message taken as acknowledged (not encoded)."""
-        return self._rows
-
     def materialize(self) -> None:
         """Validate and encode the messages taken as acknowledged (they are sent, or
         parked, whole from now on)."""
@@ -280,7 +279,8 @@ def prepare_batch(
     if isinstance(messages, Message | Mapping | str | bytes):
         raise InvalidMessage("messages", "expected a list of messages, got a single one")
     items = messages if isinstance(messages, list) else list(messages)
-    era = memory.era(session_id)
+    tip = memory.tips_by_session.get(session_id)
+    era = None if tip is None else tip[2]
     entries = memory.entries
     count = len(items)
     out_messages: list[Message | None] = [None] * count

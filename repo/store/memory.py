@@ -82,36 +82,36 @@ class SentMemory:
         #: oldest first: ``(proof, uuid, era)``.
         self.entries: dict[Any, tuple[Proof, UUID, int]] = {}
         #: Per session, least recently acknowledged first: ``(seq, key, era)`` of the
-        #: newest row this process inserted.
-        self._tips: dict[str, tuple[int, UUID, int]] = {}
+        #: newest row this process inserted (read by the codec's one pass).
+        self.tips_by_session: dict[str, tuple[int, UUID, int]] = {}
         self._eras = 0
 
     @property
     def size(self) -> int:
         """Bytes held now (entries and tips, as :data:`ENTRY_BYTES` and :data:`TIP_BYTES`)."""
-        return len(self.entries) * ENTRY_BYTES + len(self._tips) * TIP_BYTES
+        return len(self.entries) * ENTRY_BYTES + len(self.tips_by_session) * TIP_BYTES
 
     @property
     def tips(self) -> int:
         """Sessions whose tip is remembered."""
-        return len(self._tips)
+        return len(self.tips_by_session)
 
     def clear(self) -> None:
         with self._lock:
             self.entries.clear()
-            self._tips.clear()
+            self.tips_by_session.clear()
 
     # -- before a write -----------------------------------------------------------------
 
     def era(self, session_id: str) -> int | None:
         """The session's era: entries acknowledged in it count for the session (``None``:
         nothing is remembered of it)."""
-        tip = self._tips.get(session_id)
+        tip = self.tips_by_session.get(session_id)
         return None if tip is None else tip[2]
 
     def tip(self, session_id: str, era: int) -> tuple[int, UUID] | None:
         """``(seq, key)`` of the session's tip, when its era is still ``era``."""
-        tip = self._tips.get(session_id)
+        tip = self.tips_by_session.get(session_id)
         return None if tip is None or tip[2] != era else (tip[0], tip[1])
 
     # -- after a write --------------------------------------------------------------------
@@ -127,7 +127,7 @@ class SentMemory:
         if not self.limit:
             return
         with self._lock:
-            current = self._tips.pop(session_id, None)
+            current = self.tips_by_session.pop(session_id, None)
             if current is None:
                 if tip is None:
                     return  # nothing of the session to check a later flush against
@@ -135,7 +135,7 @@ class SentMemory:
                 era = self._eras
             else:
                 era = current[2]
-            self._tips[session_id] = (*tip, era) if tip is not None else current  # type: ignore[assignment]
+            self.tips_by_session[session_id] = (*tip, era) if tip is not None else current  # type: ignore[assignment]
             entries = self.entries
             for key, proof, uuid in stored:
                 entries.pop(key, None)
@@ -143,7 +143,7 @@ class SentMemory:
             self._evict()
 
     def _evict(self) -> None:
-        entries, tips, limit = self.entries, self._tips, self.limit
+        entries, tips, limit = self.entries, self.tips_by_session, self.limit
         while len(entries) * ENTRY_BYTES + len(tips) * TIP_BYTES > limit:
             # From whichever holds more: a gateway of many short sessions keeps its
             # newest sessions' tips, one of long transcripts their messages.
@@ -156,4 +156,4 @@ class SentMemory:
         """Forget what was acknowledged in the session (its newest row is gone): the
         next era's acknowledgements do not count the old ones."""
         with self._lock:
-            self._tips.pop(session_id, None)
+            self.tips_by_session.pop(session_id, None)
