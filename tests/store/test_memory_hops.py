@@ -12,6 +12,8 @@ from __future__ import annotations
 import sys
 from typing import Any
 
+import pytest
+
 from sessionrepo import open_repository
 
 #: Hops allowed. Issue 23 asks fewer than 9 on PostgreSQL: it is 9 (was 12), the last
@@ -57,3 +59,31 @@ def test_a_direct_append_passes_fewer_modules_than_the_issue_allows(
     assert hops < LIMITS[backend], path
     # No wrapper frame while metrics and tracing are off.
     assert "observability.decorators" not in path
+
+
+def test_the_append_wrapper_is_installed_only_while_metrics_are_on(database_url: str) -> None:
+    prometheus = pytest.importorskip("prometheus_client")
+    from sessionrepo import observability
+    from sessionrepo.store.append import Appender
+
+    raw = Appender.__dict__["append"]
+    registry = prometheus.CollectorRegistry()
+    observability.enable_metrics(registry)
+    try:
+        assert Appender.__dict__["append"] is not raw
+        repository = open_repository(database_url)
+        try:
+            repository.append("metered", [{"role": "user", "content": "counted"}])
+        finally:
+            repository.close()
+        total = sum(
+            sample.value
+            for metric in registry.collect()
+            if metric.name == "sessionrepo_appends"
+            for sample in metric.samples
+            if sample.name == "sessionrepo_appends_total"
+        )
+        assert total == 1
+    finally:
+        observability.disable_metrics()
+    assert Appender.__dict__["append"] is raw
