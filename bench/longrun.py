@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.databases import DEFAULT_POSTGRES_URL, Databases, Target
-from sessionrepo import TranscriptWriter, open_repository
+from sessionrepo import BackendUnavailable, TranscriptWriter, open_repository
 
 MiB = 1024 * 1024
 #: The default bound (``open_repository``'s ``append_memory``), stated here as the goal's.
@@ -92,7 +92,7 @@ def _writer(location: str, name: str, seconds: float, every: float, out: Any) ->
         started = time.monotonic()
         next_sample = started
         samples: list[tuple[float, int]] = []
-        written = 0
+        written = refused = 0
         while (now := time.monotonic()) - started < seconds:
             if now >= next_sample:
                 gc.collect()
@@ -101,14 +101,19 @@ def _writer(location: str, name: str, seconds: float, every: float, out: Any) ->
             sid = f"{name}-{written % 20}"
             transcript = transcripts.setdefault(sid, [])
             transcript.append({"role": "user", "content": _content(written, 1_300)})
-            # A gateway flushes its recent turn (the last few messages) each time.
-            writer.write(sid, transcript[-4:])
+            # A gateway flushes its recent turn (the last few messages) each time; when
+            # neither the primary nor the outbox answers in time it keeps them and goes on
+            # (they are in the next flush).
+            try:
+                writer.write(sid, transcript[-4:])
+            except BackendUnavailable:
+                refused += 1
             if len(transcript) > 200:  # the gateway compacts: it drops old messages
                 del transcript[:100]
             written += 1
         gc.collect()
         samples.append((time.monotonic() - started, rss_bytes()))
-    out.put({"writer": name, "samples": samples, "written": written})
+    out.put({"writer": name, "samples": samples, "written": written, "refused": refused})
 
 
 def _slope(samples: list[tuple[float, int]], every: float) -> float:
@@ -145,6 +150,7 @@ def measure_load(location: str, writers: int, seconds: float, every: float) -> d
             {
                 "writer": report["writer"],
                 "written": report["written"],
+                "refused": report["refused"],
                 "rss_mib": [round(r / MiB, 1) for _, r in report["samples"]],
                 "slope_mib_per_minute": round(slope, 2),
             }
