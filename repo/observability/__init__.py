@@ -1,9 +1,9 @@
 """Metrics (Prometheus) and traces (OpenTelemetry) of the library, off until enabled.
 
 Both are optional dependencies (``pip install 'sessionrepo[metrics]'``,
-``'sessionrepo[tracing]'``) and cost nothing while off: the instrumented methods (the append path's one entry,
-``Appender.append``, which every append, write and async append goes through;
-``SessionRepository.load_transcript``, ``search``, ``catch_up_search_index``;
+``'sessionrepo[tracing]'``) and cost nothing while off: the instrumented methods (the
+append path's one entry, ``Appender.append``, which every append, write and async
+append goes through; ``SessionRepository.load_transcript``, ``search``, ``catch_up_search_index``;
 :meth:`TranscriptWriter.write`, ``drain``) are wrapped by the decorators below, whose
 wrapper checks one flag and calls the method; the append's wrapper is not even on its
 class while both are off (``installed_only_when_on``).
