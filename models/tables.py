@@ -321,7 +321,8 @@ class SearchBacklogRow(Base):
     (:mod:`sessionrepo.store.search_index`)."""
 
     __tablename__ = "search_backlog"
-    __table_args__ = (PrimaryKeyConstraint("session_id", "first_seq"),)
+    # On SQLite the row lives in its key's b-tree: one page an append, not two (0010).
+    __table_args__ = (PrimaryKeyConstraint("session_id", "first_seq"), {"sqlite_with_rowid": False})
 
     # Goes with its session: a pruned session leaves no backlog behind.
     session_id: Mapped[str] = mapped_column(ForeignKey("sessions.id", ondelete="CASCADE"))

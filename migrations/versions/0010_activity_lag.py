@@ -14,6 +14,10 @@ On PostgreSQL the session table also gets ``fillfactor = 80``: a HOT update need
 the new row version on the same page (pages written before this revision fill up first).
 Existing rows start with no lag: their ``last_active_at`` is their activity.
 
+On SQLite, ``search_backlog`` becomes a ``WITHOUT ROWID`` table: its row lives in its
+primary key's b-tree, so an append's backlog row writes one page, not two (the table's
+and its key's).
+
 Revision ID: 0010
 Revises: 0009
 Create Date: 2026-12-02
@@ -41,6 +45,30 @@ def upgrade() -> None:
     )
     if op.get_bind().dialect.name == "postgresql":
         op.execute("ALTER TABLE sessions SET (fillfactor = 80)")
+    else:
+        _rebuild_backlog(" WITHOUT ROWID")
+
+
+#: search_backlog as migration 0005 made it on SQLite (a frozen copy), with a table option.
+_BACKLOG_DDL = """CREATE TABLE search_backlog_rebuilt (
+    session_id VARCHAR(255) NOT NULL,
+    first_seq BIGINT NOT NULL,
+    count BIGINT NOT NULL,
+    CONSTRAINT pk_search_backlog PRIMARY KEY (session_id, first_seq),
+    CONSTRAINT fk_search_backlog_session_id_sessions FOREIGN KEY(session_id)
+        REFERENCES sessions (id) ON DELETE CASCADE
+){option}"""
+
+
+def _rebuild_backlog(option: str) -> None:
+    # In the migration's transaction: an append waits for it, none is lost meanwhile.
+    op.execute(_BACKLOG_DDL.format(option=option))
+    op.execute(
+        "INSERT INTO search_backlog_rebuilt (session_id, first_seq, count) "
+        "SELECT session_id, first_seq, count FROM search_backlog"
+    )
+    op.execute("DROP TABLE search_backlog")
+    op.execute("ALTER TABLE search_backlog_rebuilt RENAME TO search_backlog")
 
 
 def downgrade() -> None:
@@ -55,6 +83,7 @@ def downgrade() -> None:
         op.execute("ALTER TABLE sessions RESET (fillfactor)")
     else:
         # SQLite stores the time as SQLAlchemy's text ("YYYY-MM-DD HH:MM:SS.ffffff").
+        _rebuild_backlog("")
         op.execute(
             "UPDATE sessions SET last_active_at = strftime('%Y-%m-%d %H:%M:%f000', "
             "julianday(last_active_at) + last_active_lag_us / 86400000000.0) "
