@@ -93,6 +93,7 @@ from sessionrepo.store.memory import DEFAULT_MEMORY_BYTES, SentMemory
 from sessionrepo.store.operations import SessionOperator
 from sessionrepo.store.search_index import SearchIndex
 from sessionrepo.store.transaction import SessionTransaction, fetch_session
+from sessionrepo.store.wire import wire_dicts
 
 S = sessions_table.c
 M = messages_table.c
@@ -627,6 +628,37 @@ class SessionRepository(SessionStore, TranscriptEditor, SessionOperations):
             if backwards:
                 messages.reverse()
             return ancestors + messages
+
+        return self._db.read(work)
+
+    @_observe.instrument_load
+    def load_openai(
+        self,
+        session_id: str,
+        *,
+        after_seq: int | None = None,
+        limit: int | None = None,
+        include_key: bool = False,
+    ) -> list[dict[str, Any]]:
+        sid = check_session_id(session_id)
+        after_seq = check_seq(after_seq, "after_seq")
+        if limit is not None:
+            limit = check_limit(limit)
+        include_key = check_bool(include_key, "include_key")
+        load = DirectLoad(sid, _codec.LOAD_COLUMNS, after_seq, None, limit, False, live_only=True)
+        rows = self._db.read_direct(lambda driver: self._db.dialect.load_direct(driver, load))
+        if rows:
+            return wire_dicts(rows, include_key=include_key)
+        query = select(*_codec.load_columns).where(M.session_id == sid, M.superseded.is_(None))
+        if after_seq is not None:
+            query = query.where(M.seq > after_seq)
+        query = query.order_by(M.seq).limit(limit)
+
+        def work(conn: Connection) -> list[dict[str, Any]]:
+            found = list(conn.execute(query))
+            if not found:
+                self._get(conn, sid)  # an empty transcript, or NotFound
+            return wire_dicts(found, include_key=include_key)
 
         return self._db.read(work)
 
