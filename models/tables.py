@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any, ClassVar, Final
 
 from sqlalchemy import (
@@ -55,6 +55,12 @@ NAMING_CONVENTION: Final = {
 }
 
 ID_LENGTH: Final = 255
+#: How far behind an append's time the indexed ``sessions.last_active_at`` may stay: an
+#: append rewrites it (and the listing's four indexes with it) only when it is further
+#: behind than this, else it records ``last_active_lag_us``, in no index. The same for every
+#: process on a database (the listing reads the index this much wider than its page), so
+#: it is fixed here, not an option.
+ACTIVITY_GRANULARITY: Final = timedelta(seconds=1)
 
 
 def dump_json(value: Any) -> str:
@@ -167,6 +173,8 @@ class SessionRow(Base):
         ),
         Index("ix_sessions_parent_session_id", "parent_session_id"),
         Index("ix_sessions_ended_at", "ended_at"),
+        # Room on each page for a heap-only (HOT) update of the row (migration 0010).
+        {"postgresql_with": {"fillfactor": 80}},
     )
 
     id: Mapped[str]
@@ -189,7 +197,11 @@ class SessionRow(Base):
     metadata_: Mapped[dict[str, Any] | None] = mapped_column("metadata")
     #: The ``seq`` the next inserted message gets; moved under the session's row lock.
     next_seq: Mapped[int] = mapped_column(server_default=text("1"))
+    #: Indexed (the listing's orders): moved by an append only past ACTIVITY_GRANULARITY.
     last_active_at: Mapped[datetime]
+    #: Microseconds of activity after ``last_active_at`` (in no index: an append that
+    #: sets it alone touches no index page); the session's activity is their sum.
+    last_active_lag_us: Mapped[int] = mapped_column(server_default=text("0"))
     #: Set by ``fork_session``: the session and ``seq`` this one's transcript was copied
     #: from (no foreign key, like ``parent_session_id``).
     forked_from_session_id: Mapped[str | None]
@@ -309,7 +321,8 @@ class SearchBacklogRow(Base):
     (:mod:`sessionrepo.store.search_index`)."""
 
     __tablename__ = "search_backlog"
-    __table_args__ = (PrimaryKeyConstraint("session_id", "first_seq"),)
+    # On SQLite the row lives in its key's b-tree: one page an append, not two (0010).
+    __table_args__ = (PrimaryKeyConstraint("session_id", "first_seq"), {"sqlite_with_rowid": False})
 
     # Goes with its session: a pruned session leaves no backlog behind.
     session_id: Mapped[str] = mapped_column(ForeignKey("sessions.id", ondelete="CASCADE"))

@@ -146,6 +146,7 @@ class AsyncSessionRepository(AsyncFacade[SessionRepository]):
     session_chain = awaited(SessionRepository.session_chain)
     append_prepared = awaited(SessionRepository.append_prepared)
     load_transcript = awaited(SessionRepository.load_transcript)
+    load_openai = awaited(SessionRepository.load_openai)
     search = awaited(SessionRepository.search)
     reindex = awaited(SessionRepository.reindex)
     search_index_state = awaited(SessionRepository.search_index_state)

@@ -75,11 +75,12 @@ _T = TypeVar("_T")
 
 
 #: A new session's columns that an append sets from the session's defaults; the
-#: counters, ``next_seq`` and ``last_active_at`` come from the batch.
+#: counters, ``next_seq`` and the activity (``last_active_at``, its lag) come from the batch.
 NEW_SESSION_COLUMNS: Final = tuple(
     column.name
     for column in sessions_table.c
-    if column.name not in ("message_count", "tool_call_count", "next_seq", "last_active_at")
+    if column.name
+    not in ("message_count", "tool_call_count", "next_seq", "last_active_at", "last_active_lag_us")
 )
 
 

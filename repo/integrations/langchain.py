@@ -299,6 +299,12 @@ def from_stored_message(message: StoredMessage) -> BaseMessage:
         if value is not None:
             wire[name] = value
     wire.update(message.extra)
+    return _from_wire(wire)
+
+
+def _from_wire(wire: dict[str, Any]) -> BaseMessage:
+    """The LangChain message an OpenAI-format message with a role stands for (a dict of
+    ``load_openai``'s, or :func:`from_stored_message`'s own)."""
     saved = wire.get(LANGCHAIN_FIELD)
     kind, fields = _implied(wire)
     if isinstance(saved, dict):
@@ -309,6 +315,18 @@ def from_stored_message(message: StoredMessage) -> BaseMessage:
         fields.update(saved)
         return cls(**fields)
     return _CLASSES[kind](**fields)
+
+
+def _from_wire_dict(wire: dict[str, Any]) -> BaseMessage:
+    """:func:`from_stored_message` of a ``load_openai`` dict (the load decodes the stored
+    columns straight to it: no ``StoredMessage`` is built)."""
+    if wire.get("role") is None:  # a Responses item another writer stored
+        content = wire.pop("content", None)
+        kind = wire.get("type")
+        return ChatMessage(
+            content="" if content is None else content, role=str(kind), additional_kwargs=wire
+        )
+    return _from_wire(wire)
 
 
 class SessionRepoChatMessageHistory(BaseChatMessageHistory):
@@ -460,20 +478,20 @@ class SessionRepoChatMessageHistory(BaseChatMessageHistory):
     def messages(self) -> list[BaseMessage]:  # type: ignore[override]
         """The live transcript, oldest first."""
         try:
-            stored = self._repository().load_transcript(self.session_id)
+            wires = self._repository().load_openai(self.session_id)
         except NotFound:
             return []
-        return [from_stored_message(m) for m in stored]
+        return [_from_wire_dict(wire) for wire in wires]
 
     async def aget_messages(self) -> list[BaseMessage]:
         repository = await self._async_repository()
         if repository is None:
             return await run_in_executor(None, lambda: self.messages)
         try:
-            stored = await repository.load_transcript(self.session_id)
+            wires = await repository.load_openai(self.session_id)
         except NotFound:
             return []
-        return [from_stored_message(m) for m in stored]
+        return [_from_wire_dict(wire) for wire in wires]
 
     def add_messages(self, messages: Sequence[BaseMessage]) -> None:
         """Store ``messages`` at the end of the transcript, atomically.

@@ -14,7 +14,7 @@ import pickle
 import textwrap
 import weakref
 from collections.abc import Callable, Iterable, Mapping, MutableMapping, Sequence
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any, Final
 
 from pydantic import ValidationError
@@ -573,6 +573,8 @@ def session_from_row(row: Row[Any] | Mapping[str, Any], **more: Any) -> Any:
     mapping = row._mapping if isinstance(row, Row) else row
     values = {name: mapping[name] for name in SESSION_FIELDS}
     values["metadata"] = mapping["metadata"] or {}
+    if lag := mapping.get("last_active_lag_us"):  # the activity within the granularity
+        values["last_active_at"] += timedelta(microseconds=lag)
     return values | more
 
 

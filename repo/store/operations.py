@@ -205,7 +205,7 @@ class SessionOperator(SessionOperations):
                 conn.execute(
                     update(sessions_table)
                     .where(S.id == sid)
-                    .values(last_active_at=new_row["last_active_at"])
+                    .values(last_active_at=new_row["last_active_at"], last_active_lag_us=0)
                 )
             return RestoreResult(
                 session_id=sid,
@@ -237,7 +237,7 @@ class SessionOperator(SessionOperations):
             changed = conn.execute(
                 update(sessions_table)
                 .where(S.id == sid, (stamp >= stamped_since) | (stamp < when))
-                .values(last_active_at=when)
+                .values(last_active_at=when, last_active_lag_us=0)
             ).rowcount
             if not changed:
                 fetch_session(conn, sid)  # NotFound, or a newer stamp that stays

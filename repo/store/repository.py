@@ -10,18 +10,18 @@ from __future__ import annotations
 import base64
 import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, Literal
 from uuid import UUID
 
 from sqlalchemy import (
+    ColumnElement,
     Connection,
     Text,
     case,
     func,
     literal,
     select,
-    tuple_,
     update,
 )
 from sqlalchemy.engine import URL
@@ -56,6 +56,7 @@ from sessionrepo.models._limits import check_identifier
 from sessionrepo.models.message import to_utc, utcnow
 from sessionrepo.models.session import DERIVED_FIELDS
 from sessionrepo.models.tables import (
+    ACTIVITY_GRANULARITY,
     ENCODED_MARK,
     decode_text,
     messages_table,
@@ -92,6 +93,7 @@ from sessionrepo.store.memory import DEFAULT_MEMORY_BYTES, SentMemory
 from sessionrepo.store.operations import SessionOperator
 from sessionrepo.store.search_index import SearchIndex
 from sessionrepo.store.transaction import SessionTransaction, fetch_session
+from sessionrepo.store.wire import wire_dicts
 
 S = sessions_table.c
 M = messages_table.c
@@ -243,29 +245,68 @@ class SessionRepository(SessionStore, TranscriptEditor, SessionOperations):
             .limit(1)
             .scalar_subquery()
         )
-        query = select(sessions_table, first_user_message.label("preview"))
+        chosen: list[ColumnElement[bool]] = []
         if source is not None:
-            query = query.where(S.source == source)
+            chosen.append(S.source == source)
         if user_id is not None:
-            query = query.where(S.user_id == user_id)
+            chosen.append(S.user_id == user_id)
         if status == "open":
-            query = query.where(S.ended_at.is_(None))
+            chosen.append(S.ended_at.is_(None))
         elif status == "ended":
-            query = query.where(S.ended_at.is_not(None))
-        if last_page is not None:
-            last_active, last_id = last_page
-            query = query.where(tuple_(S.last_active_at, S.id) < tuple_(last_active, last_id))
-        query = query.order_by(S.last_active_at.desc(), S.id.desc()).limit(limit + 1)
+            chosen.append(S.ended_at.is_not(None))
 
-        rows = self._db.read(lambda conn: conn.execute(query).all())
-        items = [
-            SessionSummary.model_construct(
-                **_codec.session_from_row(row, preview=_preview(row.preview))
+        def work(conn: Connection) -> list[Any]:
+            # The order is by activity, last_active_at + last_active_lag_us, exactly; the
+            # index holds last_active_at, at most ACTIVITY_GRANULARITY (G) behind it.
+            # Every session whose indexed time is below the cursor's less G is past the
+            # cursor; the (limit+1)-th of them by indexed time, ``floor``, proves limit+1
+            # sessions past the cursor active at ``floor`` or later, so the page is among
+            # the sessions indexed from floor - G up to the cursor: a range of the index
+            # a granularity wider than the page, ranked here.
+            surely_past = select(S.last_active_at).where(*chosen)
+            candidates = select(S.id, S.last_active_at, S.last_active_lag_us).where(*chosen)
+            if last_page is not None:
+                surely_past = surely_past.where(
+                    S.last_active_at < last_page[0] - ACTIVITY_GRANULARITY
+                )
+                candidates = candidates.where(S.last_active_at <= last_page[0])
+            floor = conn.execute(
+                surely_past.order_by(S.last_active_at.desc(), S.id.desc()).offset(limit).limit(1)
+            ).scalar()
+            if floor is not None:
+                candidates = candidates.where(S.last_active_at >= floor - ACTIVITY_GRANULARITY)
+            ranked = sorted(
+                (
+                    (at + timedelta(microseconds=lag), sid)
+                    for sid, at, lag in conn.execute(candidates)
+                    if last_page is None or (at + timedelta(microseconds=lag), sid) < last_page
+                ),
+                reverse=True,
+            )[: limit + 1]
+            if not ranked:
+                return []
+            return list(
+                conn.execute(
+                    select(sessions_table, first_user_message.label("preview")).where(
+                        S.id.in_([sid for _, sid in ranked])
+                    )
+                )
             )
-            for row in rows[:limit]
-        ]
+
+        rows = self._db.read(work)
+        ordered = sorted(
+            (
+                SessionSummary.model_construct(
+                    **_codec.session_from_row(row, preview=_preview(row.preview))
+                )
+                for row in rows
+            ),
+            key=_listed_order,
+            reverse=True,
+        )
+        items = ordered[:limit]
         next_cursor = None
-        if len(rows) > limit:
+        if len(ordered) > limit:
             last = items[-1]
             assert last.last_active_at is not None
             next_cursor = _encode_cursor(last.last_active_at, last.id)
@@ -590,6 +631,37 @@ class SessionRepository(SessionStore, TranscriptEditor, SessionOperations):
 
         return self._db.read(work)
 
+    @_observe.instrument_load
+    def load_openai(
+        self,
+        session_id: str,
+        *,
+        after_seq: int | None = None,
+        limit: int | None = None,
+        include_key: bool = False,
+    ) -> list[dict[str, Any]]:
+        sid = check_session_id(session_id)
+        after_seq = check_seq(after_seq, "after_seq")
+        if limit is not None:
+            limit = check_limit(limit)
+        include_key = check_bool(include_key, "include_key")
+        load = DirectLoad(sid, _codec.LOAD_COLUMNS, after_seq, None, limit, False, live_only=True)
+        rows = self._db.read_direct(lambda driver: self._db.dialect.load_direct(driver, load))
+        if rows:
+            return wire_dicts(rows, include_key=include_key)
+        query = select(*_codec.load_columns).where(M.session_id == sid, M.superseded.is_(None))
+        if after_seq is not None:
+            query = query.where(M.seq > after_seq)
+        query = query.order_by(M.seq).limit(limit)
+
+        def work(conn: Connection) -> list[dict[str, Any]]:
+            found = list(conn.execute(query))
+            if not found:
+                self._get(conn, sid)  # an empty transcript, or NotFound
+            return wire_dicts(found, include_key=include_key)
+
+        return self._db.read(work)
+
     def _messages(self, conn: Connection, query: Any) -> list[StoredMessage]:
         return _codec.stored_messages(conn.execute(query))
 
@@ -633,6 +705,11 @@ class SessionRepository(SessionStore, TranscriptEditor, SessionOperations):
         self, session_id: str, when: datetime, *, stamped_since: datetime
     ) -> bool:
         return self._operator.backdate_activity(session_id, when, stamped_since=stamped_since)
+
+
+def _listed_order(summary: SessionSummary) -> tuple[datetime, str]:
+    assert summary.last_active_at is not None  # every stored session has one
+    return (summary.last_active_at, summary.id)
 
 
 def _activity(row: Any) -> tuple[datetime, str]:

@@ -26,7 +26,12 @@ from sessionrepo.dialects.base import (
     lock_bypassed,
 )
 from sessionrepo.models.outbox_protocol import parked_rows_sql
-from sessionrepo.models.tables import MESSAGE_COLUMNS, messages_table, sessions_table
+from sessionrepo.models.tables import (
+    ACTIVITY_GRANULARITY,
+    MESSAGE_COLUMNS,
+    messages_table,
+    sessions_table,
+)
 
 
 def _array_type(column: Column[Any]) -> str:
@@ -88,6 +93,19 @@ _PG_INSERT_FRESH = f"""INSERT INTO messages (session_id, seq, {_STORED_NAMES})
     SELECT %(sid)s, seq, {_STORED_NAMES}
     FROM fresh"""
 
+#: The session's activity after an append at ``now``: within the granularity after
+#: ``last_active_at``, only the lag (in no index) changes and ``last_active_at`` keeps its
+#: value, so the row's update touches no index and can be heap-only (HOT); further (or a
+#: clock behind it), ``last_active_at`` moves to ``now``. (In a SET list, a column names
+#: the row's old value.)
+_PG_ACTIVITY = """last_active_at = CASE
+            WHEN %(now)s - last_active_at BETWEEN interval '0' AND %(granularity)s
+            THEN last_active_at ELSE %(now)s END,
+        last_active_lag_us = CASE
+            WHEN %(now)s - last_active_at BETWEEN interval '0' AND %(granularity)s
+            THEN (extract(epoch FROM %(now)s - last_active_at) * 1000000)::bigint
+            ELSE 0 END"""
+
 _PG_INSERT_NEW = f"""
 WITH {_PG_INPUT},
 {_PG_EXISTING},
@@ -106,7 +124,7 @@ counted AS (
             SELECT coalesce(sum(f.tool_call_total), 0)
             FROM fresh f JOIN inserted USING (client_msg_uuid)
         ),
-        last_active_at = %(now)s
+        {_PG_ACTIVITY}
     WHERE id = %(sid)s AND EXISTS (SELECT 1 FROM inserted)
 )
 SELECT client_msg_uuid, NULL::bytea AS content_hash FROM inserted
@@ -191,7 +209,7 @@ counted AS (
         next_seq = next_seq + n.inserted,
         message_count = message_count + n.inserted,
         tool_call_count = tool_call_count + n.tool_calls,
-        last_active_at = %(now)s
+        {_PG_ACTIVITY}
     FROM (
         SELECT (SELECT count(*) FROM inserted) AS inserted,
             (SELECT coalesce(sum(tool_call_total), 0) FROM fresh) AS tool_calls
@@ -240,7 +258,12 @@ class PostgresAppend(AppendRole):
         # the insert and the counters happen on the server. Its snapshot is taken after
         # the caller locked the session row, so the lookup sees every committed row.
         params: dict[str, Any] = {name: [row[name] for row in rows] for name in _INPUT_COLUMNS}
-        params |= {"sid": session_id, "next_seq": next_seq, "now": now}
+        params |= {
+            "sid": session_id,
+            "next_seq": next_seq,
+            "now": now,
+            "granularity": ACTIVITY_GRANULARITY,
+        }
         found = connection.exec_driver_sql(_PG_INSERT_NEW, params).all()
         stored = {key: digest for key, digest in found if digest is not None}
         inserted = len(found) - len(stored)
@@ -261,6 +284,7 @@ class PostgresAppend(AppendRole):
         params |= {
             "sid": append.session_id,
             "now": append.now,
+            "granularity": ACTIVITY_GRANULARITY,
             "enqueue": append.enqueue,
             "refuse_conflicts": append.refuse_conflicts,
             "behind_outbox": append.behind_outbox,

@@ -11,7 +11,7 @@ from __future__ import annotations
 import sqlite3
 import uuid
 from collections.abc import Callable, Iterator, Sequence
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from functools import partial
 from operator import itemgetter
 from typing import Any, Final, Protocol
@@ -33,6 +33,7 @@ from sessionrepo.dialects.base import (
 from sessionrepo.errors import RepoError
 from sessionrepo.models.outbox_protocol import parked_rows_sql
 from sessionrepo.models.tables import (
+    ACTIVITY_GRANULARITY,
     MESSAGE_COLUMNS,
     MESSAGE_PLACE,
     UTCDateTime,
@@ -71,9 +72,9 @@ class SQLiteAppend(AppendRole):
             fresh,
         )
         tool_calls = sum(row["tool_call_total"] for row in fresh)
-        connection.exec_driver_sql(
-            _SQLITE_COUNTERS, (len(fresh), len(fresh), tool_calls, _sqlite_time(now), session_id)
-        )
+        row = connection.exec_driver_sql(_SQLITE_NEXT_SEQ, (session_id,)).one()
+        sql, activity = _sqlite_activity(row[1], now)
+        connection.exec_driver_sql(sql, (len(fresh), len(fresh), tool_calls, activity, session_id))
         return stored
 
     driver_error = sqlite3.Error
@@ -102,7 +103,7 @@ class SQLiteAppend(AppendRole):
         return rows
 
 
-_SQLITE_NEXT_SEQ = "SELECT next_seq FROM sessions WHERE id = ?"
+_SQLITE_NEXT_SEQ = "SELECT next_seq, last_active_at FROM sessions WHERE id = ?"
 _SQLITE_LOOKUP = (
     "SELECT client_msg_uuid, content_hash FROM messages "
     "WHERE session_id = ? AND client_msg_uuid IN "
@@ -118,10 +119,32 @@ _SQLITE_INSERT = (
 _pick_columns = itemgetter(*MESSAGE_COLUMNS)
 
 
-_SQLITE_COUNTERS = (
+_SQLITE_COUNTS = (
     "UPDATE sessions SET next_seq = next_seq + ?, message_count = message_count + ?, "
-    "tool_call_count = tool_call_count + ?, last_active_at = ? WHERE id = ?"
+    "tool_call_count = tool_call_count + ?, "
 )
+#: The counters and the activity moved past the granularity: ``last_active_at`` rewritten,
+#: with the listing's four indexes.
+_SQLITE_COUNTERS_MOVED = _SQLITE_COUNTS + "last_active_at = ?, last_active_lag_us = 0 WHERE id = ?"
+#: The counters and the activity within the granularity: no indexed column is set, so
+#: SQLite touches no index page (it skips an index none of whose columns is assigned).
+_SQLITE_COUNTERS_LAG = _SQLITE_COUNTS + "last_active_lag_us = ? WHERE id = ?"
+_GRANULARITY_US: Final = ACTIVITY_GRANULARITY // timedelta(microseconds=1)
+
+
+def _sqlite_activity(stored: str, now: datetime) -> tuple[str, str | int]:
+    """The counters' statement for an append at ``now`` to a session whose
+    ``last_active_at`` is ``stored`` (as SQLite holds it), and its activity parameter:
+    the lag in microseconds when ``now`` is within the granularity after ``stored``,
+    else ``now`` itself (a clock behind the stored time also rewrites it, as before)."""
+    moment = _sqlite_time(now)
+    held = datetime.fromisoformat(stored)
+    if held.tzinfo is not None:  # written with an offset by something else than sessionrepo
+        held = held.astimezone(UTC).replace(tzinfo=None)
+    lag = (datetime.fromisoformat(moment) - held) // timedelta(microseconds=1)
+    if 0 <= lag <= _GRANULARITY_US:
+        return _SQLITE_COUNTERS_LAG, lag
+    return _SQLITE_COUNTERS_MOVED, moment
 
 
 class _Rows(Protocol):
@@ -274,7 +297,8 @@ def _sqlite_append_locked(db: sqlite3.Connection, append: DirectAppend, sid: str
         db.execute(_SQLITE_CREATE, (*values, len(fresh), tool_calls, 1 + len(fresh), now))
     else:
         next_seq = int(session[0])
-        db.execute(_SQLITE_COUNTERS, (len(fresh), len(fresh), tool_calls, now, sid))
+        sql, activity = _sqlite_activity(session[1], append.now)
+        db.execute(sql, (len(fresh), len(fresh), tool_calls, activity, sid))
     _sqlite_insert(db.executemany, sid, next_seq, fresh)
     if append.enqueue:
         db.execute(_SQLITE_BACKLOG, (sid, next_seq, len(fresh)))
