@@ -45,7 +45,16 @@ _SESSION_COLUMN = "session_id"
 _LOCAL_TABLES = frozenset({"alembic_version"})
 #: The tables this revision distributes: sessionrepo's own, never an application's
 #: table in the same schema (the anchor is distributed first when it is not yet).
-_OWN_TABLES = frozenset({"sessions", "messages", "search_backlog", "message_search", "pending_outbox", "search_index_state"})
+_OWN_TABLES = frozenset(
+    {
+        "sessions",
+        "messages",
+        "search_backlog",
+        "message_search",
+        "pending_outbox",
+        "search_index_state",
+    }
+)
 
 
 def _has_citus(connection: Connection) -> bool:
