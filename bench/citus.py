@@ -21,6 +21,7 @@ runs it after the main benchmark.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import re
@@ -29,7 +30,7 @@ import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -181,6 +182,79 @@ def hot_path(url: str, sessions: int, flushes: int, batch: int) -> dict[str, Any
         }
 
 
+class RemoteCommands:
+    """What the coordinator sends to the workers (``citus.log_remote_commands`` notices)
+    on the connections of every engine made while listening: per call, the workers
+    contacted and whether its commit took two phases."""
+
+    def __init__(self) -> None:
+        self.commands: list[tuple[str, str]] = []
+        event.listen(Engine, "connect", self._connected)
+
+    def close(self) -> None:
+        event.remove(Engine, "connect", self._connected)
+
+    def _connected(self, dbapi_connection: Any, record: Any) -> None:
+        dbapi_connection.add_notice_handler(self._notice)
+        cursor = dbapi_connection.cursor()
+        cursor.execute("SET citus.log_remote_commands = on")
+        cursor.close()
+        dbapi_connection.commit()
+
+    def _notice(self, diagnostic: Any) -> None:
+        found = re.search(r"on server \S+@(\S+:\d+) ", diagnostic.message_detail or "")
+        message = diagnostic.message_primary or ""
+        if found and message.startswith("issuing "):
+            self.commands.append((found.group(1), message))
+
+    def call(self, action: Callable[[], object]) -> tuple[int, bool]:
+        """``action()``; the workers it contacted, and whether it committed in two phases."""
+        start = len(self.commands)
+        action()
+        seen = self.commands[start:]
+        two_phase = any("PREPARE TRANSACTION" in command for _, command in seen)
+        return len({worker for worker, _ in seen}), two_phase
+
+
+def single_appends(url: str, sessions: int, calls: int, citus: bool) -> dict[str, Any]:
+    """One-message appends to existing sessions, round robin: the median milliseconds of
+    a call and, on Citus, the workers each call contacted and how many used 2PC (the
+    remote-command log is on for those calls only: it costs a notice per command)."""
+    remote = RemoteCommands() if citus else None
+    try:
+        with open_repository(url) as repository:
+            ids = [f"one-{uuid.uuid4().hex[:8]}-{index:03d}" for index in range(sessions)]
+            for sid in ids:
+                repository.append(sid, [Message(role="user", content="first")], source="bench")
+            times = []
+            for index in range(calls):
+                message = [Message(role="user", content=f"one message {index}")]
+                started = time.perf_counter()
+                repository.append(ids[index % sessions], message)
+                times.append((time.perf_counter() - started) * 1000)
+            routed: dict[str, Any] = {}
+            if remote is not None:
+                contacted = [
+                    remote.call(
+                        functools.partial(
+                            repository.append,
+                            ids[index % sessions],
+                            [Message(role="user", content="routed")],
+                        )
+                    )
+                    for index in range(min(calls, 50))
+                ]
+                routed = {
+                    "max_workers_per_append": max(workers for workers, _ in contacted),
+                    "two_phase_appends": sum(1 for _, two in contacted if two),
+                    "appends_checked": len(contacted),
+                }
+            return {"append_1_ms": statistics.median(times), **routed}
+    finally:
+        if remote is not None:
+            remote.close()
+
+
 def fill(url: str, sessions: int) -> float:
     """``sessions`` sessions of two messages each, indexed, written by SQL in bulk;
     returns the seconds it took."""
@@ -242,8 +316,26 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     stores = {"citus": citus_store(args.citus_url)}
     if args.postgres_url:
         stores["postgresql"] = postgres_store(args.postgres_url)
-    for name, store in stores.items():
-        with store as url:
+    with ExitStack() as stack:
+        urls = {name: stack.enter_context(store) for name, store in stores.items()}
+        # One-message appends, interleaved: rounds alternate which store goes first.
+        rounds: dict[str, list[dict[str, Any]]] = {name: [] for name in urls}
+        for number in range(args.rounds):
+            order = list(urls) if number % 2 == 0 else list(reversed(urls))
+            for name in order:
+                print(f"{name}: one-message appends, round {number + 1}", file=sys.stderr)
+                rounds[name].append(
+                    single_appends(urls[name], 20, args.single_calls, name == "citus")
+                )
+        for name, found in rounds.items():
+            figures = {"append_1_ms": statistics.median(r["append_1_ms"] for r in found)}
+            figures["append_1_ms_rounds"] = [round(r["append_1_ms"], 3) for r in found]
+            if name == "citus":
+                figures["max_workers_per_append"] = max(r["max_workers_per_append"] for r in found)
+                figures["two_phase_appends"] = sum(r["two_phase_appends"] for r in found)
+                figures["appends_checked"] = sum(r["appends_checked"] for r in found)
+            results.setdefault(name, {})["single"] = figures
+        for name, url in urls.items():
             print(f"{name}: appends and loads", file=sys.stderr)
             hot = hot_path(url, args.hot_sessions, args.flushes, args.batch)
             seen = hot.pop("statements")
@@ -255,13 +347,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             seen = wide.pop("statements")
             if name == "citus":
                 wide["routing"] = classify(url, seen)
-            results[name] = {"hot_path": hot, "across_sessions": wide}
+            results[name] |= {"hot_path": hot, "across_sessions": wide}
     return results
 
 
 def markdown(results: dict[str, Any]) -> str:
     names = [name for name in ("citus", "postgresql") if name in results]
     rows = [
+        ("append of 1 message, ms (median of rounds)", "single", "append_1_ms", "{:.2f}"),
         ("append, messages/s", "hot_path", "messages_per_second", "{:.0f}"),
         ("append, calls/s", "hot_path", "appends_per_second", "{:.0f}"),
         ("load + lookup, sessions/s", "hot_path", "loads_per_second", "{:.0f}"),
@@ -284,6 +377,19 @@ def markdown(results: dict[str, Any]) -> str:
     for label, part, key, form in rows:
         cells = [form.format(results[name][part][key]) for name in names]
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    single = results["citus"]["single"]
+    lines += [
+        "",
+        f"One-message appends on Citus, read from the coordinator's remote commands: at most "
+        f"{single['max_workers_per_append']} worker per append, "
+        f"{single['two_phase_appends']} of {single['appends_checked']} committed in two phases."
+        + (
+            f" Ratio to plain PostgreSQL: "
+            f"{single['append_1_ms'] / results['postgresql']['single']['append_1_ms']:.2f}x."
+            if "postgresql" in results
+            else ""
+        ),
+    ]
     for part, title in (("hot_path", "hot path"), ("across_sessions", "reads across sessions")):
         routing = results["citus"][part]["routing"]
         lines += [
@@ -315,6 +421,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--flushes", type=int, default=5)
     parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--repeat", type=int, default=20)
+    parser.add_argument(
+        "--rounds", type=int, default=3, help="interleaved rounds of 1-message appends"
+    )
+    parser.add_argument("--single-calls", type=int, default=300, help="1-message appends a round")
     parser.add_argument("--quick", action="store_true", help="tiny sizes: a smoke run")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
@@ -322,6 +432,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("a Citus coordinator is needed: --citus-url or BENCH_CITUS_URL")
     if args.quick:
         args.sessions, args.hot_sessions, args.flushes, args.repeat = 2000, 20, 2, 3
+        args.rounds, args.single_calls = 1, 30
     results = run(args)
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     args.out.mkdir(parents=True, exist_ok=True)

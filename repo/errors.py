@@ -91,11 +91,15 @@ class BackendUnavailable(RepoError):
 
     Attributes:
         code: the SQLSTATE (PostgreSQL) or extended result code name (SQLite), if known.
+        node: on a distributed database (Citus), the one node (``host:port``) that
+            could not be reached while the database itself answered: only the sessions
+            whose rows live there are unavailable. ``None``: the database as a whole.
     """
 
-    def __init__(self, message: str, *, code: str | None = None) -> None:
+    def __init__(self, message: str, *, code: str | None = None, node: str | None = None) -> None:
         super().__init__(message)
         self.code = code
+        self.node = node
 
 
 class WriteRejected(RepoError):

@@ -10,8 +10,10 @@ Citus: without the extension installed, :class:`CitusUnavailable` says so.
 
 As a script (``python tests/citus_cluster.py`` or ``python -m tests.citus_cluster``)::
 
-    start [--workers N] [--dir DIR]   start a cluster, print the coordinator's URL; its
-                                      state (pids, directories) is kept in DIR
+    start [--workers N] [--dir DIR] [--shards N]
+                                      start a cluster, print the coordinator's URL; its
+                                      state (pids, directories) is kept in DIR; N shards
+                                      per table (default 4; 0: Citus's default, 32)
     stop --dir DIR                    stop the cluster started with that DIR, remove it
     run [--workers N] -- COMMAND...   run COMMAND with SESSIONREPO_TEST_CITUS_URL naming
                                       a cluster started for it (and
@@ -50,9 +52,11 @@ NODE_SETTINGS = {
     # The tests' pools and Citus's connections to the workers, on one machine.
     "max_connections": "400",
     "citus.max_client_connections": "-1",
-    # Few shards: a test schema distributes its tables quickly; routing is the same.
-    "citus.shard_count": "4",
 }
+#: Shards per distributed table in the tests: few, so a test schema distributes its
+#: tables quickly (routing is the same). ``start --shards N`` sets another count; 0
+#: keeps Citus's default (32), what ``sessionrepo migrate`` gets on a real cluster.
+TEST_SHARDS = 4
 
 
 class CitusUnavailable(Exception):
@@ -93,15 +97,18 @@ def check_available() -> Path:
 class CitusCluster:
     """A coordinator and ``workers`` workers, started and joined; :meth:`destroy` ends them."""
 
-    def __init__(self, workers: int = 2) -> None:
+    def __init__(self, workers: int = 2, shards: int = TEST_SHARDS) -> None:
         bindir = check_available()
         self.nodes: list[ThrowawayCluster] = []
+        settings = dict(NODE_SETTINGS)
+        if shards:
+            settings["citus.shard_count"] = str(shards)
         try:
             for _ in range(1 + workers):
                 node = ThrowawayCluster(bindir)
                 with (node.data / "postgresql.conf").open("a") as conf:
                     conf.write("\n# sessionrepo citus tests\n")
-                    conf.writelines(f"{key} = {value}\n" for key, value in NODE_SETTINGS.items())
+                    conf.writelines(f"{key} = {value}\n" for key, value in settings.items())
                 self.nodes.append(node)
             for node in self.nodes:
                 node.start()
@@ -157,8 +164,8 @@ def _state_file(directory: Path) -> Path:
     return directory / "cluster.json"
 
 
-def _start(workers: int, directory: Path | None) -> int:
-    cluster = CitusCluster(workers)
+def _start(workers: int, directory: Path | None, shards: int = TEST_SHARDS) -> int:
+    cluster = CitusCluster(workers, shards)
     where = directory or Path(tempfile.mkdtemp(prefix="sessionrepo-citus-"))
     where.mkdir(parents=True, exist_ok=True)
     state = {
@@ -224,6 +231,9 @@ def main(argv: list[str] | None = None) -> int:
     start = commands.add_parser("start", help="start a cluster, print the coordinator's URL")
     start.add_argument("--workers", type=int, default=2)
     start.add_argument("--dir", type=Path, default=None)
+    start.add_argument(
+        "--shards", type=int, default=TEST_SHARDS, help="shards per table (0: Citus's 32)"
+    )
     stop = commands.add_parser("stop", help="stop the cluster started with --dir DIR")
     stop.add_argument("--dir", type=Path, required=True)
     run = commands.add_parser("run", help="run a command against a cluster started for it")
@@ -236,7 +246,7 @@ def main(argv: list[str] | None = None) -> int:
             check_available()
             return 0
         if args.command == "start":
-            return _start(args.workers, args.dir)
+            return _start(args.workers, args.dir, args.shards)
         if args.command == "run":
             command = args.command_[1:] if args.command_[:1] == ["--"] else args.command_
             return _run(args.workers, command)

@@ -69,9 +69,10 @@ APPEND_PATH_MODULES = frozenset(
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
-    if not metafunc.definition.get_closest_marker("contract"):
+    contract = metafunc.definition.get_closest_marker("contract") is not None
+    if not contract and not _runs_on_citus_too(metafunc):
         return
-    if "repo" in metafunc.fixturenames:
+    if contract and "repo" in metafunc.fixturenames:
         metafunc.parametrize("api", APIS)
         if metafunc.module.__name__.rpartition(".")[2] in APPEND_PATH_MODULES:
             metafunc.parametrize("append_path", APPEND_PATHS)
@@ -83,7 +84,18 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if "backend" in metafunc.fixturenames and wanted and not chosen:
         # The contract runs on Citus too (a test that chose its backends keeps them).
         # Without a coordinator, tests/dialects/test_citus.py shows the reason it is skipped.
-        metafunc.parametrize("backend", [*BACKENDS, CITUS])
+        # Module-scoped for the adapters: a module may scope its own ``backend`` and
+        # database fixtures (one database per module).
+        metafunc.parametrize("backend", [*BACKENDS, CITUS], scope=None if contract else "module")
+
+
+#: Beside the contract suite, what runs on Citus too: the framework adapters (ADK,
+#: LangChain, OpenAI Agents), whose tables and statements are sessionrepo's.
+CITUS_TOO_DIRECTORIES = ("integrations",)
+
+
+def _runs_on_citus_too(metafunc: pytest.Metafunc) -> bool:
+    return Path(str(metafunc.definition.path)).parent.name in CITUS_TOO_DIRECTORIES
 
 
 def _require_postgres() -> bool:
@@ -226,6 +238,41 @@ class CitusServer:
             row = conn.execute(query).fetchone()  # type: ignore[call-overload]
         return str(row[0] if row else "")
 
+    def _tables(self, name: str) -> list[str]:
+        """The schema's tables but ``alembic_version``, each after every table that has a
+        foreign key to it (the ones that point first)."""
+        with psycopg.connect(self._conninfo, autocommit=True) as conn:
+            tables = [
+                str(row[0])
+                for row in conn.execute(
+                    "SELECT relname FROM pg_class WHERE relnamespace = %s::regnamespace "
+                    "AND relkind IN ('r', 'p') AND relname <> 'alembic_version' ORDER BY relname",
+                    [name],
+                )
+            ]
+            edges = conn.execute(
+                "SELECT conrelid::regclass::text, confrelid::regclass::text FROM pg_constraint "
+                "WHERE contype = 'f' AND connamespace = %s::regnamespace",
+                [name],
+            ).fetchall()
+        points_to: dict[str, set[str]] = {table: set() for table in tables}
+        for child_name, parent_name in edges:
+            child = child_name.split(".")[-1].strip('"')
+            parent = parent_name.split(".")[-1].strip('"')
+            if child in points_to and parent != child:
+                points_to[child].add(parent)
+        ordered: list[str] = []
+        while points_to:
+            # Next: the tables no remaining table points to.
+            pointed = {parent for parents in points_to.values() for parent in parents}
+            free = sorted(table for table in points_to if table not in pointed)
+            if not free:  # a cycle: delete in any order (it was none so far)
+                free = sorted(points_to)
+            ordered += free
+            for table in free:
+                del points_to[table]
+        return ordered
+
     def new_schema(self, *, migrated: bool = True) -> str:
         """A schema at the head revision (or empty), and a superuser of the same name
         whose ``search_path`` is that schema; returns the URL that connects as it."""
@@ -258,13 +305,13 @@ class CitusServer:
         shape = self._shapes.get(url)
         if shape is not None and shape == self._shape(str(name)):
             # DELETE, not TRUNCATE: on a few rows it costs a tenth (no lock taken on
-            # every shard of every table, no file swapped).
-            tables = ("pending_outbox", "message_search", "search_backlog", "messages", "sessions")
+            # every shard of every table, no file swapped). Every table of the schema
+            # (the ADK state's too), those with foreign keys before what they point to.
+            tables = self._tables(str(name))
             self._admin(
                 f'SET search_path = "{name}"; '
-                + "".join(f"DELETE FROM {table}; " for table in tables)
-                + "DELETE FROM search_index_state; "
-                "INSERT INTO search_index_state (name, state, reason, updated_at) "
+                + "".join(f'DELETE FROM "{table}"; ' for table in tables)
+                + "INSERT INTO search_index_state (name, state, reason, updated_at) "
                 "VALUES ('messages', 'ok', NULL, now())"
             )
             self._free.append(url)

@@ -43,6 +43,18 @@ _ANCHOR = ("sessions", "id")
 _SESSION_COLUMN = "session_id"
 #: Tables that stay plain tables on the coordinator.
 _LOCAL_TABLES = frozenset({"alembic_version"})
+#: The tables this revision distributes: sessionrepo's own, never an application's
+#: table in the same schema (the anchor is distributed first when it is not yet).
+_OWN_TABLES = frozenset(
+    {
+        "sessions",
+        "messages",
+        "search_backlog",
+        "message_search",
+        "pending_outbox",
+        "search_index_state",
+    }
+)
 
 
 def _has_citus(connection: Connection) -> bool:
@@ -74,22 +86,23 @@ def _distributed(connection: Connection) -> dict[str, str]:
 
 
 def _plan(tables: dict[str, set[str]]) -> list[tuple[str, str | None]]:
-    """``(table, distribution column)`` for every table to distribute, the anchor first;
-    ``None`` for a reference table."""
+    """``(table, distribution column)`` for every table of :data:`_OWN_TABLES` to
+    distribute, the anchor first; ``None`` for a reference table."""
     anchor, anchor_column = _ANCHOR
     planned: list[tuple[str, str | None]] = []
     if anchor in tables:
         planned.append((anchor, anchor_column))
     for name in sorted(tables):
-        if name == anchor or name in _LOCAL_TABLES:
+        if name == anchor or name in _LOCAL_TABLES or name not in _OWN_TABLES:
             continue
         planned.append((name, _SESSION_COLUMN if _SESSION_COLUMN in tables[name] else None))
     return planned
 
 
 def _distribute_schema(connection: Connection) -> list[str]:
-    """Distribute every table of the current schema that Citus does not know yet;
-    idempotent; a no-op without the ``citus`` extension."""
+    """Distribute every table of :data:`_OWN_TABLES` (and the anchor) in the current
+    schema that Citus does not know yet, leaving every other table alone; idempotent;
+    a no-op without the ``citus`` extension."""
     if not _has_citus(connection):
         return []
     known = _distributed(connection)
@@ -117,13 +130,15 @@ def _distribute_schema(connection: Connection) -> list[str]:
 
 
 def _undistribute_schema(connection: Connection) -> list[str]:
-    """Turn every distributed or reference table of the current schema back into a plain
-    table on the coordinator (its rows come back); a no-op without ``citus``."""
+    """Turn every distributed or reference table of :data:`_OWN_TABLES` in the current
+    schema back into a plain table on the coordinator (its rows come back); a no-op
+    without ``citus``."""
     if not _has_citus(connection):
         return []
     undone: list[str] = []
     # The co-located tables before the anchor their foreign keys point to.
-    for table in sorted(_distributed(connection), key=lambda name: name == _ANCHOR[0]):
+    own = [name for name in _distributed(connection) if name in _OWN_TABLES]
+    for table in sorted(own, key=lambda name: name == _ANCHOR[0]):
         if table in _distributed(connection):  # cascading may have taken it already
             connection.execute(
                 text("SELECT undistribute_table(:t, cascade_via_foreign_keys => true)"),

@@ -39,6 +39,9 @@ _ANCHOR = ("sessions", "id")
 _SESSION_COLUMN = "session_id"
 #: Tables that stay plain tables on the coordinator.
 _LOCAL_TABLES = frozenset({"alembic_version"})
+#: The tables this revision distributes: sessionrepo's own, never an application's
+#: table in the same schema (the anchor is distributed first when it is not yet).
+_OWN_TABLES = frozenset({"adk_sessions", "adk_app_states", "adk_user_states"})
 
 
 def _has_citus(connection: sa.Connection) -> bool:
@@ -70,22 +73,23 @@ def _distributed(connection: sa.Connection) -> dict[str, str]:
 
 
 def _plan(tables: dict[str, set[str]]) -> list[tuple[str, str | None]]:
-    """``(table, distribution column)`` for every table to distribute, the anchor first;
-    ``None`` for a reference table."""
+    """``(table, distribution column)`` for every table of :data:`_OWN_TABLES` to
+    distribute, the anchor first; ``None`` for a reference table."""
     anchor, anchor_column = _ANCHOR
     planned: list[tuple[str, str | None]] = []
     if anchor in tables:
         planned.append((anchor, anchor_column))
     for name in sorted(tables):
-        if name == anchor or name in _LOCAL_TABLES:
+        if name == anchor or name in _LOCAL_TABLES or name not in _OWN_TABLES:
             continue
         planned.append((name, _SESSION_COLUMN if _SESSION_COLUMN in tables[name] else None))
     return planned
 
 
 def _distribute_schema(connection: sa.Connection) -> list[str]:
-    """Distribute every table of the current schema that Citus does not know yet;
-    idempotent; a no-op without the ``citus`` extension."""
+    """Distribute every table of :data:`_OWN_TABLES` (and the anchor) in the current
+    schema that Citus does not know yet, leaving every other table alone; idempotent;
+    a no-op without the ``citus`` extension."""
     if not _has_citus(connection):
         return []
     known = _distributed(connection)

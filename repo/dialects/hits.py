@@ -44,17 +44,19 @@ _SEARCH_COLUMNS: dict[str, TypeEngine[Any]] = {
 }
 
 
-def page_of_hits(matches: str, outer_order: str) -> str:
+def page_of_hits(matches: str, outer_order: str, *, one_session: bool = False) -> str:
     """Choose the page on the index alone (``matches``: a query of session_id, seq and
     rank), then read the content of those hits only (never carry message text through
-    the choice)."""
+    the choice). ``one_session``: every hit is of the session ``:f_session_id`` names,
+    and the reads of messages and sessions say so (Citus routes them to its shard)."""
+    routed = " AND m.session_id = :f_session_id AND s.id = :f_session_id" if one_session else ""
     return (
         f"SELECT m.session_id, m.seq, m.client_msg_uuid, m.role, m.timestamp, s.source, "
         f"s.user_id, {_CONTENT_HEAD} AS content, m.extra AS extra, "
         "m.tool_calls AS tool_calls, m.tool_name AS tool_name, top.rank AS rank "
         f"FROM ({matches}) top "
         "JOIN messages m ON m.session_id = top.session_id AND m.seq = top.seq "
-        "JOIN sessions s ON s.id = m.session_id "
+        f"JOIN sessions s ON s.id = m.session_id{routed} "
         f"ORDER BY {outer_order}"
     )
 

@@ -86,7 +86,10 @@ class WritePath:
             self._outage.lost(reason, code)
         except BackendUnavailable as exc:
             reason, code = str(exc), exc.code
-            self._outage.lost(reason, code)
+            if exc.node is None:
+                self._outage.lost(reason, code)
+            # else one node of a distributed database (a Citus worker) is down: only
+            # its sessions park; writes of the others keep going to the primary.
         else:
             if result is not None:
                 self._stored()

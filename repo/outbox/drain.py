@@ -145,10 +145,13 @@ class Drainer:
         with self._renewing(holding):
             while self._drain_one(totals, done, holding, session_id, ignore_backoff):
                 pass
-        remaining = self._outbox.count()
+        # Of the session, for a drain of one (as when it had nothing due, above): the
+        # drain of one session reads its shard alone on Citus.
+        remaining = self._outbox.count(session_id)
         # What left the outbox: a duplicate is a replay an abandoned attempt had made.
         self._outage.drained(
-            totals["replayed"] + totals["duplicates"] + totals["conflicts"], remaining
+            totals["replayed"] + totals["duplicates"] + totals["conflicts"],
+            remaining if session_id is None else None,
         )
         return DrainReport(**totals, remaining=remaining)
 

@@ -130,6 +130,7 @@ class Database:
         self.read_only = read_only
         self._engine_options = dict(engine_options)
         self._bounded: dict[float, Database] = {}
+        self._server_found = False
         self._bounded_lock = threading.Lock()
         options = dict(engine_options)
         if _server_timeout is not None:
@@ -176,6 +177,12 @@ class Database:
                     )
                     if self._first_use is not None:  # the same schema check, on first use
                         database.check_on_first_use(self._first_use)
+                    if self._server_found:
+                        # The same server: its dialect from the first call on (a call
+                        # picks its statements before it connects; on Citus a
+                        # PostgreSQL one would broadcast and commit in two phases).
+                        database.dialect = self.dialect
+                        database._server_found = True
         return database
 
     @property
@@ -185,6 +192,7 @@ class Database:
 
     def _found_server(self, dbapi_connection: Any, record: Any) -> None:
         self.dialect = for_server(self.dialect, dbapi_connection)
+        self._server_found = True
 
     def check_on_first_use(self, check: Callable[[Database], None]) -> None:
         """Run ``check(database)`` before the first unit of work, until it passes (a

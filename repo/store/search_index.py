@@ -152,7 +152,9 @@ class SearchIndex:
             )
         )
 
-    def catch_up(self, limit: int | None = None, *, wait: bool = False) -> int:
+    def catch_up(
+        self, limit: int | None = None, *, wait: bool = False, session_id: str | None = None
+    ) -> int:
         """Index the backlog, in transactions of up to ``CATCH_UP_ROWS`` rows (and about
         ``CATCH_UP_MESSAGES`` messages) that each index their rows' messages and delete
         the rows; returns how many messages were indexed.
@@ -171,6 +173,8 @@ class SearchIndex:
             limit: stop after the transaction that reaches this many messages
                 (``None``: until the backlog is empty, or with ``wait`` until the rows
                 of the call's start are done).
+            session_id: with ``wait``, only that session's rows (what a search within
+                one session needs: on Citus, statements routed to its shard alone).
 
         Raises:
             SearchIndexUnavailable: indexing found the index too damaged for its
@@ -179,13 +183,14 @@ class SearchIndex:
             RepoError: the database failed the transaction as a whole (it is rolled
                 back; the rows stay for the next catch-up).
         """
-        if not self.database.read(_backlog_exists):
+        scope = session_id if wait else None
+        if not self.database.read(lambda conn: _backlog_exists(conn, scope)):
             return 0  # the common case, without the write lock
         # With ``wait``: the rows of this moment, a slice at a time; each slice is done
         # when taking from it finds nothing (its rows indexed, here or by another).
         slices: list[list[tuple[str, int]] | None] = [None]
         if wait:
-            keys = self.database.read(_backlog_keys)
+            keys = self.database.read(lambda conn: _backlog_keys(conn, scope))
             slices = [keys[i : i + CATCH_UP_ROWS] for i in range(0, len(keys), CATCH_UP_ROWS)]
         indexed = done = 0
         for among in slices:
@@ -358,12 +363,15 @@ class SearchIndex:
         parsed = parse_query(query)
         if not parsed.positive:
             return []  # nothing to look for (only exclusions, or no words at all)
-        state, reason, behind = self.database.read(_state_and_backlog)
+        state, reason, behind = self.database.read(
+            lambda conn: _state_and_backlog(conn, session_id)
+        )
         if behind and state == "ok" and not self.database.read_only:
             # Complete answers: index what was committed before this call (waiting for
-            # catch-ups that hold some of it), then read the state that left. (Read-only:
-            # the index as the last catch-up left it.)
-            self._catch_up_for_search()
+            # catch-ups that hold some of it; of the session alone, when the search is
+            # within one), then read the state that left. (Read-only: the index as the
+            # last catch-up left it.)
+            self._catch_up_for_search(session_id)
             state, reason = self.state()
         if state != "ok":
             raise SearchIndexUnavailable(
@@ -403,8 +411,8 @@ class SearchIndex:
             self.mark_stale(str(exc))
             raise
 
-    def _catch_up_for_search(self) -> None:
-        self.catch_up(wait=True)  # a broken index raises, marked stale
+    def _catch_up_for_search(self, session_id: str | None = None) -> None:
+        self.catch_up(wait=True, session_id=session_id)  # a broken index raises, marked stale
 
     def _suspect(self, exc: sa_exc.DBAPIError) -> bool:
         """Whether ``exc``, the failure of one of the index's own statements, has a code
@@ -488,21 +496,28 @@ class _Suspect(RepoError):
         self.what = what
 
 
-def _backlog_keys(conn: Connection) -> list[tuple[str, int]]:
+def _backlog_keys(conn: Connection, session_id: str | None = None) -> list[tuple[str, int]]:
     query = select(B.session_id, B.first_seq).order_by(B.session_id, B.first_seq)
+    if session_id is not None:
+        query = query.where(B.session_id == session_id)
     return [(session_id, first_seq) for session_id, first_seq in conn.execute(query)]
 
 
-def _backlog_exists(conn: Connection) -> bool:
-    return bool(conn.execute(select(exists().select_from(search_backlog_table))).scalar())
+def _backlog_exists(conn: Connection, session_id: str | None = None) -> bool:
+    query = select(B.session_id)
+    if session_id is not None:
+        query = query.where(B.session_id == session_id)
+    return bool(conn.execute(select(exists(query))).scalar())
 
 
-def _state_and_backlog(conn: Connection) -> tuple[str, str | None, bool]:
-    """Whether the backlog has rows, then the index state. In this order: on PostgreSQL
-    each statement sees its own moment, and an empty backlog proves the index complete
-    only with the state of that moment or later (a failed catch-up marks the index stale
-    as it deletes its rows)."""
-    behind = _backlog_exists(conn)
+def _state_and_backlog(
+    conn: Connection, session_id: str | None = None
+) -> tuple[str, str | None, bool]:
+    """Whether the backlog has rows (of ``session_id`` alone, when given), then the index
+    state. In this order: on PostgreSQL each statement sees its own moment, and an empty
+    backlog proves the index complete only with the state of that moment or later (a
+    failed catch-up marks the index stale as it deletes its rows)."""
+    behind = _backlog_exists(conn, session_id)
     row = conn.execute(select(ST.state, ST.reason).where(ST.name == _INDEX_NAME)).first()
     state, reason = ("ok", None) if row is None else (row.state, row.reason)
     return state, reason, behind

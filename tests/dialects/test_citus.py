@@ -21,14 +21,15 @@ import psycopg
 import pytest
 from click.testing import CliRunner
 from conftest import CitusServer
-from sqlalchemy import event, text
+from sqlalchemy import Engine, event, text
 from sqlalchemy.engine import make_url
 
 from sessionrepo import Message, SessionRepository, TranscriptWriter, open_repository
 from sessionrepo.cli import main
 from sessionrepo.dialects import CitusDialect, PostgresDialect
 from sessionrepo.dialects.citus import distribute_schema
-from sessionrepo.outbox.table import Outbox, drainer_id
+from sessionrepo.dialects.postgresql.append import PostgresAppend
+from sessionrepo.store.codec import message_row
 from sessionrepo.store.database import Database
 from sessionrepo.store.schema import current_revision, downgrade, head_revision, upgrade
 
@@ -129,7 +130,8 @@ def test_the_migrations_round_trip_on_citus(empty_citus_url: str) -> None:
 
 def test_later_ddl_reaches_the_distributed_tables(citus_url: str) -> None:
     """What a later revision does (a column, an index, a new session-scoped table) works
-    on the distributed schema, and distribute_schema takes the new table in."""
+    on the distributed schema, and distribute_schema takes the new table in when the
+    revision names it."""
     database = Database(citus_url)
     try:
 
@@ -143,7 +145,7 @@ def test_later_ddl_reaches_the_distributed_tables(citus_url: str) -> None:
                     "seq BIGINT NOT NULL, note TEXT, PRIMARY KEY (session_id, seq))"
                 )
             )
-            return distribute_schema(conn)
+            return distribute_schema(conn, also=["message_edits"])
 
         assert database.write(later_revision) == ["message_edits"]
         found = distribution(citus_url)
@@ -174,122 +176,136 @@ def test_plain_postgresql_is_left_alone(postgres_server: Any) -> None:
         postgres_server.drop(name)
 
 
-# -- the hot path: one shard per statement ----------------------------------------------
+# -- the hot path: one worker, one-phase commit -------------------------------------------
 
 
-class StatementLog:
-    """Every statement a repository's engines send, with its parameters."""
+class RemoteCommands:
+    """What the coordinator sends to the workers, as it says so itself: every engine made
+    while this is active sets ``citus.log_remote_commands`` on its connections, whose
+    notices (``issuing <command>``, detail ``on server user@host:port ...``) are kept.
 
-    def __init__(self, *databases: Database) -> None:
-        self.statements: list[tuple[str, Any]] = []
+    EXPLAIN's task counts show neither the intermediate results a statement broadcasts
+    nor a two-phase commit; the commands the workers receive show both."""
+
+    def __init__(self) -> None:
+        self.commands: list[tuple[str, str]] = []  # (worker host:port, command)
         self.recording = False
-        for database in databases:
-            event.listen(database.engine, "before_cursor_execute", self._record)
 
-    def _record(self, conn: Any, cursor: Any, statement: str, parameters: Any, *rest: Any) -> None:
-        if not self.recording:
-            return
-        executemany = rest[-1]
-        if executemany and isinstance(parameters, list | tuple):
-            parameters = parameters[0]
-        self.statements.append((statement, parameters))
+    def __enter__(self) -> RemoteCommands:
+        event.listen(Engine, "connect", self._connected)
+        return self
 
-    def during(self, action: Callable[[], object]) -> list[tuple[str, Any]]:
-        start = len(self.statements)
+    def __exit__(self, *exc: object) -> None:
+        event.remove(Engine, "connect", self._connected)
+
+    def _connected(self, dbapi_connection: Any, record: Any) -> None:
+        dbapi_connection.add_notice_handler(self._notice)
+        cursor = dbapi_connection.cursor()
+        cursor.execute("SET citus.log_remote_commands = on")
+        cursor.close()
+        dbapi_connection.commit()
+
+    def _notice(self, diagnostic: Any) -> None:
+        message = diagnostic.message_primary or ""
+        found = re.search(r"on server \S+@(\S+:\d+) ", diagnostic.message_detail or "")
+        if self.recording and message.startswith("issuing ") and found:
+            self.commands.append((found.group(1), message.removeprefix("issuing ")))
+
+    def during(self, action: Callable[[], object]) -> list[tuple[str, str]]:
+        start = len(self.commands)
         self.recording = True
         try:
             action()
         finally:
             self.recording = False
-        return self.statements[start:]
+        return self.commands[start:]
 
 
-_TRANSACTION_CONTROL = re.compile(r"^\s*(SET|BEGIN|COMMIT|ROLLBACK|SAVEPOINT|RELEASE)\b", re.I)
+def assert_one_worker(name: str, commands: list[tuple[str, str]]) -> str:
+    """The commands went to one worker, and no transaction was committed in two phases;
+    returns that worker."""
+    workers = {worker for worker, _ in commands}
+    assert len(workers) == 1, f"{name} contacts workers {sorted(workers)}: {commands}"
+    two_phase = [c for _, c in commands if re.match(r"(PREPARE TRANSACTION|COMMIT PREPARED)", c)]
+    assert not two_phase, f"{name} commits in two phases: {two_phase}"
+    return workers.pop()
 
 
-def shard_groups(url: str, statement: str, parameters: Any) -> tuple[list[int], set[str]]:
-    """``EXPLAIN`` of ``statement``: the task count of each of its Citus scans, and the
-    shard groups (a hash range's lower bound) of the distributed shards its tasks read
-    or write (reference tables' shards left out)."""
-    with psycopg.connect(_conninfo(url), autocommit=True) as conn:
-        plan = "\n".join(
-            str(row[0]) for row in conn.execute("EXPLAIN " + statement, parameters or None)
-        )
-        shards = {int(found) for found in re.findall(r"\b[a-z_]+_(\d{6,})\b", plan)}
-        groups: set[str] = set()
-        if shards:
-            rows = conn.execute(
-                "SELECT shardminvalue FROM pg_dist_shard s JOIN pg_dist_partition p "
-                "USING (logicalrelid) WHERE shardid = ANY(%s) AND p.partmethod = 'h'",
-                [sorted(shards)],
-            ).fetchall()
-            groups = {str(row[0]) for row in rows}
-    return [int(count) for count in re.findall(r"Task Count: (\d+)", plan)], groups
-
-
-def assert_single_shard(url: str, statements: list[tuple[str, Any]]) -> int:
-    """Every statement on a distributed table runs as tasks of one shard group only;
-    returns how many statements touched Citus tables."""
-    routed = 0
-    for statement, parameters in statements:
-        if _TRANSACTION_CONTROL.match(statement) or "pg_advisory_xact_lock" in statement:
-            continue
-        tasks, groups = shard_groups(url, statement, parameters)
-        if not tasks:
-            continue  # no distributed or reference table in it
-        routed += 1
-        assert all(count == 1 for count in tasks), f"fans out ({tasks} tasks): {statement}"
-        assert len(groups) <= 1, f"touches shard groups {groups}: {statement}"
-    return routed
-
-
-def test_every_hot_path_statement_touches_one_shard(citus_url: str) -> None:
-    with open_repository(citus_url) as repository, TranscriptWriter(repository) as writer:
-        outbox: Outbox = writer.outbox
-        # White-box: the writer writes through a pool of its own (its deadline set on
-        # the connections: Database.bounded), which the log must hear too.
-        bounded = list(repository.database._bounded.values())
-        log = StatementLog(repository.database, outbox.database, *bounded)
-        for other in range(8):  # other sessions on other shards
+def test_a_sessions_calls_contact_one_worker_and_commit_in_one_phase(citus_url: str) -> None:
+    with (
+        RemoteCommands() as remote,
+        open_repository(citus_url) as repository,
+        TranscriptWriter(repository) as writer,
+    ):
+        for other in range(8):  # other sessions, on both workers
             repository.append(f"other-{other}", [Message(role="user", content="elsewhere")])
         sid = "hot-" + uuid.uuid4().hex[:8]
-        first = [Message(role="user", content="hello"), Message(role="assistant", content="hi")]
+        first = [
+            Message(role="user", content="hello needle"),
+            Message(role="assistant", content="hi"),
+        ]
+        more = [Message(role="user", content=f"more {i}") for i in range(3)]
+
+        def drain_one() -> None:
+            session = repository.get_session(sid)
+            parked = [Message(role="user", content="parked needle")]
+            writer.outbox.park(sid, parked, session, reason="test")
+            assert writer.drain(session_id=sid).replayed == 1
+
+        def re_send_from_another_process() -> None:
+            # A gateway that never saw these messages acknowledged: the store decides.
+            with open_repository(citus_url) as other:
+                assert other.append(sid, first).duplicates == [m.client_msg_uuid for m in first]
+
         paths: dict[str, Callable[[], object]] = {
             "append (new session)": lambda: repository.append(sid, first, source="cli"),
-            "append (re-send)": lambda: repository.append(sid, first),
-            "append (more)": lambda: repository.append(sid, [Message(role="user", content="more")]),
+            "append (re-send)": re_send_from_another_process,
+            "append (more)": lambda: repository.append(sid, more),
+            "writer write": lambda: writer.write(sid, [Message(role="user", content="w")]),
+            "drain of one session": drain_one,
             "load": lambda: repository.load_transcript(sid),
             "load (page)": lambda: repository.load_transcript(sid, after_seq=1, limit=1),
             "session lookup": lambda: repository.get_session(sid),
-            "writer write": lambda: writer.write(sid, [Message(role="user", content="w")]),
-            "park": lambda: outbox.park(
-                sid,
-                [Message(role="user", content="parked")],
-                repository.get_session(sid),
-                reason="test",
+            "search within the session": lambda: repository.search("needle", session_id=sid),
+            "retract": lambda: repository.retract(sid, [more[0].client_msg_uuid]),
+            "rewind": lambda: repository.rewind(sid, 6),
+            "compact": lambda: repository.compact(
+                sid, 2, Message(role="system", content="summary")
             ),
-            "drain claim": lambda: outbox.claim(drainer_id(), limit=10, lease=30.0, session_id=sid),
+            "pop last": lambda: repository.pop_last(sid),
+            "end": lambda: repository.end_session(sid, "done"),
+            "clear": lambda: repository.clear_session(sid),
         }
-        routed = {}
-        for name, action in paths.items():
-            statements = log.during(action)
-            assert statements, name
-            routed[name] = assert_single_shard(citus_url, statements)
-            assert routed[name] >= 1, name
-        claimed = outbox.claim(drainer_id(), limit=10, lease=30.0, session_id=sid)
-        assert claimed is None  # leased by the claim above: the claim really ran
-        assert outbox.count(sid) == 1
+        seen = {name: remote.during(action) for name, action in paths.items()}
+        hits = repository.search("needle", session_id=sid)
+    workers = {name: assert_one_worker(name, commands) for name, commands in seen.items()}
+    assert len(set(workers.values())) == 1, workers  # the session's worker, every time
+    # The statements really ran there: the new session's rows were written on it.
+    assert any("INSERT INTO" in c and "messages_" in c for _, c in seen["append (new session)"])
+    assert not hits  # cleared: nothing of the session is searchable any more
 
 
-def test_a_fan_out_is_caught(citus_url: str) -> None:
-    """The check above can fail: a statement across sessions is seen fanning out."""
-    with open_repository(citus_url) as repository:
+def test_a_broadcast_is_caught(citus_url: str) -> None:
+    """The check above can fail: a store-wide listing contacts every worker, and
+    PostgreSQL's one-statement append (a data-modifying CTE) commits in two phases."""
+    with RemoteCommands() as remote, open_repository(citus_url) as repository:
         for index in range(8):
             repository.append(f"s{index}", [Message(role="user", content="x")])
-        log = StatementLog(repository.database)
-        statements = log.during(repository.list_sessions)
-    with pytest.raises(AssertionError, match="fans out"):
-        assert_single_shard(citus_url, statements)
+        listing = remote.during(repository.list_sessions)
+        with pytest.raises(AssertionError, match="contacts workers"):
+            assert_one_worker("list", listing)
+
+        def plain_postgresql_append() -> None:
+            rows = [message_row(Message(role="user", content="through the CTE"), "messages[0]")]
+            repository.database.write(
+                lambda conn: PostgresAppend.insert_new_messages(
+                    repository.database.dialect, conn, "s0", 2, rows, datetime.now(UTC)
+                )
+            )
+
+        broadcast = remote.during(plain_postgresql_append)
+        with pytest.raises(AssertionError, match=r"contacts workers|two phases"):
+            assert_one_worker("PostgreSQL's append", broadcast)
 
 
 # -- every feature across shards ---------------------------------------------------------
@@ -372,17 +388,78 @@ def test_the_operators_commands_work_across_shards(citus_url: str, tmp_path: Pat
     assert "2 active workers" in checks["postgresql.citus.workers"]["detail"]
 
 
+def test_migrate_leaves_an_applications_tables_alone(empty_citus_url: str) -> None:
+    """A gateway's own tables in the same schema, made before sessionrepo's (one with a
+    session_id column, one without), stay plain tables; doctor does not count them."""
+    with psycopg.connect(_conninfo(empty_citus_url), autocommit=True) as conn:
+        conn.execute("CREATE TABLE app_audit (session_id TEXT, what TEXT)")
+        conn.execute("CREATE TABLE app_settings (name TEXT PRIMARY KEY, value TEXT)")
+        conn.execute(
+            "INSERT INTO app_audit VALUES ('s', 'kept'); INSERT INTO app_settings VALUES ('a', 'b')"
+        )
+    result = CliRunner().invoke(main, ["--url", empty_citus_url, "migrate"])
+    assert result.exit_code == 0, result.output
+    assert_distributed(empty_citus_url)  # sessionrepo's tables only
+    with psycopg.connect(_conninfo(empty_citus_url), autocommit=True) as conn:
+        assert conn.execute("SELECT what FROM app_audit").fetchall() == [("kept",)]
+        assert conn.execute("SELECT value FROM app_settings").fetchall() == [("b",)]
+    result = CliRunner().invoke(main, ["--url", empty_citus_url, "doctor", "--json"])
+    checks = {check["name"]: check for check in json.loads(result.output)["checks"]}
+    assert checks["postgresql.citus.distribution"]["status"] == "ok", result.output
+    assert "app_audit" not in checks["postgresql.citus.distribution"]["detail"]
+
+
 def test_doctor_reports_a_table_left_undistributed(citus_url: str) -> None:
     database = Database(citus_url)
     try:
         database.write(
-            lambda conn: conn.execute(text("CREATE TABLE stray (session_id TEXT, x INT)"))
+            lambda conn: conn.execute(text("SELECT undistribute_table('search_index_state')"))
         )
         result = CliRunner().invoke(main, ["--url", citus_url, "doctor", "--json"])
         checks = {check["name"]: check for check in json.loads(result.output)["checks"]}
         assert result.exit_code == 1
         assert checks["postgresql.citus.distribution"]["status"] == "fail"
-        assert "stray: not distributed" in checks["postgresql.citus.distribution"]["detail"]
+        detail = checks["postgresql.citus.distribution"]["detail"]
+        assert "search_index_state: not distributed" in detail
     finally:
-        database.write(lambda conn: conn.execute(text("DROP TABLE stray")))
+        assert database.write(distribute_schema) == ["search_index_state"]
         database.dispose()
+
+
+def _workers(url: str) -> list[str]:
+    """The workers' ``postgres`` databases, as URLs."""
+    with psycopg.connect(_conninfo(url), autocommit=True) as conn:
+        rows = conn.execute(
+            "SELECT node_name, node_port FROM citus_get_active_worker_nodes() ORDER BY node_port"
+        ).fetchall()
+    return [f"postgresql://postgres@{host}:{port}/postgres" for host, port in rows]
+
+
+def test_doctor_checks_every_workers_durability(citus_url: str) -> None:
+    """A worker with fsync off, and synchronous_commit off for the gateways' role there,
+    fails doctor, naming the worker; the coordinator's own settings are fine."""
+    worker = _workers(citus_url)[0]
+    role = make_url(citus_url).username
+    where = worker.split("@")[1].split("/")[0]
+    with psycopg.connect(worker, autocommit=True) as conn:
+        conn.execute("ALTER SYSTEM SET fsync = off")
+        conn.execute("SELECT pg_reload_conf()")
+        conn.execute(f'ALTER ROLE "{role}" SET synchronous_commit = off')
+    try:
+        result = CliRunner().invoke(main, ["--url", citus_url, "doctor", "--json"])
+        checks = {check["name"]: check for check in json.loads(result.output)["checks"]}
+        assert result.exit_code == 1, result.output
+        assert checks["postgresql.fsync"]["status"] == "ok"  # the coordinator's
+        durability = checks["postgresql.citus.worker_durability"]
+        assert durability["status"] == "fail"
+        assert f"{where}: fsync = off" in durability["detail"]
+        assert f"{where}: synchronous_commit = off" in durability["detail"]
+        assert checks["postgresql.citus.worker_versions"]["status"] == "ok"
+    finally:
+        with psycopg.connect(worker, autocommit=True) as conn:
+            conn.execute("ALTER SYSTEM RESET fsync")
+            conn.execute("SELECT pg_reload_conf()")
+            conn.execute(f'ALTER ROLE "{role}" RESET synchronous_commit')
+    result = CliRunner().invoke(main, ["--url", citus_url, "doctor", "--json"])
+    checks = {check["name"]: check for check in json.loads(result.output)["checks"]}
+    assert checks["postgresql.citus.worker_durability"]["status"] == "ok", result.output

@@ -106,6 +106,12 @@ def database_url(
         shutil.copyfile(request.getfixturevalue("sqlite_template"), path)
         yield f"sqlite:///{path}"
         return
+    if backend == "citus":  # the Citus run (tests/conftest.py adds the param)
+        citus = request.getfixturevalue("citus_server")
+        url = citus.new_schema()
+        yield url
+        citus.release(url)
+        return
     server = request.getfixturevalue("postgres_server")
     name = server.new_database()
     yield server.url_for(name)

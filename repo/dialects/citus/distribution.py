@@ -3,10 +3,13 @@ coordinator is recognised."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Final
 
 from sqlalchemy import Connection, text
 from sqlalchemy.engine.interfaces import DBAPIConnection
+
+from sessionrepo.models.tables import Base
 
 #: The table every session-scoped table is co-located with, and its distribution column.
 ANCHOR: Final = ("sessions", "id")
@@ -14,6 +17,20 @@ ANCHOR: Final = ("sessions", "id")
 SESSION_COLUMN: Final = "session_id"
 #: Tables that stay plain tables on the coordinator.
 LOCAL_TABLES: Final = frozenset({"alembic_version"})
+#: sessionrepo's own tables: the only ones it distributes. An application's table in
+#: the same schema is the application's to place (Citus cannot co-locate it with
+#: ``sessions`` unless it is distributed the same way; a reference table is copied to
+#: every worker).
+OWN_TABLES: Final = frozenset(
+    {
+        *(name for name in Base.metadata.tables if not name.startswith("adk_")),
+        "message_search",  # the search index, made by its own DDL (a rebuild remakes it)
+        # sessionrepo.integrations.adk's state (migration 0008).
+        "adk_sessions",
+        "adk_app_states",
+        "adk_user_states",
+    }
+)
 
 _DETECT = "SELECT extversion FROM pg_extension WHERE extname = 'citus'"
 
@@ -60,25 +77,30 @@ def _distributed(connection: Connection) -> dict[str, str]:
     return {str(table): str(method) for table, method in rows}
 
 
-def plan(tables: dict[str, set[str]]) -> list[tuple[str, str | None]]:
-    """``(table, distribution column)`` for every table to distribute, in the order it
-    must be done (the anchor first: the others are co-located with it); ``None`` for a
-    reference table. Tables of :data:`LOCAL_TABLES` are left out."""
+def plan(
+    tables: dict[str, set[str]], own: Iterable[str] = OWN_TABLES
+) -> list[tuple[str, str | None]]:
+    """``(table, distribution column)`` for every table of ``own`` to distribute, in the
+    order it must be done (the anchor first: the others are co-located with it); ``None``
+    for a reference table. Other tables, and those of :data:`LOCAL_TABLES`, are left out."""
     anchor, anchor_column = ANCHOR
+    wanted = set(own)
     planned: list[tuple[str, str | None]] = []
     if anchor in tables:
         planned.append((anchor, anchor_column))
     for name in sorted(tables):
-        if name == anchor or name in LOCAL_TABLES:
+        if name == anchor or name in LOCAL_TABLES or name not in wanted:
             continue
         planned.append((name, SESSION_COLUMN if SESSION_COLUMN in tables[name] else None))
     return planned
 
 
-def distribute_schema(connection: Connection) -> list[str]:
-    """Distribute every table of the current schema that Citus does not know yet, as
-    the module says; returns the tables distributed now (none: it was done already).
-    Idempotent; a no-op without the ``citus`` extension. Migrations call it under their
+def distribute_schema(connection: Connection, also: Iterable[str] = ()) -> list[str]:
+    """Distribute every table of sessionrepo's own (:data:`OWN_TABLES`, and those named
+    in ``also``: a later revision's new tables) in the current schema that Citus does not
+    know yet, as the module says; returns the tables distributed now (none: it was done
+    already). Any other table of the schema is left as it is. Idempotent; a no-op
+    without the ``citus`` extension. Migrations call (a frozen copy of) it under their
     advisory lock; a later revision that creates a table calls it at its end.
 
     A reference table's rows are copied to the workers; the coordinator's local copy is
@@ -89,7 +111,7 @@ def distribute_schema(connection: Connection) -> list[str]:
     known = _distributed(connection)
     done: list[str] = []
     anchor = ANCHOR[0]
-    for table, column in plan(schema_tables(connection)):
+    for table, column in plan(schema_tables(connection), OWN_TABLES | set(also)):
         if table in known:
             continue
         if column is None:
@@ -111,14 +133,15 @@ def distribute_schema(connection: Connection) -> list[str]:
 
 
 def undistribute_schema(connection: Connection) -> list[str]:
-    """Turn every distributed or reference table of the current schema back into a
-    plain table on the coordinator (its rows come back); returns them. The downgrade of
-    migration 0006; a no-op without the ``citus`` extension."""
+    """Turn every distributed or reference table of sessionrepo's own in the current
+    schema back into a plain table on the coordinator (its rows come back); returns
+    them. The downgrade of migration 0007; a no-op without the ``citus`` extension."""
     if not has_citus(connection):
         return []
     undone: list[str] = []
     # The co-located tables before the anchor their foreign keys point to.
-    for table in sorted(_distributed(connection), key=lambda name: name == ANCHOR[0]):
+    own = [name for name in _distributed(connection) if name in OWN_TABLES]
+    for table in sorted(own, key=lambda name: name == ANCHOR[0]):
         if table in _distributed(connection):  # cascading may have taken it already
             connection.execute(
                 text("SELECT undistribute_table(:t, cascade_via_foreign_keys => true)"),

@@ -1,16 +1,30 @@
-"""What ``sessionrepo doctor`` reads of a Citus coordinator: PostgreSQL's settings, the
-workers and how each table is distributed."""
+"""What ``sessionrepo doctor`` reads of a Citus coordinator: PostgreSQL's settings, every
+worker's durability settings and versions, and how each table is distributed."""
 
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, Final
 
 from sqlalchemy import Connection
 
 from sessionrepo.dialects.citus.distribution import ANCHOR, plan, schema_tables
 from sessionrepo.dialects.postgresql.probes import PostgresProbes
 from sessionrepo.models.doctor import Check
+
+#: The settings a commit's durability depends on, on every node, and the value each
+#: must not have (``full_page_writes`` off is a warning, as on the coordinator).
+_NODE_DURABILITY: Final = ("fsync", "synchronous_commit", "full_page_writes")
+
+
+#: What each worker is asked (one JSON text).
+_NODE_SETTINGS: Final = (
+    "SELECT json_build_object("
+    + ", ".join(f"'{name}', current_setting('{name}')" for name in _NODE_DURABILITY)
+    + ", 'server_version_num', current_setting('server_version_num'), "
+    "'citus_version', (SELECT extversion FROM pg_extension WHERE extname = 'citus'), "
+    "'in_recovery', pg_is_in_recovery()::text)::text"
+)
 
 
 class CitusProbes(PostgresProbes):
@@ -47,6 +61,16 @@ class CitusProbes(PostgresProbes):
             }
         )
         settings["citus_expected"] = json.dumps(dict(plan(schema_tables(connection))))
+        # Each worker as this role sees it there (a role's or database's setting of
+        # synchronous_commit on a worker is what the coordinator's connections get).
+        nodes: dict[str, dict[str, str]] = {}
+        for host, port, success, result in connection.exec_driver_sql(
+            f"SELECT nodename, nodeport, success, result FROM run_command_on_workers($$"
+            f"{_NODE_SETTINGS}$$) ORDER BY nodename, nodeport"
+        ):
+            where = f"{host}:{port}"
+            nodes[where] = json.loads(result) if success else {"error": str(result)[:300]}
+        settings["citus_nodes"] = json.dumps(nodes)
         return settings
 
     def judge_settings(self, settings: dict[str, str]) -> list[Check]:
@@ -63,6 +87,7 @@ class CitusProbes(PostgresProbes):
                 fix=None if workers else "add workers: SELECT citus_add_node(host, port)",
             )
         )
+        checks += _judge_nodes(settings, json.loads(settings["citus_nodes"]))
         anchor = tables.get(ANCHOR[0], {})
         wrong = []
         for name, column in expected.items():
@@ -94,3 +119,50 @@ class CitusProbes(PostgresProbes):
             )
         )
         return checks
+
+
+def _judge_nodes(settings: dict[str, str], nodes: dict[str, dict[str, str]]) -> list[Check]:
+    """Every worker's durability and versions, against the coordinator's."""
+    unsafe: list[str] = []
+    risky: list[str] = []
+    versions: list[str] = []
+    unreachable: list[str] = []
+    major = int(settings["server_version_num"]) // 10_000
+    for where, node in nodes.items():
+        if "error" in node:
+            unreachable.append(f"{where}: {node['error']}")
+            continue
+        unsafe += [
+            f"{where}: {name} = off"
+            for name in ("fsync", "synchronous_commit")
+            if node[name] == "off"
+        ]
+        if node["full_page_writes"] == "off":
+            risky.append(f"{where}: full_page_writes = off")
+        if node["in_recovery"] == "true":
+            unsafe.append(f"{where}: in recovery (a standby)")
+        node_major = int(node["server_version_num"]) // 10_000
+        if node["citus_version"] != settings["citus_version"] or node_major != major:
+            versions.append(f"{where}: PostgreSQL {node_major}, Citus {node['citus_version']}")
+    return [
+        Check(
+            name="citus.worker_durability",
+            status="fail" if unsafe or unreachable else "warn" if risky else "ok",
+            detail="; ".join([*unsafe, *risky, *unreachable])
+            or f"{len(nodes)} workers: fsync, synchronous_commit and full_page_writes on",
+            fix=None
+            if not (unsafe or unreachable or risky)
+            else "on each worker named: set fsync = on and synchronous_commit = on (and "
+            "full_page_writes = on); bring an unreachable worker back",
+        ),
+        Check(
+            name="citus.worker_versions",
+            status="fail" if versions else "ok",
+            detail="; ".join(versions)
+            or f"every worker: PostgreSQL {major}, Citus {settings['citus_version']}",
+            fix="run the coordinator's PostgreSQL major version and Citus version on every "
+            "worker (ALTER EXTENSION citus UPDATE)"
+            if versions
+            else None,
+        ),
+    ]

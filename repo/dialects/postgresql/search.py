@@ -204,6 +204,8 @@ def _pg_search(
     joins = ""
     if filters.source is not None or filters.user_id is not None:
         joins = " JOIN sessions s ON s.id = ms.session_id"
+        if filters.session_id is not None:
+            joins += " AND s.id = :f_session_id"  # routed whole on Citus
     need = window if order == "rank" else offset + limit
     settings = ["jit = off", "max_parallel_workers_per_gather = 0", "enable_seqscan = off"]
     connection.exec_driver_sql("; ".join(f"SET LOCAL {setting}" for setting in settings))
@@ -277,4 +279,5 @@ def _pg_search(
         )
         params["window"] = window
         outer = "top.rank DESC, top.ts DESC, top.session_id DESC, top.seq DESC"
-    return run_search(connection, page_of_hits(matches, outer), params)
+    one_session = filters.session_id is not None
+    return run_search(connection, page_of_hits(matches, outer, one_session=one_session), params)
