@@ -163,6 +163,9 @@ class AsyncSessionRepository(AsyncFacade[SessionRepository]):
     clear_session = awaited(SessionRepository.clear_session)
     compact = awaited(SessionRepository.compact)
     fork_session = awaited(SessionRepository.fork_session)
+    erase = awaited(SessionRepository.erase)
+    scrub_erased = awaited(SessionRepository.scrub_erased)
+    privacy_audit = awaited(SessionRepository.privacy_audit)
 
     @_documented_as(SessionRepository.append)
     async def append(
