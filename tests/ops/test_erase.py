@@ -98,7 +98,8 @@ def test_a_dry_run_counts_per_kind_and_changes_nothing(repo: Any, setup: Session
     _alice(setup)
     before = setup.load_transcript("a1", include_retracted=True)
     report = repo.erase(user_id="alice", dry_run=True)
-    assert report.dry_run and report.audit_id is None
+    assert report.dry_run
+    assert report.audit_id is None
     assert report.session_ids == ["a1", "a1-fork"]
     counts = report.counts
     # a1: 4 sent + the summary (seq 2), 1 retracted, 1 compacted. The fork, at seq 2: its
@@ -118,7 +119,8 @@ def test_erase_removes_every_copy_and_leaves_only_tombstones(
     _alice(setup)
     dry = repo.erase(user_id="alice", dry_run=True)
     report = repo.erase(user_id="alice", actor="ticket 1")
-    assert report.counts == dry.counts and report.session_ids == dry.session_ids
+    assert report.counts == dry.counts
+    assert report.session_ids == dry.session_ids
     for sid in ("a1", "a1-fork"):
         with pytest.raises(NotFound):
             setup.get_session(sid)
@@ -142,7 +144,8 @@ def test_erase_removes_every_copy_and_leaves_only_tombstones(
     assert _count(setup, erased_messages_table) == 5 + 3 + 1
     (entry,) = setup.privacy_audit()
     assert (entry.action, entry.actor, entry.selector_kind) == ("erase", "ticket 1", "user")
-    assert entry.counts["sessions"] == 2 and entry.note is None
+    assert entry.counts["sessions"] == 2
+    assert entry.note is None
     assert "alice" not in entry.model_dump_json()
 
 
@@ -158,13 +161,15 @@ def test_a_reflush_after_erase_stores_only_new_keys(repo: Any, setup: SessionRep
     ]
     # Sent again alone: nothing, and not even the session comes back for the fork.
     again = repo.append("a1-fork", sent["fork"])
-    assert again.inserted == [] and again.erased == [_key(sent["fork"][0])]
+    assert again.inserted == []
+    assert again.erased == [_key(sent["fork"][0])]
     with pytest.raises(NotFound):
         setup.get_session("a1-fork")
     # A unit of work's append (the importers') is screened the same way.
     with setup.session_transaction("a1") as tx:
         inside = tx.append(sent["a1"][:1])
-    assert inside.inserted == [] and inside.erased == [_key(sent["a1"][0])]
+    assert inside.inserted == []
+    assert inside.erased == [_key(sent["a1"][0])]
 
 
 def test_an_import_of_an_older_export_brings_nothing_back(
