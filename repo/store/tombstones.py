@@ -80,16 +80,23 @@ def value_hash(key: bytes, kind: str, value: str) -> str:
 
 
 def erased_keys(
-    connection: Connection, database: Database, session_id: str, keys: Iterable[UUID]
+    connection: Connection,
+    database: Database,
+    session_id: str,
+    messages: Iterable[tuple[UUID, datetime]],
 ) -> set[UUID]:
-    """Those of ``keys`` that an erasure removed from ``session_id``."""
+    """The keys of ``messages`` (key, timestamp) that must not be stored in
+    ``session_id``: those an erasure removed from it, and, once it was erased, those
+    made before the erasure (a copy parked before it in an outbox the erasure could
+    not reach, an older export's)."""
     key = secret(connection, database)
     sid_hash = session_hash(key, session_id)
-    erased = connection.execute(select(ES.session_hash).where(ES.session_hash == sid_hash)).first()
-    if erased is None:
+    erased_at = connection.execute(select(ES.erased_at).where(ES.session_hash == sid_hash)).scalar()
+    if erased_at is None:
         return set()
-    by_hash = {message_hash(key, session_id, k): k for k in keys}
-    found: set[UUID] = set()
+    wanted = dict(messages)
+    found = {k for k, made in wanted.items() if made <= erased_at}
+    by_hash = {message_hash(key, session_id, k): k for k in wanted if k not in found}
     hashes = list(by_hash)
     for start in range(0, len(hashes), _CHUNK):
         chunk = hashes[start : start + _CHUNK]
@@ -111,7 +118,12 @@ def screened(
     if not batch.rows:
         return append(batch)
     erased = database.read(
-        lambda conn: erased_keys(conn, database, batch.session_id, _keys(batch.rows))
+        lambda conn: erased_keys(
+            conn,
+            database,
+            batch.session_id,
+            [(m.client_msg_uuid, m.timestamp) for m in batch.messages],
+        )
     )
     if not erased:
         return append(batch)
@@ -134,7 +146,7 @@ def screen_rows(
     database: Database,
     session_id: str,
     items: Sequence[T],
-    key_of: Callable[[T], UUID],
+    key_of: Callable[[T], tuple[UUID, datetime]],
 ) -> tuple[list[T], list[UUID]]:
     """``items`` (messages or rows of ``session_id``) without those an erasure removed,
     and the keys of those, in order; on the caller's transaction."""
@@ -143,8 +155,8 @@ def screen_rows(
     erased = erased_keys(connection, database, session_id, [key_of(item) for item in items])
     if not erased:
         return list(items), []
-    kept = [item for item in items if key_of(item) not in erased]
-    refused = list(dict.fromkeys(key_of(item) for item in items if key_of(item) in erased))
+    kept = [item for item in items if key_of(item)[0] not in erased]
+    refused = list(dict.fromkeys(key_of(i)[0] for i in items if key_of(i)[0] in erased))
     return kept, refused
 
 
@@ -206,17 +218,13 @@ def record(
         connection.execute(insert, rows[start : start + _CHUNK])
 
 
-def _pair_key(pair: tuple[Message, dict[str, Any]]) -> UUID:
+def _pair_key(pair: tuple[Message, dict[str, Any]]) -> tuple[UUID, datetime]:
     key: UUID = pair[1]["client_msg_uuid"]
-    return key
+    return key, pair[0].timestamp
 
 
-def _message_key(message: StoredMessage) -> UUID:
-    return message.client_msg_uuid
-
-
-def _keys(rows: Sequence[dict[str, Any]]) -> list[UUID]:
-    return list(dict.fromkeys(row["client_msg_uuid"] for row in rows))
+def _message_key(message: StoredMessage) -> tuple[UUID, datetime]:
+    return message.client_msg_uuid, message.timestamp
 
 
 def _in_order(rows: Sequence[dict[str, Any]], erased: set[UUID]) -> list[UUID]:
