@@ -10,12 +10,15 @@ import json
 import os
 import subprocess
 import sys
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from sessionrepo import Message, NotFound, Session, TranscriptWriter, open_repository
+from sessionrepo.models.message import utcnow
+from sessionrepo.ops import prune_sessions
 from sessionrepo.ops.erase import scan_file, verify_erased
 from sessionrepo.outbox.opening import open_outbox_database
 from sessionrepo.outbox.table import Outbox
@@ -23,6 +26,7 @@ from sessionrepo.outbox.table import Outbox
 SESSIONREPO = str(Path(sys.executable).with_name("sessionrepo"))
 SECRET_STORED = "stored-narwhal-secret"
 SECRET_PARKED = "parked-ocelot-secret"
+SECRET_OLD = "pruned-gecko-secret"
 SECRET_LATE = "late-axolotl-secret"
 
 
@@ -97,14 +101,6 @@ def test_parked_copies_in_two_gateways_outboxes_are_not_stored_after_an_erase_el
 def test_on_sqlite_the_erased_text_is_gone_from_the_file_and_its_wal(tmp_path: Path) -> None:
     path = tmp_path / "store.db"
     repository = open_repository(f"sqlite:///{path}", auto_migrate=True)
-    # Enough to have the FTS index merge segments and the WAL hold many frames.
-    for index in range(40):
-        repository.append(
-            f"s{index}",
-            [Message(role="user", content=f"filler {index} " * 50) for _ in range(20)],
-            user_id="bob",
-        )
-        repository.catch_up_search_index()
     repository.append(
         "victim",
         [
@@ -115,7 +111,27 @@ def test_on_sqlite_the_erased_text_is_gone_from_the_file_and_its_wal(tmp_path: P
         title=f"about {SECRET_STORED}",
     )
     repository.catch_up_search_index()
+    # Then enough to have FTS5 merge its segments: the pages of the old ones, freed
+    # without secure delete, hold the victim's words.
+    for index in range(40):
+        repository.append(
+            f"s{index}",
+            [Message(role="user", content=f"filler {index} " * 50) for _ in range(20)],
+            user_id="bob",
+        )
+        repository.catch_up_search_index()
     repository.retract("victim", [repository.load_transcript("victim")[0].client_msg_uuid])
+    # An older session of the victim's, pruned before: its pages were freed without
+    # secure delete, and still hold its words until the erasure zeroes the free pages.
+    repository.append(
+        "victim-old",
+        [Message(role="user", content=f"{SECRET_OLD} {n} " * 40) for n in range(50)],
+        user_id="alice",
+    )
+    repository.end_session("victim-old", "done")
+    pruned = prune_sessions(repository, cutoff=utcnow() + timedelta(hours=1))
+    assert pruned.session_ids == ["victim-old"]
+    assert scan_file(path, [SECRET_OLD]) or scan_file(tmp_path / "store.db-wal", [SECRET_OLD])
     before = scan_file(path, [SECRET_STORED]) or scan_file(
         path.with_name("store.db-wal"), [SECRET_STORED]
     )
@@ -126,7 +142,9 @@ def test_on_sqlite_the_erased_text_is_gone_from_the_file_and_its_wal(tmp_path: P
     for name in ("store.db", "store.db-wal"):
         file = tmp_path / name
         if file.exists():
-            assert scan_file(file, [SECRET_STORED, SECRET_PARKED, "number 1"]) == {}, name
+            assert scan_file(file, [SECRET_STORED, SECRET_PARKED, SECRET_OLD, "number 1"]) == {}, (
+                name
+            )
     # The other sessions are untouched, and still found.
     assert len(repository.load_transcript("s3")) == 20
     assert repository.search("filler")

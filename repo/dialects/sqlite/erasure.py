@@ -9,9 +9,12 @@
   holds the pages as they were before the erasure. A reader still holding it makes the
   scrub incomplete (reported; the next checkpoint completes it).
 
-What stays: pages freed *before* the erasure without secure delete (an older edit, a
-pruned session, an FTS merge) keep their bytes until reused; ``VACUUM`` rewrites the file
-(:meth:`SQLiteErasure.compact_after_erasure`).
+- Before the checkpoint, every page on the free list is overwritten with zeros: pages
+  freed *before* the erasure without secure delete (an FTS merge of the index, an older
+  prune or edit) may hold the erased words. A table of zero blobs takes the free pages
+  (SQLite reuses them before growing the file) and is dropped in the same transaction,
+  so it is never seen; it costs a write of each free page, not a rewrite of the file
+  (``compact``: ``VACUUM`` does that).
 """
 
 from __future__ import annotations
@@ -58,7 +61,9 @@ def _scrub(connection: sqlite3.Connection, compact: bool) -> tuple[list[str], bo
         started = time.perf_counter()
         connection.execute("VACUUM")
         steps.append(f"vacuum ({time.perf_counter() - started:.3f}s)")
-    free = connection.execute("PRAGMA freelist_count").fetchone()
+    started = time.perf_counter()
+    zeroed = _zero_free_pages(connection)
+    steps.append(f"zeroed {zeroed} free pages ({time.perf_counter() - started:.3f}s)")
     started = time.perf_counter()
     busy, frames, copied = connection.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
     complete = busy == 0 and frames == copied
@@ -66,5 +71,31 @@ def _scrub(connection: sqlite3.Connection, compact: bool) -> tuple[list[str], bo
         f"wal_checkpoint(TRUNCATE) ({time.perf_counter() - started:.3f}s"
         f"{'' if complete else ', a reader held the WAL: incomplete'})"
     )
-    steps.append(f"free pages left: {free[0] if free else 0}")
     return steps, complete
+
+
+#: The transient table that takes the free pages (never committed: dropped in the same
+#: transaction that made it).
+_SCRUB_TABLE = "sessionrepo_scrub_free_pages"
+
+
+def _zero_free_pages(connection: sqlite3.Connection) -> int:
+    """Overwrite every page on the free list with zeros; how many there were."""
+    free = int(connection.execute("PRAGMA freelist_count").fetchone()[0])
+    if not free:
+        return 0
+    page_size = int(connection.execute("PRAGMA page_size").fetchone()[0])
+    connection.execute("BEGIN IMMEDIATE")
+    try:
+        connection.execute(f"CREATE TABLE {_SCRUB_TABLE} (b BLOB)")
+        while (left := int(connection.execute("PRAGMA freelist_count").fetchone()[0])) > 0:
+            # A blob of overflow pages takes that many free pages (less a little room
+            # for the cell's header: the last page may stay partly unused).
+            size = min(left, 1024) * (page_size - 8)
+            connection.execute(f"INSERT INTO {_SCRUB_TABLE} (b) VALUES (zeroblob(?))", (size,))
+        connection.execute(f"DROP TABLE {_SCRUB_TABLE}")
+        connection.execute("COMMIT")
+    except BaseException:
+        connection.execute("ROLLBACK")
+        raise
+    return free
