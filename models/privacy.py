@@ -9,6 +9,8 @@
   what every write path consults, so an erased message is never stored again.
 - ``privacy_audit``: one content-free row per erase or retention run (when, by whom as
   given, the selector's kind and keyed hash, the counts).
+- ``retention_policies``: per source, how long ended sessions, idle open sessions and
+  retracted or compacted history are kept.
 
 None has a ``session_id`` column (an erased id must not be kept in clear): on Citus they
 are reference tables. Registered on :data:`sessionrepo.models.tables.Base`'s metadata,
@@ -87,10 +89,27 @@ class PrivacyAuditRow(Base):
     note: Mapped[str | None] = mapped_column(Text)
 
 
+class RetentionPolicyRow(Base):
+    """How long a source's sessions are kept (``*``: every source without its own)."""
+
+    __tablename__ = "retention_policies"
+    __table_args__ = (PrimaryKeyConstraint("source"),)
+
+    source: Mapped[str]
+    #: Ended sessions go once ended, and last active, this many days ago.
+    ended_days: Mapped[int | None]
+    #: Open sessions go once idle (no activity) this many days.
+    idle_days: Mapped[int | None]
+    #: Retracted and compacted messages go this many days after they were made.
+    superseded_days: Mapped[int | None]
+    updated_at: Mapped[datetime]
+
+
 privacy_keys_table: Table = PrivacyKeyRow.__table__  # type: ignore[assignment]
 erased_sessions_table: Table = ErasedSessionRow.__table__  # type: ignore[assignment]
 erased_messages_table: Table = ErasedMessageRow.__table__  # type: ignore[assignment]
 privacy_audit_table: Table = PrivacyAuditRow.__table__  # type: ignore[assignment]
+retention_policies_table: Table = RetentionPolicyRow.__table__  # type: ignore[assignment]
 
 SelectorKind = Literal["session", "user", "source"]
 
@@ -164,3 +183,31 @@ class AuditEntry(BaseModel):
     selector_hash: str
     counts: dict[str, Any]
     note: str | None = None
+
+
+class RetentionPolicy(BaseModel):
+    """A source's retention (``source="*"``: the default for every other source); a
+    ``None`` period keeps that kind forever."""
+
+    model_config = ConfigDict(frozen=True)
+
+    source: str
+    ended_days: int | None = Field(default=None, ge=1)
+    idle_days: int | None = Field(default=None, ge=1)
+    superseded_days: int | None = Field(default=None, ge=1)
+
+
+class RetentionReport(BaseModel):
+    """What one retention run erased (a dry run: would erase), per policy."""
+
+    model_config = ConfigDict(frozen=True)
+
+    dry_run: bool
+    #: Sessions erased (dry run: that would be) because ended or idle, by id.
+    session_ids: list[str] = Field(default_factory=list)
+    #: Retracted or compacted messages erased from sessions that stay.
+    superseded_messages: int = 0
+    counts: ErasureCounts = Field(default_factory=ErasureCounts)
+    #: Sessions listed but kept: written to (or reopened) since they were listed.
+    kept: list[str] = Field(default_factory=list)
+    audit_id: uuid.UUID | None = None

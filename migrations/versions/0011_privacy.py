@@ -6,6 +6,8 @@
   ``erased_messages`` (keyed hashes of an erased message's session id and key): what
   every write path consults, so nothing erased is stored again.
 - ``privacy_audit``: one content-free row per erase or retention run.
+- ``retention_policies``: per source (``*``: the default), how many days ended sessions,
+  idle open sessions and retracted or compacted history are kept.
 
 No table holds a session id in clear, so none has a ``session_id`` column: on Citus they
 are reference tables (0007's pattern, a no-op without the extension).
@@ -28,7 +30,13 @@ down_revision: str | None = "0009"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
-_TABLES = ("privacy_audit", "erased_messages", "erased_sessions", "privacy_keys")
+_TABLES = (
+    "retention_policies",
+    "privacy_audit",
+    "erased_messages",
+    "erased_sessions",
+    "privacy_keys",
+)
 
 # A frozen copy of sessionrepo.dialects.citus as of revision 0008 (its distribute_schema
 # and the helpers it calls): a revision's meaning must not change when library code does.
@@ -147,6 +155,15 @@ def upgrade() -> None:
         sa.PrimaryKeyConstraint("id", name="pk_privacy_audit"),
     )
     op.create_index("ix_privacy_audit_at", "privacy_audit", ["at"])
+    op.create_table(
+        "retention_policies",
+        sa.Column("source", sa.String(255), nullable=False),
+        sa.Column("ended_days", sa.BigInteger(), nullable=True),
+        sa.Column("idle_days", sa.BigInteger(), nullable=True),
+        sa.Column("superseded_days", sa.BigInteger(), nullable=True),
+        sa.Column("updated_at", time, nullable=False),
+        sa.PrimaryKeyConstraint("source", name="pk_retention_policies"),
+    )
     keys = sa.table(
         "privacy_keys", sa.column("name", sa.String), sa.column("secret", sa.LargeBinary)
     )

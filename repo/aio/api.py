@@ -166,6 +166,10 @@ class AsyncSessionRepository(AsyncFacade[SessionRepository]):
     erase = awaited(SessionRepository.erase)
     scrub_erased = awaited(SessionRepository.scrub_erased)
     privacy_audit = awaited(SessionRepository.privacy_audit)
+    retention_policies = awaited(SessionRepository.retention_policies)
+    set_retention_policy = awaited(SessionRepository.set_retention_policy)
+    delete_retention_policy = awaited(SessionRepository.delete_retention_policy)
+    apply_retention = awaited(SessionRepository.apply_retention)
 
     @_documented_as(SessionRepository.append)
     async def append(

@@ -27,20 +27,27 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from functools import partial
 from typing import Any
 
-from sqlalchemy import Connection, delete, func, select
+from sqlalchemy import Connection, delete, func, or_, select, true
 
 from sessionrepo.errors import InvalidArgument, NotFound
+from sessionrepo.models import Session
 from sessionrepo.models.adk import adk_sessions_table, adk_user_states_table
 from sessionrepo.models.message import utcnow
 from sessionrepo.models.privacy import (
     AuditEntry,
     ErasureCounts,
     ErasureReport,
+    RetentionPolicy,
+    RetentionReport,
     ScrubReport,
     SelectorKind,
     privacy_audit_table,
+    retention_policies_table,
 )
 from sessionrepo.models.tables import (
     messages_table,
@@ -174,11 +181,18 @@ class Eraser:
         return ScrubReport(steps=steps, complete=complete, seconds=time.perf_counter() - started)
 
     def _erase_session(
-        self, sid: str, audit_id: uuid.UUID
+        self,
+        sid: str,
+        audit_id: uuid.UUID,
+        still: Callable[[Session], bool] | None = None,
     ) -> tuple[ErasureCounts, set[tuple[str, str]]] | None:
+        """Erase one session in its unit of work (``None``: it is gone, or ``still``,
+        asked under its lock, says it no longer qualifies)."""
         try:
             tx = self._transaction(sid)
             with tx:
+                if still is not None and not still(tx.session()):
+                    return None
                 conn = tx.connection
                 self._db.dialect.prepare_erasure(conn)
                 counts = _count_session(conn, sid)
@@ -206,20 +220,115 @@ class Eraser:
             return None
         return counts, pairs
 
+    # -- retention --------------------------------------------------------------------
+
+    def retention(
+        self,
+        *,
+        now: datetime,
+        dry_run: bool,
+        actor: str | None,
+        on_session: Callable[[str], None] | None,
+    ) -> RetentionReport:
+        """Apply every stored policy (see :meth:`SessionRepository.apply_retention`)."""
+        policies = self._db.read(read_policies)
+        plan = self._db.read(lambda conn: _retention_plan(conn, policies, now))
+        if dry_run:
+            superseded = self._db.read(
+                lambda conn: sum(
+                    _superseded_keys_count(conn, sid, before) for sid, before in plan.superseded
+                )
+            )
+            counts = self._db.read(lambda conn: _count_all(conn, plan.sessions, "session", ""))
+            return RetentionReport(
+                dry_run=True,
+                session_ids=plan.sessions,
+                superseded_messages=superseded,
+                counts=counts.model_copy(update={"adk_user_states": 0}),
+            )
+        audit_id = uuid.uuid4()
+        self._db.write(
+            lambda conn: self._audit_start(
+                conn,
+                audit_id,
+                "policy",
+                ",".join(p.source for p in policies),
+                actor,
+                action="retention",
+            )
+        )
+        counts = ErasureCounts()
+        erased: list[str] = []
+        kept: list[str] = []
+        pairs: set[tuple[str, str]] = set()
+        for sid in plan.sessions:
+            cutoff = plan.cutoffs[sid]
+            done = self._erase_session(sid, audit_id, still=partial(_qualifies, cutoffs=cutoff))
+            if done is None:
+                kept.append(sid)
+                continue
+            counts += done[0]
+            pairs |= done[1]
+            erased.append(sid)
+            self._memory.forget_session(sid)
+            if on_session is not None:
+                on_session(sid)
+        superseded = 0
+        for sid, before in plan.superseded:
+            superseded += self._erase_superseded(sid, before, audit_id)
+        users = self._db.write(lambda conn: _erase_adk_users(conn, pairs, "session", ""))
+        counts = counts.model_copy(update={"adk_user_states": users})
+        totals = counts.model_copy(
+            update={"retracted_messages": counts.retracted_messages, "sessions": len(erased)}
+        )
+        self._db.write(
+            lambda conn: _audit_end(
+                conn, audit_id, totals, extra={"superseded_messages": superseded}
+            )
+        )
+        if erased or superseded:
+            self.scrub(compact=False)
+        return RetentionReport(
+            dry_run=False,
+            session_ids=erased,
+            superseded_messages=superseded,
+            counts=counts,
+            kept=kept,
+            audit_id=audit_id,
+        )
+
+    def _erase_superseded(self, sid: str, before: datetime, audit_id: uuid.UUID) -> int:
+        """Erase the retracted and compacted messages of ``sid`` made before ``before``."""
+        try:
+            with self._transaction(sid) as tx:
+                conn = tx.connection
+                self._db.dialect.prepare_erasure(conn)
+                old = (M.session_id == sid) & M.superseded.is_not(None) & (M.timestamp < before)
+                keys = [row[0] for row in conn.execute(select(M.client_msg_uuid).where(old))]
+                if not keys:
+                    return 0
+                conn.execute(delete(messages_table).where(old))
+                _tombstones.record(conn, self._db, sid, keys, when=utcnow(), audit_id=audit_id)
+                return len(keys)
+        except NotFound:
+            return 0
+
     def _audit_start(
         self,
         conn: Connection,
         audit_id: uuid.UUID,
-        kind: SelectorKind,
+        kind: str,
         value: str,
         actor: str | None,
+        *,
+        action: str = "erase",
     ) -> None:
         key = _tombstones.secret(conn, self._db)
         conn.execute(
             privacy_audit_table.insert().values(
                 id=audit_id,
                 at=utcnow(),
-                action="erase",
+                action=action,
                 actor=actor,
                 selector_kind=kind,
                 selector_hash=_tombstones.value_hash(key, kind, value),
@@ -229,11 +338,16 @@ class Eraser:
         )
 
 
-def _audit_end(conn: Connection, audit_id: uuid.UUID, counts: ErasureCounts) -> None:
+def _audit_end(
+    conn: Connection,
+    audit_id: uuid.UUID,
+    counts: ErasureCounts,
+    extra: dict[str, int] | None = None,
+) -> None:
     conn.execute(
         privacy_audit_table.update()
         .where(PA.id == audit_id)
-        .values(counts=counts.model_dump(), note=None)
+        .values(counts=counts.model_dump() | (extra or {}), note=None)
     )
 
 
@@ -346,3 +460,109 @@ def read_audit(conn: Connection, limit: int) -> list[AuditEntry]:
     """The newest ``limit`` audit rows, newest first."""
     rows = conn.execute(select(privacy_audit_table).order_by(PA.at.desc(), PA.id).limit(limit))
     return [AuditEntry.model_validate(row._asdict()) for row in rows]
+
+
+# -- retention policies -------------------------------------------------------------------
+
+RP = retention_policies_table.c
+#: The policy of every source without its own.
+DEFAULT_SOURCE = "*"
+
+
+def read_policies(conn: Connection) -> list[RetentionPolicy]:
+    rows = conn.execute(select(retention_policies_table).order_by(RP.source))
+    return [
+        RetentionPolicy(
+            source=row.source,
+            ended_days=row.ended_days,
+            idle_days=row.idle_days,
+            superseded_days=row.superseded_days,
+        )
+        for row in rows
+    ]
+
+
+def write_policy(conn: Connection, policy: RetentionPolicy) -> None:
+    values = policy.model_dump() | {"updated_at": utcnow()}
+    conn.execute(delete(retention_policies_table).where(RP.source == policy.source))
+    conn.execute(retention_policies_table.insert().values(**values))
+
+
+def drop_policy(conn: Connection, source: str) -> bool:
+    done = conn.execute(
+        delete(retention_policies_table).where(RP.source == source),
+        execution_options={"preserve_rowcount": True},
+    )
+    return bool(done.rowcount)
+
+
+@dataclass
+class _Plan:
+    sessions: list[str] = field(default_factory=list)
+    #: Per session: the instant its end and last activity must both be before (ended
+    #: sessions) or its last activity (open ones): ``(ended_cutoff, idle_cutoff)``.
+    cutoffs: dict[str, tuple[datetime | None, datetime | None]] = field(default_factory=dict)
+    superseded: list[tuple[str, datetime]] = field(default_factory=list)
+
+
+def _qualifies(session: Session, cutoffs: tuple[datetime | None, datetime | None]) -> bool:
+    """Whether ``session`` (as it stands under its lock) is still due."""
+    ended_cutoff, idle_cutoff = cutoffs
+    last = session.last_active_at
+    if last is None:
+        return False
+    if session.ended_at is not None:
+        return ended_cutoff is not None and session.ended_at < ended_cutoff and last < ended_cutoff
+    return idle_cutoff is not None and last < idle_cutoff
+
+
+def _retention_plan(conn: Connection, policies: Sequence[RetentionPolicy], now: datetime) -> _Plan:
+    plan = _Plan()
+    named = [p.source for p in policies if p.source != DEFAULT_SOURCE]
+    for policy in policies:
+        scope = (
+            S.source.not_in(named)
+            if policy.source == DEFAULT_SOURCE and named
+            else true()
+            if policy.source == DEFAULT_SOURCE
+            else S.source == policy.source
+        )
+        ended_cutoff = now - timedelta(days=policy.ended_days) if policy.ended_days else None
+        idle_cutoff = now - timedelta(days=policy.idle_days) if policy.idle_days else None
+        due = []
+        if ended_cutoff is not None:
+            due.append(
+                S.ended_at.is_not(None)
+                & (S.ended_at < ended_cutoff)
+                & (S.last_active_at < ended_cutoff)
+            )
+        if idle_cutoff is not None:
+            due.append(S.ended_at.is_(None) & (S.last_active_at < idle_cutoff))
+        if due:
+            for row in conn.execute(select(S.id).where(scope, or_(*due)).order_by(S.id)):
+                plan.sessions.append(str(row[0]))
+                plan.cutoffs[str(row[0])] = (ended_cutoff, idle_cutoff)
+        if policy.superseded_days:
+            before = now - timedelta(days=policy.superseded_days)
+            rows = conn.execute(
+                select(M.session_id)
+                .join(sessions_table, S.id == M.session_id)
+                .where(scope, M.superseded.is_not(None), M.timestamp < before)
+                .group_by(M.session_id)
+                .order_by(M.session_id)
+            )
+            plan.superseded += [
+                (str(row[0]), before) for row in rows if str(row[0]) not in plan.cutoffs
+            ]
+    plan.sessions.sort()
+    return plan
+
+
+def _superseded_keys_count(conn: Connection, sid: str, before: datetime) -> int:
+    return int(
+        conn.execute(
+            select(func.count()).where(
+                M.session_id == sid, M.superseded.is_not(None), M.timestamp < before
+            )
+        ).scalar_one()
+    )

@@ -54,7 +54,13 @@ from sessionrepo.models import (
 )
 from sessionrepo.models._limits import check_identifier
 from sessionrepo.models.message import to_utc, utcnow
-from sessionrepo.models.privacy import AuditEntry, ErasureReport, ScrubReport
+from sessionrepo.models.privacy import (
+    AuditEntry,
+    ErasureReport,
+    RetentionPolicy,
+    RetentionReport,
+    ScrubReport,
+)
 from sessionrepo.models.session import DERIVED_FIELDS
 from sessionrepo.models.tables import (
     ENCODED_MARK,
@@ -89,7 +95,14 @@ from sessionrepo.store.arguments import (
 from sessionrepo.store.codec import PreparedBatch as PreparedBatch  # noqa: PLC0414 (re-exported)
 from sessionrepo.store.database import Database
 from sessionrepo.store.editing import SessionEditor
-from sessionrepo.store.erasure import Eraser, check_selector, read_audit
+from sessionrepo.store.erasure import (
+    Eraser,
+    check_selector,
+    drop_policy,
+    read_audit,
+    read_policies,
+    write_policy,
+)
 from sessionrepo.store.memory import DEFAULT_MEMORY_BYTES, SentMemory
 from sessionrepo.store.operations import SessionOperator
 from sessionrepo.store.search_index import SearchIndex
@@ -661,6 +674,54 @@ class SessionRepository(SessionStore, TranscriptEditor, SessionOperations):
         check_limit(limit, "limit", maximum=MAX_PAGE)
         return self._db.read(lambda conn: read_audit(conn, limit))
 
+    def retention_policies(self) -> list[RetentionPolicy]:
+        """The stored retention policies, by source (``*``: every other source)."""
+        return self._db.read(read_policies)
+
+    def set_retention_policy(self, policy: RetentionPolicy) -> None:
+        """Store ``policy``, replacing the source's previous one."""
+        check_instance(policy, "policy", RetentionPolicy)
+        _policy_source(policy.source, "policy.source")
+        self._db.write(lambda conn: write_policy(conn, policy))
+
+    def delete_retention_policy(self, source: str) -> bool:
+        """Remove the source's policy; whether it had one."""
+        _policy_source(source, "source")
+        return self._db.write(lambda conn: drop_policy(conn, source))
+
+    def apply_retention(
+        self,
+        *,
+        dry_run: bool = False,
+        actor: str | None = None,
+        now: datetime | None = None,
+        on_session: Callable[[str], None] | None = None,
+    ) -> RetentionReport:
+        """Erase what the stored policies say is due, through the same path as
+        :meth:`erase` (one unit of work per session, tombstones, audit, scrub).
+
+        Per policy (a source's, else ``*``'s): ended sessions whose end and last
+        activity are older than ``ended_days``; open sessions idle longer than
+        ``idle_days``; retracted and compacted messages made longer than
+        ``superseded_days`` ago (the sessions stay). Each session is checked again
+        under its lock: one written to or reopened since it was listed is kept.
+
+        Args:
+            dry_run: erase nothing; report what would go.
+            now: the instant the periods are counted back from (default: now).
+            on_session: called with each erased session's id (progress).
+        """
+        check_bool(dry_run, "dry_run")
+        if now is not None:
+            check_instance(now, "now", datetime)
+            if now.tzinfo is None:
+                raise InvalidArgument("now", "must be timezone-aware")
+        if on_session is not None:
+            check_callable(on_session, "on_session")
+        return self._eraser.retention(
+            now=now or utcnow(), dry_run=dry_run, actor=actor, on_session=on_session
+        )
+
     # -- operators (the operator's; the contract, SessionOperations, says what each means) --
 
     def count_sessions(self, selection: SessionFilter | None = None) -> int:
@@ -698,6 +759,15 @@ class SessionRepository(SessionStore, TranscriptEditor, SessionOperations):
         self, session_id: str, when: datetime, *, stamped_since: datetime
     ) -> bool:
         return self._operator.backdate_activity(session_id, when, stamped_since=stamped_since)
+
+
+def _policy_source(value: object, field: str) -> str:
+    if not isinstance(value, str):
+        raise ArgumentTypeError(field, f"must be a string, got {type(value).__name__}")
+    try:
+        return check_identifier(value, field)
+    except ValueError as exc:
+        raise InvalidArgument(field, str(exc)) from None
 
 
 def _activity(row: Any) -> tuple[datetime, str]:
