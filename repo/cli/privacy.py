@@ -1,4 +1,5 @@
-"""The privacy commands: ``erase``, ``verify-erased`` and ``audit``.
+"""The privacy commands: ``erase``, ``verify-erased``, ``audit`` and ``retention``
+(and what ``prune --policy`` runs).
 
 Thin shells over :meth:`SessionRepository.erase`, :func:`sessionrepo.ops.erase.verify_erased`
 and :meth:`SessionRepository.privacy_audit`: parse, call one function, print.
@@ -11,8 +12,8 @@ from pathlib import Path
 
 import click
 
-from sessionrepo.cli._common import count, open_store, printable, when
-from sessionrepo.models.privacy import ErasureReport
+from sessionrepo.cli._common import count, open_store, printable, progress, when
+from sessionrepo.models.privacy import ErasureReport, RetentionPolicy
 from sessionrepo.ops.erase import verify_erased
 
 
@@ -169,3 +170,104 @@ def audit(url: str | None, *, limit: int, as_json: bool) -> None:
         )
     if not entries:
         click.echo("no erasures recorded")
+
+
+@click.group()
+def retention() -> None:
+    """Show and set retention policies (per source; `*` for every other source).
+
+    Policies are applied by `sessionrepo prune --policy` (dry run with --dry-run), through
+    the same path as `erase`: tombstones, audit, scrub.
+
+    \b
+    Example:
+        sessionrepo retention set discord --ended-days 30 --idle-days 90
+        sessionrepo retention set '*' --superseded-days 14
+        sessionrepo prune --policy --dry-run
+    """
+
+
+@retention.command("show")
+@click.option("--json", "as_json", is_flag=True, help="Print the policies as JSON.")
+@click.pass_obj
+def retention_show(url: str | None, *, as_json: bool) -> None:
+    """List the stored policies."""
+    with open_store(url, read_only=True) as repository:
+        policies = repository.retention_policies()
+    if as_json:
+        click.echo(json.dumps([p.model_dump() for p in policies], indent=2))
+        return
+    for p in policies:
+        click.echo(
+            f"{printable(p.source, one_line=True):20} ended: {_days(p.ended_days)}  "
+            f"idle: {_days(p.idle_days)}  retracted/compacted: {_days(p.superseded_days)}"
+        )
+    if not policies:
+        click.echo("no retention policy: everything is kept")
+
+
+def _days(value: int | None) -> str:
+    return "kept" if value is None else f"{value}d"
+
+
+@retention.command("set")
+@click.argument("source")
+@click.option("--ended-days", type=click.IntRange(min=1), help="Erase ended sessions after N days.")
+@click.option("--idle-days", type=click.IntRange(min=1), help="Erase open sessions idle N days.")
+@click.option(
+    "--superseded-days",
+    type=click.IntRange(min=1),
+    help="Erase retracted and compacted messages N days after they were made.",
+)
+@click.pass_obj
+def retention_set(
+    url: str | None,
+    source: str,
+    *,
+    ended_days: int | None,
+    idle_days: int | None,
+    superseded_days: int | None,
+) -> None:
+    """Set SOURCE's policy (replacing its previous one; an omitted period keeps forever)."""
+    policy = RetentionPolicy(
+        source=source, ended_days=ended_days, idle_days=idle_days, superseded_days=superseded_days
+    )
+    with open_store(url) as repository:
+        repository.set_retention_policy(policy)
+    click.echo(f"retention of {printable(source, one_line=True)} set")
+
+
+@retention.command("clear")
+@click.argument("source")
+@click.pass_obj
+def retention_clear(url: str | None, source: str) -> None:
+    """Remove SOURCE's policy."""
+    with open_store(url) as repository:
+        removed = repository.delete_retention_policy(source)
+    click.echo(f"{printable(source, one_line=True)}: {'removed' if removed else 'had no policy'}")
+
+
+def prune_by_policy(url: str | None, *, dry_run: bool, as_json: bool) -> None:
+    """What `sessionrepo prune --policy` runs."""
+    with open_store(url) as repository:
+        if not repository.retention_policies():
+            raise click.ClickException(
+                "no retention policy is stored: set one with `sessionrepo retention set`"
+            )
+        with progress(None, "erasing", unit="sessions") as advance:
+            report = repository.apply_retention(
+                dry_run=dry_run, actor="sessionrepo prune --policy", on_session=lambda _: advance(1)
+            )
+    if as_json:
+        click.echo(report.model_dump_json(indent=2))
+        return
+    verb = "would erase" if report.dry_run else "erased"
+    click.echo(
+        f"{verb} {count(len(report.session_ids), 'session')} with "
+        f"{count(report.counts.messages, 'message')}, and "
+        f"{count(report.superseded_messages, 'retracted or compacted message')} of sessions kept"
+    )
+    for sid in report.session_ids[:20]:
+        click.echo(f"  {verb} {printable(sid, one_line=True)}")
+    if report.kept:
+        click.echo(f"kept {count(len(report.kept), 'session')} written to since listed")
