@@ -50,6 +50,9 @@ class DrainReport(BaseModel):
     duplicates: int = 0
     #: Parked messages whose key the primary had with different content (removed).
     conflicts: int = 0
+    #: Parked messages an erasure removed from their session (its tombstone): removed
+    #: from the outbox, not stored.
+    erased: int = 0
     #: Rows whose replay failed this time (kept, retried later).
     failed: int = 0
     #: Rows set aside as dead this time (kept, see ``retry_dead``).

@@ -164,6 +164,9 @@ class AppendResult(BaseModel):
     duplicates: list[uuid.UUID] = Field(default_factory=list)
     #: Keys already stored with *different* content: skipped, the stored row unchanged.
     conflicts: list[uuid.UUID] = Field(default_factory=list)
+    #: Keys an erasure removed from this session (its tombstone): skipped, never stored
+    #: again (see ``SessionRepository.erase``).
+    erased: list[uuid.UUID] = Field(default_factory=list)
     #: ``seq`` of the first inserted message, ``None`` when nothing was inserted.
     first_seq: int | None = None
 

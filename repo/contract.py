@@ -560,14 +560,17 @@ class RestoreResult:
     session_id: str
     #: ``created``: the store did not have the session; ``present``: it held it as the
     #: snapshot describes (what was missing was added); ``diverged``: it holds it
-    #: differently, and nothing was written.
-    outcome: Literal["created", "present", "diverged"]
+    #: differently, and nothing was written; ``erased``: every message given was erased
+    #: from the session (its tombstone), and nothing was written.
+    outcome: Literal["created", "present", "diverged", "erased"]
     #: Keys stored by this call, each at the ``seq`` it was given.
     inserted: list[UUID] = field(default_factory=list)
     #: Keys already stored with the same content.
     duplicates: list[UUID] = field(default_factory=list)
     #: Keys already stored with different content (the stored row is kept).
     conflicts: list[UUID] = field(default_factory=list)
+    #: Keys an erasure removed from the session: not restored.
+    erased: list[UUID] = field(default_factory=list)
 
 
 @dataclass(frozen=True)

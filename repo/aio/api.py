@@ -164,6 +164,13 @@ class AsyncSessionRepository(AsyncFacade[SessionRepository]):
     clear_session = awaited(SessionRepository.clear_session)
     compact = awaited(SessionRepository.compact)
     fork_session = awaited(SessionRepository.fork_session)
+    erase = awaited(SessionRepository.erase)
+    scrub_erased = awaited(SessionRepository.scrub_erased)
+    privacy_audit = awaited(SessionRepository.privacy_audit)
+    retention_policies = awaited(SessionRepository.retention_policies)
+    set_retention_policy = awaited(SessionRepository.set_retention_policy)
+    delete_retention_policy = awaited(SessionRepository.delete_retention_policy)
+    apply_retention = awaited(SessionRepository.apply_retention)
 
     @_documented_as(SessionRepository.append)
     async def append(

@@ -29,6 +29,7 @@ from sessionrepo.cli._common import (
     url_option,
     when,
 )
+from sessionrepo.cli.privacy import prune_by_policy
 from sessionrepo.errors import RepoError
 from sessionrepo.models import Session
 from sessionrepo.models.message import utcnow
@@ -198,7 +199,11 @@ def _parse_ended_before(
     return None if value is None else parse_when(value)
 
 
-def _parse_older_than(ctx: click.Context, param: click.Parameter, value: str) -> timedelta:
+def _parse_older_than(
+    ctx: click.Context, param: click.Parameter, value: str | None
+) -> timedelta | None:
+    if value is None:
+        return None
     try:
         return parse_duration(value)
     except ValueError as exc:
@@ -451,7 +456,6 @@ def _import_position(where: str) -> Iterator[_ImportPosition]:
 @click.command()
 @click.option(
     "--older-than",
-    required=True,
     callback=_parse_older_than,
     metavar="AGE",
     help="Prune sessions that ended, and were last active, longer ago than this: a whole "
@@ -479,12 +483,19 @@ def _import_position(where: str) -> Iterator[_ImportPosition]:
     is_flag=True,
     help=f"Delete without asking, however many go (asked above {PRUNE_CONFIRM_ABOVE} sessions).",
 )
+@click.option(
+    "--policy",
+    is_flag=True,
+    help="Apply the stored retention policies instead (see `sessionrepo retention`): "
+    "erased with tombstones and audited, as `erase` does.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the PruneReport as JSON.")
 @click.pass_obj
 def prune(
     url: str | None,
     *,
-    older_than: timedelta,
+    older_than: timedelta | None,
+    policy: bool,
     dry_run: bool,
     export_path: Path | None,
     batch_size: int,
@@ -508,7 +519,15 @@ def prune(
     Example:
         sessionrepo prune --older-than 90d --dry-run
         sessionrepo prune --older-than 90d --export pruned-2025-06.jsonl --yes
+        sessionrepo prune --policy --dry-run
     """
+    if policy:
+        if older_than is not None:
+            raise click.UsageError("give --older-than or --policy, not both")
+        prune_by_policy(url, dry_run=dry_run, as_json=as_json)
+        return
+    if older_than is None:
+        raise click.UsageError("give --older-than AGE (or --policy)")
     cutoff = utcnow() - older_than
     with open_store(url) as repository:
         total = None if dry_run else count_prunable(repository, cutoff)

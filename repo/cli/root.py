@@ -7,7 +7,7 @@ import click
 
 # The modules, not their commands: ``sessionrepo.cli.sessions`` stays the module (a
 # command of the same name imported here would shadow it).
-from sessionrepo.cli import demo, hermes, ops, outbox, search, serve, sessions
+from sessionrepo.cli import demo, hermes, ops, outbox, privacy, search, serve, sessions
 from sessionrepo.cli._common import Group, share_url_options, url_option
 
 
@@ -53,6 +53,10 @@ main.add_command(outbox.outbox)
 main.add_command(ops.export_)
 main.add_command(ops.import_)
 main.add_command(ops.prune)
+main.add_command(privacy.erase)
+main.add_command(privacy.verify_erased_)
+main.add_command(privacy.audit)
+main.add_command(privacy.retention)
 main.add_command(hermes.import_hermes)
 main.add_command(demo.demo)
 main.add_command(serve.serve)

@@ -549,7 +549,22 @@ class ProbeRole(ABC):
         that durability or correctness depends on (named without the backend prefix)."""
 
 
-class BackendDialect(EngineRole, AppendRole, SearchRole, ProbeRole):
+class ErasureRole(ABC):
+    """What an erasure does so the erased bytes leave the files, where the backend
+    allows it (``sessionrepo.store.erasure``)."""
+
+    @abstractmethod
+    def prepare_erasure(self, connection: Connection) -> None:
+        """Set up an erasing transaction (SQLite: deletes overwrite what they delete)."""
+
+    @abstractmethod
+    def scrub_after_erasure(self, driver: Any, compact: bool) -> tuple[list[str], bool]:
+        """On an idle driver connection, after the erasures committed: what removes
+        their bytes (search index merge, WAL checkpoint, vacuum); ``compact`` rewrites
+        the files too. The steps run, in words, and whether every one completed."""
+
+
+class BackendDialect(EngineRole, AppendRole, SearchRole, ProbeRole, ErasureRole):
     """What one backend does its own way: the four roles, its name and what it can do.
 
     A backend's class joins its role classes (``SQLiteEngine``, ``SQLiteAppend``, …)

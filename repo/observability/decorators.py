@@ -160,6 +160,7 @@ def _record_append(
         ("inserted", result.inserted),
         ("duplicate", result.duplicates),
         ("conflict", result.conflicts),
+        ("erased", result.erased),
     ):
         if keys:
             metrics.messages.labels(backend, outcome).inc(len(keys))
@@ -210,6 +211,7 @@ def _record_drain(
         ("replayed", result.replayed),
         ("duplicate", result.duplicates),
         ("conflict", result.conflicts),
+        ("erased", result.erased),
         ("failed", result.failed),
         ("dead", result.dead),
     ):

@@ -21,7 +21,8 @@ METRICS: Final = (
         "counter",
         "backend, outcome",
         "Messages of appended batches by outcome: inserted, duplicate (already stored, "
-        "same content), conflict (key stored with other content).",
+        "same content), conflict (key stored with other content), erased (key an erasure "
+        "removed from the session: refused).",
     ),
     (
         "sessionrepo_append_seconds",
@@ -53,7 +54,7 @@ METRICS: Final = (
         "sessionrepo_drained_messages_total",
         "counter",
         "result",
-        "Parked messages handled by drains: replayed, duplicate, conflict, failed (kept "
+        "Parked messages handled by drains: replayed, duplicate, conflict, erased, failed (kept "
         "for a retry), dead (set aside).",
     ),
     ("sessionrepo_drains_total", "counter", "", "Drain runs."),

@@ -57,6 +57,8 @@ class ImportReport(BaseModel):
     messages_present: int = 0
     #: Messages whose key the target had with different content (the target's kept).
     messages_conflicting: int = 0
+    #: Messages an erasure removed from the target (its tombstones): not restored.
+    messages_erased: int = 0
     #: Whether the file ended with its ``end`` record (``False``: it was cut short).
     complete: bool = False
 
@@ -105,6 +107,7 @@ class _Importer:
                 self._add("messages_inserted", len(restored.inserted))
                 self._add("messages_present", len(restored.duplicates))
                 self._add("messages_conflicting", len(restored.conflicts))
+                self._add("messages_erased", len(restored.erased))
                 return
             if pending.outcome is not None:  # restored until now, changed by a writer since
                 self._add(f"sessions_{pending.outcome}", -1)
@@ -115,6 +118,7 @@ class _Importer:
             self._add("messages_inserted", len(result.inserted))
             self._add("messages_present", len(result.duplicates))
             self._add("messages_conflicting", len(result.conflicts))
+            self._add("messages_erased", len(result.erased))
 
 
 def import_sessions(

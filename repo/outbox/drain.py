@@ -135,7 +135,14 @@ class Drainer:
     def drain(self, session_id: str | None, ignore_backoff: bool) -> DrainReport:
         """Replay what is due (of ``session_id``), until no session is (arguments
         checked by the caller)."""
-        totals = {"replayed": 0, "duplicates": 0, "conflicts": 0, "failed": 0, "dead": 0}
+        totals = {
+            "replayed": 0,
+            "duplicates": 0,
+            "conflicts": 0,
+            "erased": 0,
+            "failed": 0,
+            "dead": 0,
+        }
         if not self._outbox.any_pending(session_id):
             # Nothing parked (no write lock taken): drained, by us or by another writer.
             self._outage.drained(0, 0 if session_id is None else None)
@@ -483,3 +490,4 @@ def _count(totals: dict[str, int], stored: AppendResult) -> None:
     totals["replayed"] += len(stored.inserted)
     totals["duplicates"] += len(stored.duplicates)
     totals["conflicts"] += len(stored.conflicts)
+    totals["erased"] += len(stored.erased)

@@ -25,6 +25,7 @@ from uuid import UUID
 from sqlalchemy import Connection, Insert
 
 import sessionrepo.observability as _observe
+import sessionrepo.store.tombstones as _tombstones
 from sessionrepo.dialects.base import DirectAppend, DirectResult, conflict_error
 from sessionrepo.errors import QueuedBehindOutbox, RepoError
 from sessionrepo.models import AppendResult, Message
@@ -114,7 +115,9 @@ class Appender:
                 database) and the session has parked messages: nothing was written,
                 the batch queues behind them.
         """
-        result = self._append(batch, database, on_conflict, behind_outbox)
+        result = _tombstones.screened(
+            database, batch, lambda kept: self._append(kept, database, on_conflict, behind_outbox)
+        )
         if result is None:
             raise QueuedBehindOutbox(batch.session_id)
         return result
@@ -240,8 +243,9 @@ class Appender:
             messages, rows = batch.messages, batch.rows  # validates what was taken as known
         else:
             messages, rows = self.prepare(batch)
+        messages, rows, erased = _tombstones.screen_locked(conn, self._db, sid, messages, rows)
         if not rows:
-            return AppendResult(session_id=sid)
+            return AppendResult(session_id=sid, erased=erased)
         if on_conflict == "raise":
             # A savepoint: the refused batch leaves nothing; a unit of work goes on.
             with conn.begin_nested():
@@ -251,7 +255,7 @@ class Appender:
         else:
             result = self.insert_new(conn, sid, next_seq, rows)
         self.index_inserted(conn, result, messages)
-        return result
+        return result.model_copy(update={"erased": erased}) if erased else result
 
     def insert_new(
         self, conn: Connection, sid: str, next_seq: int, rows: Sequence[dict[str, Any]]

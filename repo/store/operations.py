@@ -25,6 +25,7 @@ from sessionrepo.errors import ArgumentTypeError, InvalidArgument, InvalidMessag
 from sessionrepo.models import Session, StoredMessage
 from sessionrepo.models.tables import messages_table, outbox_table, sessions_table
 from sessionrepo.store import codec as _codec
+from sessionrepo.store import tombstones as _tombstones
 from sessionrepo.store.append import Appender
 from sessionrepo.store.arguments import (
     check_aware_time,
@@ -151,6 +152,9 @@ class SessionOperator(SessionOperations):
                     f"must be ascending, after {last} and before next_seq {snapshot.next_seq}",
                 )
             last = message.seq
+        messages, erased = _tombstones.screen_stored(self._db, sid, messages)
+        if erased and not messages:
+            return RestoreResult(session_id=sid, outcome="erased", erased=erased)
         validated, rows = self._appender.prepare(messages)
         new_row = _codec.session_row(session) | {"message_count": 0, "tool_call_count": 0}
         seqs = [message.seq for message in messages]
@@ -213,6 +217,7 @@ class SessionOperator(SessionOperations):
                 inserted=inserted,
                 duplicates=duplicates,
                 conflicts=conflicts,
+                erased=erased,
             )
 
     def _disagree(self, conn: Connection, sid: str, seq: int, key: UUID) -> RepoError:

@@ -54,6 +54,13 @@ from sessionrepo.models import (
 )
 from sessionrepo.models._limits import check_identifier
 from sessionrepo.models.message import to_utc, utcnow
+from sessionrepo.models.privacy import (
+    AuditEntry,
+    ErasureReport,
+    RetentionPolicy,
+    RetentionReport,
+    ScrubReport,
+)
 from sessionrepo.models.session import DERIVED_FIELDS
 from sessionrepo.models.tables import (
     ACTIVITY_GRANULARITY,
@@ -89,6 +96,14 @@ from sessionrepo.store.arguments import (
 from sessionrepo.store.codec import PreparedBatch as PreparedBatch  # noqa: PLC0414 (re-exported)
 from sessionrepo.store.database import Database
 from sessionrepo.store.editing import SessionEditor
+from sessionrepo.store.erasure import (
+    Eraser,
+    check_selector,
+    drop_policy,
+    read_audit,
+    read_policies,
+    write_policy,
+)
 from sessionrepo.store.memory import DEFAULT_MEMORY_BYTES, SentMemory
 from sessionrepo.store.operations import SessionOperator
 from sessionrepo.store.search_index import SearchIndex
@@ -144,6 +159,11 @@ class SessionRepository(SessionStore, TranscriptEditor, SessionOperations):
         self._appender = Appender(database, self._search, search_index, SentMemory(append_memory))
         self._editor = SessionEditor(database, self._search, search_index)
         self._operator = SessionOperator(database, self._appender, self._editor)
+        self._eraser = Eraser(
+            database,
+            lambda sid: SessionTransaction(self._appender, self._editor, database, sid, None),
+            self._appender.memory,
+        )
 
     @property
     def backend(self) -> str:
@@ -668,6 +688,112 @@ class SessionRepository(SessionStore, TranscriptEditor, SessionOperations):
     def close(self) -> None:
         self._db.dispose()
 
+    # -- erasure ----------------------------------------------------------------------
+
+    def erase(
+        self,
+        *,
+        session_id: str | None = None,
+        user_id: str | None = None,
+        source: str | None = None,
+        dry_run: bool = False,
+        actor: str | None = None,
+        scrub: bool = True,
+        compact: bool = False,
+    ) -> ErasureReport:
+        """Erase every copy the store holds of one session, of a user's sessions or of
+        a source's sessions, and leave tombstones so that nothing erased is stored again.
+
+        Give exactly one selector. Reached too: the forks made from an erased session
+        and its continuations (and theirs). Per session, in one transaction under its
+        lock: its messages (live, retracted, compacted, compaction summaries), their
+        search index entries and backlog, its ADK session, its rows in this database's
+        outbox, the session row, and its tombstone (keyed hashes of its id and of its
+        message keys, no content). Then the ADK user state no remaining session uses
+        (every one of the user's, for ``user_id``), a content-free audit row, and the
+        backend's scrub (SQLite: the search index merged, the WAL checkpointed and
+        truncated; PostgreSQL: ``VACUUM`` of the tables erased from).
+
+        Afterwards an append, a writer's write, a drain of any outbox (of this process
+        or another), an import or a restore of an erased message stores nothing and
+        reports it (``AppendResult.erased``, ``DrainReport.erased``,
+        ``ImportReport.messages_erased``); new keys are stored as usual.
+
+        Args:
+            dry_run: erase nothing, write nothing; report what would go, per kind.
+            actor: who asked, kept in the audit as given.
+            scrub: run the backend's scrub afterwards (``False``: leave it to a later
+                :meth:`scrub_erased`).
+            compact: scrub by rewriting the files too (SQLite ``VACUUM``, PostgreSQL
+                ``VACUUM FULL``: both take the database, or the tables, exclusively).
+
+        Raises:
+            InvalidArgument: not exactly one selector, or an empty one.
+        """
+        kind, value = check_selector(session_id, user_id, source)
+        return self._eraser.erase(
+            kind, value, dry_run=dry_run, actor=actor, scrub=scrub, compact=compact
+        )
+
+    def scrub_erased(self, *, compact: bool = False) -> ScrubReport:
+        """The backend's scrub that :meth:`erase` runs after its deletes (see there)."""
+        check_bool(compact, "compact")
+        return self._eraser.scrub(compact=compact)
+
+    def privacy_audit(self, *, limit: int = 100) -> list[AuditEntry]:
+        """The newest ``limit`` rows of the privacy audit (erasures, retention runs),
+        newest first: content-free."""
+        check_limit(limit, "limit", maximum=MAX_PAGE)
+        return self._db.read(lambda conn: read_audit(conn, limit))
+
+    def retention_policies(self) -> list[RetentionPolicy]:
+        """The stored retention policies, by source (``*``: every other source)."""
+        return self._db.read(read_policies)
+
+    def set_retention_policy(self, policy: RetentionPolicy) -> None:
+        """Store ``policy``, replacing the source's previous one."""
+        check_instance(policy, "policy", RetentionPolicy)
+        _policy_source(policy.source, "policy.source")
+        self._db.write(lambda conn: write_policy(conn, policy))
+
+    def delete_retention_policy(self, source: str) -> bool:
+        """Remove the source's policy; whether it had one."""
+        _policy_source(source, "source")
+        return self._db.write(lambda conn: drop_policy(conn, source))
+
+    def apply_retention(
+        self,
+        *,
+        dry_run: bool = False,
+        actor: str | None = None,
+        now: datetime | None = None,
+        on_session: Callable[[str], None] | None = None,
+    ) -> RetentionReport:
+        """Erase what the stored policies say is due, through the same path as
+        :meth:`erase` (one unit of work per session, tombstones, audit, scrub).
+
+        Per policy (a source's, else ``*``'s): ended sessions whose end and last
+        activity are older than ``ended_days``; open sessions idle longer than
+        ``idle_days``; retracted and compacted messages made longer than
+        ``superseded_days`` ago (the sessions stay). Each session is checked again
+        under its lock: one written to or reopened since it was listed is kept.
+
+        Args:
+            dry_run: erase nothing; report what would go.
+            now: the instant the periods are counted back from (default: now).
+            on_session: called with each erased session's id (progress).
+        """
+        check_bool(dry_run, "dry_run")
+        if now is not None:
+            check_instance(now, "now", datetime)
+            if now.tzinfo is None:
+                raise InvalidArgument("now", "must be timezone-aware")
+        if on_session is not None:
+            check_callable(on_session, "on_session")
+        return self._eraser.retention(
+            now=now or utcnow(), dry_run=dry_run, actor=actor, on_session=on_session
+        )
+
     # -- operators (the operator's; the contract, SessionOperations, says what each means) --
 
     def count_sessions(self, selection: SessionFilter | None = None) -> int:
@@ -710,6 +836,15 @@ class SessionRepository(SessionStore, TranscriptEditor, SessionOperations):
 def _listed_order(summary: SessionSummary) -> tuple[datetime, str]:
     assert summary.last_active_at is not None  # every stored session has one
     return (summary.last_active_at, summary.id)
+
+
+def _policy_source(value: object, field: str) -> str:
+    if not isinstance(value, str):
+        raise ArgumentTypeError(field, f"must be a string, got {type(value).__name__}")
+    try:
+        return check_identifier(value, field)
+    except ValueError as exc:
+        raise InvalidArgument(field, str(exc)) from None
 
 
 def _activity(row: Any) -> tuple[datetime, str]:

@@ -60,6 +60,7 @@ _DONE: Final = {
     "retried": "Dead outbox rows were put back in line.",
     "reindex-started": "The search index is being rebuilt: its progress is below.",
     "reindex-running": "A rebuild of the search index is running already: its progress is below.",
+    "erased": "The session was erased, with every copy the store held (its audit row is below).",
 }
 
 
@@ -513,6 +514,13 @@ def _pages(app: FastAPI, console: Console) -> None:
     def health_page(done: Text = None) -> Response:
         return console.page("health.html", health=console.health(), done=_DONE.get(done or ""))
 
+    @app.get("/audit", include_in_schema=False)
+    def audit_page(done: Text = None) -> Response:
+        entries = console.repository.privacy_audit(limit=200)
+        return console.page(
+            "audit.html", entries=entries, done=_DONE.get(done or ""), visible=views.visible
+        )
+
     @app.get("/login", include_in_schema=False)
     def login_form(next: Text = None) -> Response:
         return console.page("login.html", failed=False, next=local_path(next))
@@ -738,6 +746,23 @@ def _writes(app: FastAPI, console: Console) -> None:
         sid = form.get("id", "")
         reopened = await run_in_threadpool(repository.reopen_session, sid)
         return back_to_session(sid, "reopened" if reopened else "not-reopened")
+
+    @app.post("/actions/erase", include_in_schema=False)
+    async def erase(request: Request) -> Response:
+        form = await checked(request, session_of)
+        if isinstance(form, Response):
+            return form
+        if form.get("confirm") != "yes":
+            return console.page(
+                "error.html",
+                400,
+                message="tick the box to confirm the erasure",
+                back=session_of(form),
+            )
+        await run_in_threadpool(
+            lambda: repository.erase(session_id=form.get("id", ""), actor="console")
+        )
+        return RedirectResponse("/audit?done=erased", 303)
 
     @app.post("/actions/retry-dead", include_in_schema=False)
     async def retry_dead(request: Request) -> Response:

@@ -5,12 +5,13 @@ from __future__ import annotations
 from sessionrepo.dialects.base import BackendDialect, Capabilities
 from sessionrepo.dialects.postgresql.append import PostgresAppend
 from sessionrepo.dialects.postgresql.engine import PostgresEngine
+from sessionrepo.dialects.postgresql.erasure import PostgresErasure
 from sessionrepo.dialects.postgresql.probes import PostgresProbes
 from sessionrepo.dialects.postgresql.search import PostgresSearch
 
 
 class PostgresDialect(
-    PostgresEngine, PostgresAppend, PostgresSearch, PostgresProbes, BackendDialect
+    PostgresEngine, PostgresAppend, PostgresSearch, PostgresProbes, PostgresErasure, BackendDialect
 ):
     """PostgreSQL through psycopg 3 (its async mode for asyncio)."""
 

@@ -5,11 +5,14 @@ from __future__ import annotations
 from sessionrepo.dialects.base import BackendDialect, Capabilities
 from sessionrepo.dialects.sqlite.append import SQLiteAppend
 from sessionrepo.dialects.sqlite.engine import SQLiteEngine
+from sessionrepo.dialects.sqlite.erasure import SQLiteErasure
 from sessionrepo.dialects.sqlite.probes import SQLiteProbes
 from sessionrepo.dialects.sqlite.search import SQLiteSearch
 
 
-class SQLiteDialect(SQLiteEngine, SQLiteAppend, SQLiteSearch, SQLiteProbes, BackendDialect):
+class SQLiteDialect(
+    SQLiteEngine, SQLiteAppend, SQLiteSearch, SQLiteProbes, SQLiteErasure, BackendDialect
+):
     """SQLite in WAL mode through the standard library driver (``aiosqlite`` for asyncio)."""
 
     name = "sqlite"
