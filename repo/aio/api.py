@@ -34,6 +34,7 @@ from sessionrepo.store.bridge import AsyncFacade, TaskPool, awaited
 from sessionrepo.store.database import Database
 from sessionrepo.store.memory import DEFAULT_MEMORY_BYTES
 from sessionrepo.store.repository import (
+    choose_embedder,
     PreparedBatch,
     SessionRepository,
     check_open_arguments,
@@ -87,6 +88,7 @@ async def open_async_repository(
     """
     # Checked here, before a task is started: Database() checks the options too.
     check_open_arguments(auto_migrate, require_connection, search_index, read_only, append_memory)
+    embedder = choose_embedder(embedder) or False  # checked before anything is opened
     calls = TaskPool()
 
     def open_() -> SessionRepository:

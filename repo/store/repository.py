@@ -144,7 +144,7 @@ class SessionRepository(SessionStore, TranscriptEditor, SessionOperations):
         check_int(append_memory, "append_memory", minimum=0)
         self._db = database
         self._search = SearchIndex(database)
-        self._semantic = SemanticIndex(database, _choose_embedder(embedder))
+        self._semantic = SemanticIndex(database, choose_embedder(embedder))
         self._index_appends = search_index
         self._appender = Appender(database, self._search, search_index, SentMemory(append_memory))
         self._editor = SessionEditor(database, self._search, search_index)
@@ -744,7 +744,7 @@ def _decode_cursor(cursor: object) -> tuple[datetime, str]:
         raise InvalidArgument("cursor", "not a cursor returned by list_sessions") from exc
 
 
-def _choose_embedder(embedder: object) -> Embedder | None:
+def choose_embedder(embedder: object) -> Embedder | None:
     """``open_repository``'s ``embedder``: ``None`` (the default one, when the
     ``semantic`` extra is installed), ``False`` (none), or an :class:`Embedder`."""
     if embedder is None or embedder is True:
@@ -874,6 +874,7 @@ def open_repository(
             opened; :class:`~sessionrepo.errors.ArgumentTypeError`: of the wrong type).
     """
     check_open_arguments(auto_migrate, require_connection, search_index, read_only, append_memory)
+    embedder = choose_embedder(embedder) or False  # checked before anything is opened
     database = Database(url, read_only=read_only, **options)
     schema.check_schema(
         database,

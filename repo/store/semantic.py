@@ -195,19 +195,21 @@ class SemanticIndex:
             return CatchUp(0, False)
         if not self.database.write(lambda conn: self._claim_model(conn, embedder, reset=False)):
             return CatchUp(0, False)
-        done = 0
+        done = embedded = 0
         while True:
             started = utcnow()
             _, _, watermark = self.state()
             sessions = self.database.read(lambda conn: _sessions_behind(conn, watermark))
             for session_id, _active in sessions:
-                done += self._catch_up_session(embedder, session_id, limit, done, progress)
+                looked, count = self._catch_up_session(embedder, session_id, limit, done, progress)
+                done += looked
+                embedded += count
                 if limit is not None and done >= limit:
-                    return CatchUp(done, True)
+                    return CatchUp(embedded, True)
             if len(sessions) < CATCH_UP_SESSIONS:
                 mark = started - WATERMARK_SLACK
                 self.database.write(lambda conn: _advance(conn, mark))
-                return CatchUp(done, False)
+                return CatchUp(embedded, False)
             mark = sessions[-1][1] - WATERMARK_SLACK
             self.database.write(lambda conn: _advance(conn, mark))
 
@@ -218,10 +220,12 @@ class SemanticIndex:
         limit: int | None,
         done: int,
         progress: Callable[[int], None] | None,
-    ) -> int:
-        embedded = 0
-        while limit is None or done + embedded < limit:
-            rows = self.database.read(lambda conn: _stale_messages(conn, session_id))
+    ) -> tuple[int, int]:
+        """(messages looked at, messages embedded) of one session, up to the limit."""
+        embedded = looked = 0
+        while limit is None or done + looked < limit:
+            size = 256 if limit is None else min(256, limit - done - looked)
+            rows = self.database.read(lambda conn: _stale_messages(conn, session_id, size))
             if not rows:
                 break
             texts: list[str] = []
@@ -250,9 +254,10 @@ class SemanticIndex:
                     values[target]["vector"] = quantize(vector, embedder.dimension)
             self.database.write(lambda conn: conn.execute(_UPSERT, values))
             embedded += len(texts)
+            looked += len(values)
             if progress is not None:
                 progress(len(values))
-        return embedded
+        return looked, embedded
 
     def reindex(self, *, progress: Callable[[int, int], None] | None = None) -> int:
         """Drop every vector and embed every live message again with the embedder
