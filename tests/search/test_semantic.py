@@ -110,8 +110,10 @@ def test_finds_by_meaning_what_keywords_miss(store: Any, embedder: ConceptEmbedd
     # The system prompt that says "Tokyo" was never embedded.
     assert ("db", 1) not in {(h.session_id, h.seq) for h in store.search("tokyo", mode="semantic")}
     assert embedder.texts == 4 + 2  # four messages once, and the two queries
-    store.search("tokyo", mode="semantic")
-    assert embedder.texts == 4 + 3  # caught up: only the query this time
+    store.search("tokyo", mode="semantic", cursor=1)
+    assert embedder.texts == 4 + 2  # caught up, and the query's vector is remembered
+    store.search("kyoto", mode="semantic")
+    assert embedder.texts == 4 + 3  # a new query: only it
 
 
 def test_filters_and_paging(store: Any) -> None:
