@@ -1,10 +1,11 @@
 """Search by meaning, evaluated (issue 29): recall@10 and MRR of each search mode on the
 committed corpus ``bench/semantic/corpus.json``, for each embedder installed.
 
-``python -m bench.semantic_eval [--embedder use|minilm|all] [--backend sqlite|postgres]``.
-The corpus (30 multi-turn conversations in eight languages, some with tool calls and
-tool output; 43 queries, 33 paraphrases that share no or almost no word with the
-conversation they are about, 10 with its exact words) is loaded into a fresh store
+``python -m bench.semantic_eval [--embedder use|minilm|all]`` (on SQLite).
+The corpus (50 multi-turn conversations in eight languages, 20 of them near
+distractors, some with tool calls and tool output; 43 queries, 33 paraphrases that
+share no or almost no word with the conversation they are about, 10 with its exact
+words) is loaded into a fresh store
 through the public API; then each query runs in each mode (``keyword``, ``semantic``,
 ``hybrid``) through ``repo.search(query, mode=..., limit=50)``. A query's ranking is the
 distinct sessions of its hits in order; recall@10: the share of its relevant sessions
@@ -29,14 +30,14 @@ import statistics
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from sessionrepo import Embedder, open_repository
 from sessionrepo.search.embedders import SentenceTransformerEmbedder, UniversalSentenceEncoder
 
 CORPUS = Path(__file__).parent / "semantic" / "corpus.json"
 RESULTS = Path(__file__).parent / "results"
-MODES = ("keyword", "semantic", "hybrid")
+MODES: tuple[Literal["keyword", "semantic", "hybrid"], ...] = ("keyword", "semantic", "hybrid")
 DEPTH = 10
 
 
@@ -92,23 +93,28 @@ def evaluate(embedder: Embedder, url: str, corpus: dict[str, Any]) -> dict[str, 
                 ranked = ranking(list(hits))[:DEPTH]
                 relevant = set(item["relevant"])
                 recall = len(relevant & set(ranked)) / len(relevant)
+                recall3 = len(relevant & set(ranked[:3])) / len(relevant)
                 first = next((i for i, sid in enumerate(ranked, 1) if sid in relevant), None)
-                scores = per_kind.setdefault(item["kind"], {"recall": [], "rr": []})
+                scores = per_kind.setdefault(item["kind"], {"recall": [], "recall3": [], "rr": []})
                 scores["recall"].append(recall)
+                scores["recall3"].append(recall3)
                 scores["rr"].append(0.0 if first is None else 1.0 / first)
             summary: dict[str, Any] = {"p50_ms": round(statistics.median(latencies), 2)}
-            every = {"recall": [], "rr": []}  # type: dict[str, list[float]]
+            every: dict[str, list[float]] = {"recall": [], "recall3": [], "rr": []}
             for kind, scores in per_kind.items():
                 summary[kind] = {
                     "queries": len(scores["recall"]),
                     "recall@10": round(statistics.mean(scores["recall"]), 3),
+                    "recall@3": round(statistics.mean(scores["recall3"]), 3),
                     "mrr": round(statistics.mean(scores["rr"]), 3),
                 }
+                every["recall3"] += scores["recall3"]
                 every["recall"] += scores["recall"]
                 every["rr"] += scores["rr"]
             summary["all"] = {
                 "queries": len(every["recall"]),
                 "recall@10": round(statistics.mean(every["recall"]), 3),
+                "recall@3": round(statistics.mean(every["recall3"]), 3),
                 "mrr": round(statistics.mean(every["rr"]), 3),
             }
             report[mode] = summary
@@ -124,21 +130,24 @@ def markdown(results: dict[str, Any]) -> str:
         f"Corpus `bench/semantic/corpus.json`: {results['sessions']} conversations, "
         f"{results['queries']} queries; backend {results['backend']}; {results['when']}.",
         "",
-        "| embedder | mode | recall@10 all | MRR all | recall@10 paraphrase | "
+        "| embedder | mode | recall@10 | recall@3 | MRR | recall@10 paraphrase | "
         "recall@10 exact | MRR exact | p50 ms |",
-        "|---|---|---:|---:|---:|---:|---:|---:|",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for name, report in results["embedders"].items():
         for mode in MODES:
             r = report[mode]
             lines.append(
-                f"| {name} | {mode} | {r['all']['recall@10']:.3f} | {r['all']['mrr']:.3f} | "
+                f"| {name} | {mode} | {r['all']['recall@10']:.3f} | {r['all']['recall@3']:.3f} | "
+                f"{r['all']['mrr']:.3f} | "
                 f"{r['paraphrase']['recall@10']:.3f} | {r['exact']['recall@10']:.3f} | "
                 f"{r['exact']['mrr']:.3f} | {r['p50_ms']:.1f} |"
             )
     lines.append("")
     for name, report in results["embedders"].items():
-        lines.append(f"- {name}: catch-up embedding rate {report['embedding_rate_per_s']} messages/s")
+        lines.append(
+            f"- {name}: catch-up embedding rate {report['embedding_rate_per_s']} messages/s"
+        )
     for name, why in results["skipped"].items():
         lines.append(f"- {name}: not measured ({why})")
     return "\n".join(lines) + "\n"

@@ -34,10 +34,10 @@ from sessionrepo.store.bridge import AsyncFacade, TaskPool, awaited
 from sessionrepo.store.database import Database
 from sessionrepo.store.memory import DEFAULT_MEMORY_BYTES
 from sessionrepo.store.repository import (
-    choose_embedder,
     PreparedBatch,
     SessionRepository,
     check_open_arguments,
+    choose_embedder,
 )
 from sessionrepo.store.schema import check_schema
 

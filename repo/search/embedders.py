@@ -20,7 +20,6 @@ import importlib.util
 from collections.abc import Callable, Sequence
 from typing import Any, Final, Protocol, runtime_checkable
 
-
 __all__ = [
     "DEFAULT_PACKAGE",
     "SCALE",

@@ -30,6 +30,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from functools import partial
 from typing import Any, Final
 
 from sqlalchemy import Connection, Select, and_, delete, func, or_, select, text
@@ -90,8 +91,12 @@ def quantize(vector: Any, dimension: int) -> bytes:
     import numpy as np
 
     array = np.asarray(vector, dtype=np.float32).reshape(-1)
-    if array.shape[0] != dimension or not np.all(np.isfinite(array)):
-        raise ValueError(f"the embedder returned a vector of {array.shape[0]} values, not {dimension}")
+    if array.shape[0] != dimension:
+        raise ValueError(
+            f"the embedder returned a vector of {array.shape[0]} values, not {dimension}"
+        )
+    if not np.all(np.isfinite(array)):
+        raise ValueError("the embedder returned a vector with NaN or infinite values")
     norm = float(np.linalg.norm(array))
     if norm == 0.0:
         return bytes(dimension)
@@ -156,7 +161,10 @@ class SemanticIndex:
                 "or open the repository with embedder=..."
             )
         model, dimension, _ = self.state()
-        if model is not None and (model, dimension) != (self.embedder.name, self.embedder.dimension):
+        if model is not None and (model, dimension) != (
+            self.embedder.name,
+            self.embedder.dimension,
+        ):
             return (
                 f"the store's vectors are of {model!r} ({dimension} dimensions), the embedder "
                 f"is {self.embedder.name!r} ({self.embedder.dimension}); run "
@@ -167,16 +175,16 @@ class SemanticIndex:
     def _claim_model(self, conn: Connection, embedder: Embedder, *, reset: bool) -> bool:
         """Record ``embedder`` as the store's model when none is; ``False`` when the
         store's vectors are of another one (unless ``reset``, which starts over)."""
-        row = conn.execute(
-            select(ST.model, ST.dimension).where(ST.name == _STATE_NAME)
-        ).first()
+        row = conn.execute(select(ST.model, ST.dimension).where(ST.name == _STATE_NAME)).first()
         values = {
             "model": embedder.name,
             "dimension": embedder.dimension,
             "updated_at": utcnow(),
         }
         if row is None:
-            conn.execute(semantic_state_table.insert().values(name=_STATE_NAME, watermark=None, **values))
+            conn.execute(
+                semantic_state_table.insert().values(name=_STATE_NAME, watermark=None, **values)
+            )
             return True
         if reset:
             conn.execute(delete(embeddings_table))
@@ -187,7 +195,9 @@ class SemanticIndex:
             )
             return True
         if row.model is None:
-            conn.execute(semantic_state_table.update().where(ST.name == _STATE_NAME).values(**values))
+            conn.execute(
+                semantic_state_table.update().where(ST.name == _STATE_NAME).values(**values)
+            )
             return True
         return (row.model, row.dimension) == (embedder.name, embedder.dimension)
 
@@ -218,7 +228,7 @@ class SemanticIndex:
         while True:
             started = utcnow()
             _, _, watermark = self.state()
-            sessions = self.database.read(lambda conn: _sessions_behind(conn, watermark))
+            sessions = self.database.read(partial(_sessions_behind, watermark=watermark))
             for session_id, _active in sessions:
                 while True:
                     left = batch.limit_left(limit)
@@ -227,7 +237,7 @@ class SemanticIndex:
                         return CatchUp(batch.embedded, True)
                     size = 256 if left is None else min(256, left)
                     rows = self.database.read(
-                        lambda conn, sid=session_id, size=size: _stale_messages(conn, sid, size)
+                        partial(_stale_messages, session_id=session_id, size=size)
                     )
                     batch.add(session_id, rows)
                     if len(rows) < size:
@@ -236,10 +246,10 @@ class SemanticIndex:
             batch.flush()
             if len(sessions) < CATCH_UP_SESSIONS:
                 mark = started - WATERMARK_SLACK
-                self.database.write(lambda conn: _advance(conn, mark))
+                self.database.write(partial(_advance, mark=mark))
                 return CatchUp(batch.embedded, False)
             mark = sessions[-1][1] - WATERMARK_SLACK
-            self.database.write(lambda conn: _advance(conn, mark))
+            self.database.write(partial(_advance, mark=mark))
 
     def reindex(self, *, progress: Callable[[int, int], None] | None = None) -> int:
         """Drop every vector and embed every live message again with the embedder
@@ -251,7 +261,9 @@ class SemanticIndex:
             raise SemanticSearchUnavailable(self.unavailable() or "no embedder")
         total = int(
             self.database.read(
-                lambda conn: conn.execute(select(func.count()).select_from(messages_table)).scalar_one()
+                lambda conn: conn.execute(
+                    select(func.count()).select_from(messages_table)
+                ).scalar_one()
             )
         )
         self.database.write(lambda conn: self._claim_model(conn, embedder, reset=True))
@@ -285,9 +297,7 @@ class SemanticIndex:
         wanted = offset + limit
         if not query.strip() or wanted == 0:
             return []
-        target = np.frombuffer(self._query_vector(embedder, query), dtype=np.int8).astype(
-            np.int32
-        )
+        target = np.frombuffer(self._query_vector(embedder, query), dtype=np.int8).astype(np.int32)
         keys, blob = self.database.read(lambda conn: _vectors(conn, filters))
         if not keys:
             return []
@@ -388,11 +398,7 @@ def fuse(rankings: Iterable[Sequence[SearchHit]], *, limit: int, offset: int) ->
 def _sessions_behind(conn: Connection, watermark: datetime | None) -> list[tuple[str, datetime]]:
     """Sessions active since ``watermark`` whose newest message has no row yet, oldest
     activity first."""
-    newest = (
-        select(func.coalesce(func.max(E.seq), 0))
-        .where(E.session_id == S.id)
-        .scalar_subquery()
-    )
+    newest = select(func.coalesce(func.max(E.seq), 0)).where(E.session_id == S.id).scalar_subquery()
     query = select(S.id, S.last_active_at).where(S.next_seq - 1 > newest)
     if watermark is not None:
         query = query.where(S.last_active_at >= watermark)
@@ -407,7 +413,14 @@ def _stale_messages(conn: Connection, session_id: str, size: int = 256) -> list[
     )
     query = (
         select(
-            M.seq, M.role, M.content_hash, M.superseded, M.content, M.extra, M.tool_calls, M.tool_name
+            M.seq,
+            M.role,
+            M.content_hash,
+            M.superseded,
+            M.content,
+            M.extra,
+            M.tool_calls,
+            M.tool_name,
         )
         .select_from(join)
         .where(
@@ -452,13 +465,13 @@ def _filtered(query: Select[Any], filters: SearchFilters) -> Select[Any]:
 def _vectors(conn: Connection, filters: SearchFilters) -> tuple[list[tuple[str, int]], bytes]:
     """The current vectors that pass ``filters``: their keys, and the vectors as one
     run of bytes (a row per key)."""
-    join = embeddings_table.join(
-        messages_table, and_(M.session_id == E.session_id, M.seq == E.seq)
-    )
+    join = embeddings_table.join(messages_table, and_(M.session_id == E.session_id, M.seq == E.seq))
     if filters.source is not None or filters.user_id is not None:
         join = join.join(sessions_table, S.id == M.session_id)
-    query = select(E.session_id, E.seq, E.vector).select_from(join).where(
-        E.vector.is_not(None), M.superseded.is_(None), M.content_hash == E.content_hash
+    query = (
+        select(E.session_id, E.seq, E.vector)
+        .select_from(join)
+        .where(E.vector.is_not(None), M.superseded.is_(None), M.content_hash == E.content_hash)
     )
     rows = conn.execute(_filtered(query, filters)).all()
     return [(row[0], row[1]) for row in rows], b"".join(row[2] for row in rows)
@@ -475,8 +488,17 @@ def _hit_rows(conn: Connection, keys: list[tuple[str, int]]) -> dict[tuple[str, 
         seqs = [seq for sid, seq in keys if sid == session_id]
         query = (
             select(
-                M.session_id, M.seq, M.client_msg_uuid, M.role, M.timestamp, S.source, S.user_id,
-                M.content, M.extra, M.tool_calls, M.tool_name,
+                M.session_id,
+                M.seq,
+                M.client_msg_uuid,
+                M.role,
+                M.timestamp,
+                S.source,
+                S.user_id,
+                M.content,
+                M.extra,
+                M.tool_calls,
+                M.tool_name,
             )
             .select_from(join)
             .where(
