@@ -16,7 +16,7 @@ from sessionrepo.models._limits import (
 )
 from sessionrepo.models.message import Message, StoredMessage, ensure_key, new_key
 from sessionrepo.models.outbox import DrainReport, OutboxStatus, SessionBacklog, WriteResult
-from sessionrepo.models.search import SearchHit
+from sessionrepo.models.search import SearchHit, SearchResults
 from sessionrepo.models.session import (
     AppendResult,
     EditResult,
@@ -35,6 +35,7 @@ __all__ = [
     "Message",
     "OutboxStatus",
     "SearchHit",
+    "SearchResults",
     "Session",
     "SessionBacklog",
     "SessionPage",

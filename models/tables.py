@@ -330,11 +330,44 @@ class SearchBacklogRow(Base):
     count: Mapped[int]
 
 
+class MessageEmbeddingRow(Base):
+    """A message's vector for search by meaning (:mod:`sessionrepo.store.semantic`):
+    one row per message the semantic catch-up has looked at, keyed like the message.
+    ``vector`` is int8 bytes of the model :class:`SemanticIndexStateRow` names (NULL:
+    nothing worth embedding, or out of the live transcript); ``content_hash`` is the
+    message's when it was embedded (a vector whose hash is not the message's is stale)."""
+
+    __tablename__ = "message_embeddings"
+    __table_args__ = (PrimaryKeyConstraint("session_id", "seq"),)
+
+    # Goes with its session; erasing single messages deletes the same (session_id, seq).
+    session_id: Mapped[str] = mapped_column(ForeignKey("sessions.id", ondelete="CASCADE"))
+    seq: Mapped[int]
+    content_hash: Mapped[bytes] = mapped_column(LargeBinary(16))
+    vector: Mapped[bytes | None] = mapped_column(LargeBinary())
+
+
+class SemanticIndexStateRow(Base):
+    """The model whose vectors the store holds (a store never mixes two) and the
+    semantic catch-up's watermark: sessions active before it have been looked at."""
+
+    __tablename__ = "semantic_index_state"
+    __table_args__ = (PrimaryKeyConstraint("name"),)
+
+    name: Mapped[str] = mapped_column(String(64))
+    model: Mapped[str | None]
+    dimension: Mapped[int | None]
+    watermark: Mapped[datetime | None]
+    updated_at: Mapped[datetime]
+
+
 sessions_table: Table = SessionRow.__table__  # type: ignore[assignment]
 messages_table: Table = MessageRow.__table__  # type: ignore[assignment]
 outbox_table: Table = OutboxRow.__table__  # type: ignore[assignment]
 search_state_table: Table = SearchIndexStateRow.__table__  # type: ignore[assignment]
 search_backlog_table: Table = SearchBacklogRow.__table__  # type: ignore[assignment]
+embeddings_table: Table = MessageEmbeddingRow.__table__  # type: ignore[assignment]
+semantic_state_table: Table = SemanticIndexStateRow.__table__  # type: ignore[assignment]
 
 #: Where a message sits: the columns of ``messages`` that are not the message's own.
 MESSAGE_PLACE: Final = ("session_id", "seq")

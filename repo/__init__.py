@@ -21,12 +21,14 @@ from sessionrepo.errors import (
     RepoError,
     SchemaOutOfDate,
     SearchIndexUnavailable,
+    SemanticSearchUnavailable,
     WriteRejected,
 )
 from sessionrepo.models import (
     AppendResult,
     Message,
     SearchHit,
+    SearchResults,
     Session,
     SessionPage,
     SessionSummary,
@@ -38,6 +40,7 @@ from sessionrepo.models.outbox import DrainReport, OutboxStatus, SessionBacklog,
 from sessionrepo.models.session import EditResult
 from sessionrepo.models.transcript import TranscriptProblem, is_sendable, transcript_problems
 from sessionrepo.outbox.writer import TranscriptWriter
+from sessionrepo.search.embedders import CallableEmbedder, Embedder
 from sessionrepo.store.repository import SessionRepository, open_repository
 from sessionrepo.store.transaction import SessionTransaction
 
@@ -48,9 +51,11 @@ __all__ = [
     "AsyncSessionTransaction",
     "AsyncTranscriptWriter",
     "BackendUnavailable",
+    "CallableEmbedder",
     "ConflictError",
     "DrainReport",
     "EditResult",
+    "Embedder",
     "InvalidArgument",
     "InvalidMessage",
     "Message",
@@ -62,6 +67,8 @@ __all__ = [
     "SchemaOutOfDate",
     "SearchHit",
     "SearchIndexUnavailable",
+    "SearchResults",
+    "SemanticSearchUnavailable",
     "Session",
     "SessionBacklog",
     "SessionPage",

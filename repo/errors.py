@@ -15,7 +15,8 @@ Arguments are checked before any SQL runs, identically on every backend::
     ├── WriteRejected                          (writes only: reads never raise it)
     ├── SchemaOutOfDate
     ├── NotARepository                         a file that is not a sessionrepo store
-    └── SearchIndexUnavailable
+    ├── SearchIndexUnavailable
+    └── SemanticSearchUnavailable
 
 Whatever the flavour, an argument error means that nothing was read or written, so one
 ``except InvalidArgument`` covers every way a call can be asked wrongly, while code that
@@ -139,6 +140,13 @@ class SearchIndexUnavailable(RepoError):
     """The full-text index is stale or broken, so search refuses to answer rather than
     give wrong results. Transcript writes are not affected. ``sessionrepo reindex``
     rebuilds it."""
+
+
+class SemanticSearchUnavailable(RepoError):
+    """Search by meaning cannot answer: no embedder (the ``semantic`` extra is not
+    installed, or the repository was opened with ``embedder=False``), or the store's
+    vectors are of another model than the embedder's (``sessionrepo reindex --semantic``
+    re-embeds them). Keyword search is not affected."""
 
 
 class QueuedBehindOutbox(Exception):

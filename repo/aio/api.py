@@ -28,6 +28,7 @@ from sessionrepo.aio.transaction import AsyncSessionTransaction
 from sessionrepo.errors import ArgumentTypeError
 from sessionrepo.models import AppendResult, Message
 from sessionrepo.outbox.writer import TranscriptWriter
+from sessionrepo.search.embedders import Embedder
 from sessionrepo.store.arguments import check_choice, check_instance, check_seconds
 from sessionrepo.store.bridge import AsyncFacade, TaskPool, awaited
 from sessionrepo.store.database import Database
@@ -36,6 +37,7 @@ from sessionrepo.store.repository import (
     PreparedBatch,
     SessionRepository,
     check_open_arguments,
+    choose_embedder,
 )
 from sessionrepo.store.schema import check_schema
 
@@ -71,6 +73,7 @@ async def open_async_repository(
     search_index: bool | Literal["immediate"] = True,
     read_only: bool = False,
     append_memory: int = DEFAULT_MEMORY_BYTES,
+    embedder: Embedder | bool | None = None,
     **options: Any,
 ) -> AsyncSessionRepository:
     """:func:`sessionrepo.open_repository` for asyncio: the same arguments and checks.
@@ -85,6 +88,7 @@ async def open_async_repository(
     """
     # Checked here, before a task is started: Database() checks the options too.
     check_open_arguments(auto_migrate, require_connection, search_index, read_only, append_memory)
+    embedder = choose_embedder(embedder) or False  # checked before anything is opened
     calls = TaskPool()
 
     def open_() -> SessionRepository:
@@ -94,7 +98,9 @@ async def open_async_repository(
             auto_migrate=False if read_only else auto_migrate,
             require_connection=require_connection,
         )
-        return SessionRepository(database, search_index=search_index, append_memory=append_memory)
+        return SessionRepository(
+            database, search_index=search_index, append_memory=append_memory, embedder=embedder
+        )
 
     return AsyncSessionRepository(await calls.call(open_), calls)
 
@@ -152,6 +158,9 @@ class AsyncSessionRepository(AsyncFacade[SessionRepository]):
     search_index_state = awaited(SessionRepository.search_index_state)
     search_index_backlog = awaited(SessionRepository.search_index_backlog)
     catch_up_search_index = awaited(SessionRepository.catch_up_search_index)
+    catch_up_semantic_index = awaited(SessionRepository.catch_up_semantic_index)
+    reindex_semantic = awaited(SessionRepository.reindex_semantic)
+    semantic_index_state = awaited(SessionRepository.semantic_index_state)
     count_sessions = awaited(SessionRepository.count_sessions)
     session_snapshots = awaited(SessionRepository.session_snapshots)
     count_messages = awaited(SessionRepository.count_messages)

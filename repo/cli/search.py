@@ -7,7 +7,7 @@ import json
 import os
 import sys
 from datetime import datetime
-from typing import Final
+from typing import Final, Literal
 
 import click
 
@@ -83,6 +83,13 @@ class _QueryCommand(click.Command):
     "--newest", is_flag=True, help="Newest first instead of best first (cheaper on big stores)."
 )
 @click.option("--limit", type=click.IntRange(1, 1000), default=20, show_default=True)
+@click.option(
+    "--mode",
+    type=click.Choice(["keyword", "semantic", "hybrid"]),
+    default="keyword",
+    show_default=True,
+    help="keyword: the words; semantic: by meaning (the semantic extra); hybrid: both, fused.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the hits as JSON lines.")
 @click.pass_obj
 def search_(
@@ -97,9 +104,10 @@ def search_(
     until: datetime | None,
     newest: bool,
     limit: int,
+    mode: Literal["keyword", "semantic", "hybrid"],
     as_json: bool,
 ) -> None:
-    """Find messages by what they say.
+    """Find messages by what they say (or, --mode semantic|hybrid, by what they mean).
 
     QUERY is words (all must occur), "quoted phrases", prefix* and -excluded words;
     any other character is plain text. It may be one argument or several (joined by
@@ -119,6 +127,7 @@ def search_(
         sessionrepo search 'deploy*' --source slack --role user --newest --json
         sessionrepo search invoice --since 2025-01-01 --until 2025-01-31
         sessionrepo search 'error*' --since 7d
+        sessionrepo search 'the chat where we planned the Tokyo trip' --mode hybrid
     """
     with open_store(url) as repository:
         _catch_up(repository)
@@ -132,6 +141,7 @@ def search_(
             until=until,
             order="newest" if newest else "rank",
             limit=limit,
+            mode=mode,
         )
     bold = stdout_is_terminal() and not os.environ.get("NO_COLOR")
     for hit in hits:
@@ -145,6 +155,9 @@ def search_(
             )
     if not as_json:
         click.echo(f"{count(len(hits), 'hit')}", err=True)
+    notice = getattr(hits, "notice", None)
+    if notice:
+        click.echo(f"note: {notice}", err=True)
 
 
 def _moment(value: str | None, *, until: bool = False) -> datetime | None:
@@ -196,9 +209,14 @@ def _catch_up(repository: SessionRepository) -> None:
 
 
 @click.command()
+@click.option(
+    "--semantic",
+    is_flag=True,
+    help="Re-embed every message for search by meaning instead (after a change of model).",
+)
 @click.option("--json", "as_json", is_flag=True, help='Print {"indexed": N} as JSON.')
 @click.pass_obj
-def reindex(url: str | None, as_json: bool) -> None:
+def reindex(url: str | None, semantic: bool, as_json: bool) -> None:
     """Rebuild the full-text search index from the messages.
 
     After `doctor` reports a stale or broken index, or after upgrading a populated store:
@@ -210,7 +228,16 @@ def reindex(url: str | None, as_json: bool) -> None:
     Example:
         sessionrepo reindex
         SESSIONREPO_DATABASE_URL=postgresql://app@db/chat sessionrepo reindex
+        sessionrepo reindex --semantic
     """
+    if semantic:
+        with open_store(url) as repository, progress_to_total("embedding") as update:
+            embedded = repository.reindex_semantic(progress=update)
+        if as_json:
+            click.echo(json.dumps({"embedded": embedded}))
+        else:
+            click.echo(f"embedded {count(embedded, 'message')}; search by meaning is available")
+        return
     with open_store(url) as repository, progress_to_total("reindexing") as update:
         indexed = repository.reindex(progress=update)
     if as_json:

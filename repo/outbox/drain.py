@@ -463,7 +463,10 @@ class Drainer:
         limit = 1 if flowing else 2000
         try:
             indexed = self._calls.primary.run(
-                lambda: self._repository.catch_up_search_index(limit=limit),
+                lambda: (
+                    self._repository.catch_up_search_index(limit=limit)
+                    + self._repository.catch_up_semantic_index(limit=limit)
+                ),
                 timeout=self._calls.deadline,
             )
         except Exception as exc:

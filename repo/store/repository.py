@@ -41,12 +41,14 @@ from sessionrepo.errors import (
     InvalidMessage,
     NotFound,
     RepoError,
+    SemanticSearchUnavailable,
 )
 from sessionrepo.models import (
     AppendResult,
     EditResult,
     Message,
     SearchHit,
+    SearchResults,
     Session,
     SessionPage,
     SessionSummary,
@@ -70,6 +72,8 @@ from sessionrepo.models.tables import (
     outbox_table,
     sessions_table,
 )
+from sessionrepo.search.embedders import Embedder, check_embedder, default_embedder
+from sessionrepo.search.query import SearchFilters
 from sessionrepo.search.text import (
     JSON_TEXT_KEY,
     content_text,
@@ -107,6 +111,7 @@ from sessionrepo.store.erasure import (
 from sessionrepo.store.memory import DEFAULT_MEMORY_BYTES, SentMemory
 from sessionrepo.store.operations import SessionOperator
 from sessionrepo.store.search_index import SearchIndex
+from sessionrepo.store.semantic import FUSION_DEPTH, SEARCH_CATCH_UP, SemanticIndex, fuse
 from sessionrepo.store.transaction import SessionTransaction, fetch_session
 from sessionrepo.store.wire import wire_dicts
 
@@ -149,12 +154,14 @@ class SessionRepository(SessionStore, TranscriptEditor, SessionOperations):
         *,
         search_index: bool | Literal["immediate"] = True,
         append_memory: int = DEFAULT_MEMORY_BYTES,
+        embedder: Embedder | bool | None = None,
     ) -> None:
         check_instance(database, "database", Database)
         check_choice(search_index, "search_index", _SEARCH_INDEX_MODES)
         check_int(append_memory, "append_memory", minimum=0)
         self._db = database
         self._search = SearchIndex(database)
+        self._semantic = SemanticIndex(database, choose_embedder(embedder))
         self._index_appends = search_index
         self._appender = Appender(database, self._search, search_index, SentMemory(append_memory))
         self._editor = SessionEditor(database, self._search, search_index)
@@ -537,8 +544,10 @@ class SessionRepository(SessionStore, TranscriptEditor, SessionOperations):
         order: Literal["rank", "newest"] = "rank",
         limit: int = 20,
         cursor: int | str | None = None,
+        mode: Literal["keyword", "semantic", "hybrid"] = "keyword",
     ) -> list[SearchHit]:
         check_instance(query, "query", str)
+        check_choice(mode, "mode", ("keyword", "semantic", "hybrid"))
         check_optional_session_id(session_id)
         for name, value in (("source", source), ("role", role), ("user_id", user_id)):
             check_optional_text(value, name)
@@ -555,7 +564,46 @@ class SessionRepository(SessionStore, TranscriptEditor, SessionOperations):
                 bounds[name] = None if moment is None else to_utc(moment, name)
             except ValueError as exc:
                 raise InvalidArgument(name, str(exc).removeprefix(f"{name}: ")) from None
-        return self._search.search(
+        if mode == "keyword":
+            return self._search.search(
+                query,
+                session_id=session_id,
+                source=source,
+                role=role,
+                user_id=user_id,
+                since=bounds["since"],
+                until=bounds["until"],
+                order=order,
+                limit=limit,
+                offset=offset,
+            )
+        filters = SearchFilters(
+            session_id=session_id,
+            source=source,
+            role=role,
+            user_id=user_id,
+            since=bounds["since"],
+            until=bounds["until"],
+        )
+        reason = self._semantic.unavailable()
+        if mode == "semantic" and reason is not None:
+            raise SemanticSearchUnavailable(f"semantic search is unavailable: {reason}")
+        complete, notice = True, None
+        if reason is None:
+            # What was appended since the last catch-up, a bounded amount (the rest is
+            # the drainer's or `catch_up_semantic_index`'s; the result says so).
+            if self._semantic.catch_up(SEARCH_CATCH_UP).pending:
+                complete = False
+                notice = (
+                    "some messages have no vectors yet (the semantic catch-up is behind); "
+                    "run `sessionrepo reindex --semantic` or catch_up_semantic_index()"
+                )
+        else:
+            complete, notice = False, f"keyword hits only: {reason}"
+        if mode == "semantic":
+            hits = self._semantic.search(query, filters, limit=limit, offset=offset)
+            return SearchResults(hits, mode=mode, complete=complete, notice=notice)
+        keyword = self._search.search(
             query,
             session_id=session_id,
             source=source,
@@ -563,10 +611,17 @@ class SessionRepository(SessionStore, TranscriptEditor, SessionOperations):
             user_id=user_id,
             since=bounds["since"],
             until=bounds["until"],
-            order=order,
-            limit=limit,
-            offset=offset,
+            order="rank",
+            limit=FUSION_DEPTH,
+            offset=0,
         )
+        if reason is not None:
+            return SearchResults(
+                keyword[offset : offset + limit], mode=mode, complete=complete, notice=notice
+            )
+        semantic = self._semantic.search(query, filters, limit=FUSION_DEPTH, offset=0)
+        hits = fuse([keyword, semantic], limit=limit, offset=offset)
+        return SearchResults(hits, mode=mode, complete=complete, notice=notice)
 
     def reindex(self, *, progress: Callable[[int, int], None] | None = None) -> int:
         check_callable(progress, "progress")
@@ -577,6 +632,38 @@ class SessionRepository(SessionStore, TranscriptEditor, SessionOperations):
         if limit is not None:
             limit = check_limit(limit)
         return self._search.catch_up(limit)
+
+    def catch_up_semantic_index(self, *, limit: int | None = None) -> int:
+        """Embed what the semantic index lacks (up to ``limit`` messages); returns how
+        many were embedded. A no-op without an embedder (the ``semantic`` extra) or when
+        the store's vectors are of another model."""
+        if limit is not None:
+            limit = check_limit(limit)
+        return self._semantic.catch_up(limit).embedded
+
+    def reindex_semantic(self, *, progress: Callable[[int, int], None] | None = None) -> int:
+        """Drop every vector and embed every live message again with this repository's
+        embedder (after a change of model); ``progress(done, total)`` is called as it
+        goes. Returns how many messages were embedded.
+
+        Raises:
+            SemanticSearchUnavailable: there is no embedder.
+        """
+        check_callable(progress, "progress")
+        return self._semantic.reindex(progress=progress)
+
+    def semantic_index_state(self) -> dict[str, Any]:
+        """The semantic index: the store's model and dimension, the embedder's, and why
+        semantic search cannot answer (``None``: it can)."""
+        model, dimension, watermark = self._semantic.state()
+        embedder = self._semantic.embedder
+        return {
+            "model": model,
+            "dimension": dimension,
+            "watermark": watermark,
+            "embedder": None if embedder is None else embedder.name,
+            "unavailable": self._semantic.unavailable(),
+        }
 
     def search_index_backlog(self) -> int:
         return self._search.backlog()
@@ -869,6 +956,19 @@ def _decode_cursor(cursor: object) -> tuple[datetime, str]:
         raise InvalidArgument("cursor", "not a cursor returned by list_sessions") from exc
 
 
+def choose_embedder(embedder: object) -> Embedder | None:
+    """``open_repository``'s ``embedder``: ``None`` (the default one, when the
+    ``semantic`` extra is installed), ``False`` (none), or an :class:`Embedder`."""
+    if embedder is None or embedder is True:
+        return default_embedder()
+    if embedder is False:
+        return None
+    try:
+        return check_embedder(embedder)
+    except TypeError as exc:
+        raise ArgumentTypeError("embedder", str(exc)) from None
+
+
 def _search_offset(cursor: object) -> int:
     """``search``'s cursor (the hits already read: an ``int``, or its digits as text,
     as a command line hands it over) as an offset."""
@@ -929,6 +1029,7 @@ def open_repository(
     search_index: bool | Literal["immediate"] = True,
     read_only: bool = False,
     append_memory: int = DEFAULT_MEMORY_BYTES,
+    embedder: Embedder | bool | None = None,
     **options: Any,
 ) -> SessionRepository:
     """Open the store at ``url``.
@@ -966,6 +1067,10 @@ def open_repository(
             is forgotten first; nothing of a message is kept beyond the bound, and a
             forgotten one costs only speed (it is validated and sent again, a no-op by
             its key). See :mod:`sessionrepo.store.memory`.
+        embedder: what ``search(..., mode="semantic" | "hybrid")`` embeds with: ``None``
+            (the default: Universal Sentence Encoder multilingual, when the
+            ``semantic`` extra is installed; else semantic search is unavailable),
+            ``False`` (none), or any :class:`~sessionrepo.search.embedders.Embedder`.
         **options: engine options: ``pool_size``, ``max_overflow``, ``busy_timeout``
             (SQLite, seconds), ``sqlite_synchronous`` (default ``"FULL"``),
             ``connect_timeout`` (PostgreSQL, seconds), ``search_config`` (PostgreSQL
@@ -981,13 +1086,16 @@ def open_repository(
             opened; :class:`~sessionrepo.errors.ArgumentTypeError`: of the wrong type).
     """
     check_open_arguments(auto_migrate, require_connection, search_index, read_only, append_memory)
+    embedder = choose_embedder(embedder) or False  # checked before anything is opened
     database = Database(url, read_only=read_only, **options)
     schema.check_schema(
         database,
         auto_migrate=False if read_only else auto_migrate,
         require_connection=require_connection,
     )
-    return SessionRepository(database, search_index=search_index, append_memory=append_memory)
+    return SessionRepository(
+        database, search_index=search_index, append_memory=append_memory, embedder=embedder
+    )
 
 
 def check_open_arguments(
