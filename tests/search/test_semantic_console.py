@@ -6,10 +6,11 @@ from __future__ import annotations
 from pathlib import Path
 
 from starlette.testclient import TestClient
-from support.embedders import ConceptEmbedder
 
 from sessionrepo import open_repository
 from sessionrepo.web import create_app
+
+from support.embedders import ConceptEmbedder
 
 
 def test_the_console_searches_by_meaning(tmp_path: Path) -> None:
