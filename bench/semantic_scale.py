@@ -5,8 +5,8 @@ rate over many messages, on SQLite and PostgreSQL.
 ``--messages`` messages (200 per session) through ``append``, then fills the vectors with
 ``catch_up_semantic_index()`` using a stand-in embedder (512 dimensions like the
 default model, vectors derived from a hash of the text, so that the database's part is
-what is timed, not a model's), then times ``search(mode="semantic")``: 20 queries, each
-warmed up once (its vector remembered, so the scan is what is timed), 5 runs each, with
+what is timed, not a model's), then times ``search(mode="semantic")``: 5 queries, each
+warmed up once (its vector remembered, so the scan is what is timed), 3 runs each, with
 no filter and with ``session_id=``. Prints p50/p95 and writes
 ``bench/results/semantic-scale.json``.
 """
@@ -67,10 +67,10 @@ def run(url: str, messages: int) -> dict[str, Any]:
         }
         for name, filters in (("all", {}), ("one_session", {"session_id": "s7"})):
             times: list[float] = []
-            for q in range(20):
+            for q in range(5):
                 query = f"what did we say about topic {q}"
                 repository.search(query, mode="semantic", **filters)
-                for _ in range(5):
+                for _ in range(3):
                     began = time.perf_counter()
                     repository.search(query, mode="semantic", **filters)
                     times.append((time.perf_counter() - began) * 1000)

@@ -5,6 +5,7 @@ two models; hybrid says when vectors are missing and still returns the keyword h
 
 from __future__ import annotations
 
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -129,6 +130,10 @@ def test_filters_and_paging(store: Any) -> None:
     assert all(h.role == "assistant" for h in store.search("jr", mode="semantic", role="assistant"))
     everything = store.search("tokyo", mode="semantic", limit=10)
     assert len(everything) == 4
+    now = datetime.now(UTC)
+    assert len(store.search("tokyo", mode="semantic", since=now - timedelta(hours=1))) == 4
+    assert store.search("tokyo", mode="semantic", since=now + timedelta(hours=1)) == []
+    assert store.search("tokyo", mode="semantic", until=now - timedelta(hours=1)) == []
     pages = store.search("tokyo", mode="semantic", limit=2) + store.search(
         "tokyo", mode="semantic", limit=2, cursor=2
     )
