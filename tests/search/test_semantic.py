@@ -257,3 +257,22 @@ def test_quantized_vectors_keep_the_cosine() -> None:
     assert semantic_module.quantize(np.zeros(4), 4) == bytes(4)
     with pytest.raises(ValueError, match="NaN"):
         semantic_module.quantize([float("nan")] * 4, 4)
+
+
+def test_the_writers_drainer_fills_the_vectors(database_url: str) -> None:
+    from sessionrepo import TranscriptWriter
+    from support.polling import eventually
+
+    embedder = ConceptEmbedder()
+    repository = open_repository(database_url, embedder=embedder)
+    writer = TranscriptWriter(repository)
+    try:
+        assert writer.write("pet", [{"role": "user", "content": "Mochi at the vet"}]).status == (
+            "stored"
+        )
+        assert embedder.texts == 0  # the write embedded nothing
+        writer.start(interval=0.05)
+        eventually(lambda: _rows(database_url) == 1, "the drainer's semantic catch-up")
+    finally:
+        writer.close()
+        repository.close()
