@@ -261,6 +261,7 @@ def test_quantized_vectors_keep_the_cosine() -> None:
 
 def test_the_writers_drainer_fills_the_vectors(database_url: str) -> None:
     from sessionrepo import TranscriptWriter
+
     from support.polling import eventually
 
     embedder = ConceptEmbedder()
