@@ -65,6 +65,8 @@ EMBEDDED_CHARS: Final = 2000
 #: Sessions active this long before the watermark are looked at again: an append's
 #: ``last_active_at`` is taken before it commits.
 WATERMARK_SLACK: Final = timedelta(minutes=2)
+#: How stale the watermark may get before a catch-up that found nothing moves it.
+ADVANCE_EVERY: Final = timedelta(minutes=10)
 #: Sessions one catch-up read takes; texts one ``embed`` call gets.
 CATCH_UP_SESSIONS: Final = 200
 EMBED_BATCH: Final = 256
@@ -221,8 +223,13 @@ class SemanticIndex:
         embedder = self.embedder
         if embedder is None or self.database.read_only:
             return CatchUp(0, False)
-        if not self.database.write(lambda conn: self._claim_model(conn, embedder, reset=False)):
+        model, dimension, _ = self.state()
+        if model is not None and (model, dimension) != (embedder.name, embedder.dimension):
             return CatchUp(0, False)
+        if model is None and not self.database.write(
+            lambda conn: self._claim_model(conn, embedder, reset=False)
+        ):
+            return CatchUp(0, False)  # read first: an idle catch-up takes no write lock
         batch = _Batch(self.database, embedder, progress)
         while True:
             started = utcnow()
@@ -245,7 +252,10 @@ class SemanticIndex:
             batch.flush()
             if len(sessions) < CATCH_UP_SESSIONS:
                 mark = started - WATERMARK_SLACK
-                self.database.write(partial(_advance, mark=mark))
+                # Idle rounds (nothing looked at) move the watermark only now and then:
+                # a drainer's idle round takes no write lock.
+                if batch.looked or watermark is None or mark - watermark > ADVANCE_EVERY:
+                    self.database.write(partial(_advance, mark=mark))
                 return CatchUp(batch.embedded, False)
             mark = sessions[-1][1] - WATERMARK_SLACK
             self.database.write(partial(_advance, mark=mark))
