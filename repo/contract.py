@@ -310,6 +310,7 @@ class SessionStore(Protocol):
         order: Literal["rank", "newest"] = "rank",
         limit: int = 20,
         cursor: int | str | None = None,
+        mode: Literal["keyword", "semantic", "hybrid"] = "keyword",
     ) -> list[SearchHit]:
         """Messages whose content matches ``query``, best first (or newest first).
 
@@ -331,10 +332,20 @@ class SessionStore(Protocol):
             order: ``"rank"`` (relevance) or ``"newest"``.
             limit: hits per page, 1 to 1000.
             cursor: the number of hits already read (``cursor=len(previous_hits)``).
+            mode: ``"keyword"`` (the words, as above), ``"semantic"`` (the messages
+                nearest in meaning, by the repository's embedder; ``order`` does not
+                apply) or ``"hybrid"`` (both rankings fused by reciprocal rank). The
+                last two return a :class:`~sessionrepo.models.SearchResults`, whose
+                ``complete`` and ``notice`` say when vectors were missing or of another
+                model; hybrid then still returns every keyword hit. Vectors are made by
+                a catch-up (this call does up to 500 messages first), never by appends.
 
         Raises:
             SearchIndexUnavailable: the index is stale or broken (``reindex`` fixes it).
-            InvalidArgument: a filter, the order, the limit or the cursor is invalid.
+            SemanticSearchUnavailable: ``mode="semantic"`` without an embedder, or with
+                vectors of another model (``reindex --semantic`` fixes it).
+            InvalidArgument: a filter, the order, the limit, the cursor or the mode is
+                invalid.
         """
         ...
 

@@ -33,8 +33,7 @@ from datetime import datetime, timedelta
 from functools import partial
 from typing import Any, Final
 
-from sqlalchemy import Connection, Select, and_, delete, func, or_, select, text
-from sqlalchemy.sql.elements import ColumnElement
+from sqlalchemy import Connection, and_, bindparam, delete, func, or_, select, text
 
 from sessionrepo.errors import SemanticSearchUnavailable
 from sessionrepo.models.message import utcnow
@@ -66,6 +65,8 @@ EMBEDDED_CHARS: Final = 2000
 #: Sessions active this long before the watermark are looked at again: an append's
 #: ``last_active_at`` is taken before it commits.
 WATERMARK_SLACK: Final = timedelta(minutes=2)
+#: How stale the watermark may get before a catch-up that found nothing moves it.
+ADVANCE_EVERY: Final = timedelta(minutes=10)
 #: Sessions one catch-up read takes; texts one ``embed`` call gets.
 CATCH_UP_SESSIONS: Final = 200
 EMBED_BATCH: Final = 256
@@ -222,8 +223,13 @@ class SemanticIndex:
         embedder = self.embedder
         if embedder is None or self.database.read_only:
             return CatchUp(0, False)
-        if not self.database.write(lambda conn: self._claim_model(conn, embedder, reset=False)):
+        model, dimension, _ = self.state()
+        if model is not None and (model, dimension) != (embedder.name, embedder.dimension):
             return CatchUp(0, False)
+        if model is None and not self.database.write(
+            lambda conn: self._claim_model(conn, embedder, reset=False)
+        ):
+            return CatchUp(0, False)  # read first: an idle catch-up takes no write lock
         batch = _Batch(self.database, embedder, progress)
         while True:
             started = utcnow()
@@ -246,7 +252,10 @@ class SemanticIndex:
             batch.flush()
             if len(sessions) < CATCH_UP_SESSIONS:
                 mark = started - WATERMARK_SLACK
-                self.database.write(partial(_advance, mark=mark))
+                # Idle rounds (nothing looked at) move the watermark only now and then:
+                # a drainer's idle round takes no write lock.
+                if batch.looked or watermark is None or mark - watermark > ADVANCE_EVERY:
+                    self.database.write(partial(_advance, mark=mark))
                 return CatchUp(batch.embedded, False)
             mark = sessions[-1][1] - WATERMARK_SLACK
             self.database.write(partial(_advance, mark=mark))
@@ -445,36 +454,37 @@ def _advance(conn: Connection, mark: datetime) -> None:
     )
 
 
-def _filtered(query: Select[Any], filters: SearchFilters) -> Select[Any]:
-    clauses: list[ColumnElement[bool]] = []
-    if filters.session_id is not None:
-        clauses.append(M.session_id == filters.session_id)
-    if filters.role is not None:
-        clauses.append(M.role == filters.role)
-    if filters.source is not None:
-        clauses.append(S.source == filters.source)
-    if filters.user_id is not None:
-        clauses.append(S.user_id == filters.user_id)
-    if filters.since is not None:
-        clauses.append(M.timestamp >= filters.since)
-    if filters.until is not None:
-        clauses.append(M.timestamp < filters.until)
-    return query.where(*clauses) if clauses else query
-
-
 def _vectors(conn: Connection, filters: SearchFilters) -> tuple[list[tuple[str, int]], bytes]:
     """The current vectors that pass ``filters``: their keys, and the vectors as one
-    run of bytes (a row per key)."""
-    join = embeddings_table.join(messages_table, and_(M.session_id == E.session_id, M.seq == E.seq))
+    run of bytes (a row per key). Plain SQL text: without SQLAlchemy's per-row type
+    processing, this read (the whole cost of a brute-force query) takes about half."""
+    sql = [
+        "SELECT e.session_id, e.seq, e.vector FROM message_embeddings e "
+        "JOIN messages m ON m.session_id = e.session_id AND m.seq = e.seq"
+    ]
     if filters.source is not None or filters.user_id is not None:
-        join = join.join(sessions_table, S.id == M.session_id)
-    query = (
-        select(E.session_id, E.seq, E.vector)
-        .select_from(join)
-        .where(E.vector.is_not(None), M.superseded.is_(None), M.content_hash == E.content_hash)
+        sql.append(" JOIN sessions s ON s.id = m.session_id")
+    sql.append(
+        " WHERE e.vector IS NOT NULL AND m.superseded IS NULL AND m.content_hash = e.content_hash"
     )
-    rows = conn.execute(_filtered(query, filters)).all()
-    return [(row[0], row[1]) for row in rows], b"".join(row[2] for row in rows)
+    params: dict[str, Any] = {}
+    for column, name, value in (
+        ("m.session_id =", "f_session", filters.session_id),
+        ("m.role =", "f_role", filters.role),
+        ("s.source =", "f_source", filters.source),
+        ("s.user_id =", "f_user", filters.user_id),
+        ("m.timestamp >=", "f_since", filters.since),
+        ("m.timestamp <", "f_until", filters.until),
+    ):
+        if value is not None:
+            sql.append(f" AND {column} :{name}")
+            params[name] = value
+    statement = text("".join(sql))
+    for name in ("f_since", "f_until"):
+        if name in params:  # bound as the column's type (SQLite stores its own text form)
+            statement = statement.bindparams(bindparam(name, type_=M.timestamp.type))
+    rows = conn.execute(statement, params).all()
+    return [(row[0], row[1]) for row in rows], b"".join(bytes(row[2]) for row in rows)
 
 
 def _hit_rows(conn: Connection, keys: list[tuple[str, int]]) -> dict[tuple[str, int], Any]:

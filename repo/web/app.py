@@ -466,6 +466,7 @@ def _pages(app: FastAPI, console: Console) -> None:
         since: Since = None,
         until: Since = None,
         order: Text = None,
+        mode: Text = None,
         cursor: Annotated[int, Query(ge=0, le=1_000_000)] = 0,
     ) -> Response:
         fields = {
@@ -477,6 +478,7 @@ def _pages(app: FastAPI, console: Console) -> None:
             "since": since or "",
             "until": until or "",
             "order": _order(order),
+            "mode": mode if mode in ("semantic", "hybrid") else "keyword",
         }
         results = None
         next_link = previous_link = None
@@ -486,6 +488,7 @@ def _pages(app: FastAPI, console: Console) -> None:
                 q,
                 cursor=cursor,
                 order=fields["order"],  # type: ignore[arg-type]
+                mode=fields["mode"],  # type: ignore[arg-type]
                 source=_optional(source),
                 role=_optional(role),
                 user_id=_optional(user),
@@ -493,7 +496,7 @@ def _pages(app: FastAPI, console: Console) -> None:
                 since=_moment(since, "since"),
                 until=_moment(until, "until"),
             )
-            kept = {k: v for k, v in fields.items() if v}
+            kept = {k: v for k, v in fields.items() if v and (k, v) != ("mode", "keyword")}
             if results.next_cursor is not None:
                 next_link = "/search?" + urlencode({**kept, "cursor": results.next_cursor})
             if results.previous_cursor is not None:

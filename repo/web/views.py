@@ -543,6 +543,8 @@ class SearchPage:
     next_cursor: int | None
     #: ``cursor=`` of the previous page (``None``: this is the first).
     previous_cursor: int | None = None
+    #: What a semantic or hybrid search says it lacked (``None``: nothing).
+    notice: str | None = None
 
 
 def search_page(
@@ -552,14 +554,18 @@ def search_page(
     cursor: int = 0,
     limit: int = SEARCH_PAGE,
     order: Literal["rank", "newest"] = "rank",
+    mode: Literal["keyword", "semantic", "hybrid"] = "keyword",
     **filters: Any,
 ) -> SearchPage:
-    hits = repository.search(query, order=order, limit=limit + 1, cursor=cursor, **filters)
+    hits = repository.search(
+        query, order=order, limit=limit + 1, cursor=cursor, mode=mode, **filters
+    )
     views = [HitView(hit, highlighted(hit.snippet, query)) for hit in hits[:limit]]
     return SearchPage(
         views,
         cursor + limit if len(hits) > limit else None,
         max(cursor - limit, 0) if cursor > 0 else None,
+        notice=getattr(hits, "notice", None),
     )
 
 

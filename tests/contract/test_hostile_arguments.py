@@ -227,6 +227,9 @@ VALID: Final[dict[str, st.SearchStrategy[Any]]] = {
     "since": st.one_of(st.none(), times),
     "until": st.one_of(st.none(), times),
     "order": st.sampled_from(["rank", "newest"]),
+    # Keyword only: a hybrid search would load the installed model in every example
+    # (tests/search/test_semantic*.py cover the other modes).
+    "mode": st.just("keyword"),
     "cursor": st.sampled_from([None, 0, "1"]),
     "reason": st.just("done"),
     "on_conflict": st.sampled_from(["report", "raise"]),

@@ -146,6 +146,7 @@ def test_an_idle_drain_round_takes_no_write_lock(database_url: str, tmp_path: Pa
     try:
         assert writer.write("s", [make_message("s", 0)]).status == "stored"
         primary.catch_up_search_index()  # the backlog empty
+        primary.catch_up_semantic_index()  # and the vectors made (where a model is installed)
         lockers = []
         for path in (database_url.removeprefix("sqlite:///"), str(outbox)):
             locker = sqlite3.connect(path, isolation_level=None)

@@ -5,6 +5,7 @@ two models; hybrid says when vectors are missing and still returns the keyword h
 
 from __future__ import annotations
 
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -129,6 +130,10 @@ def test_filters_and_paging(store: Any) -> None:
     assert all(h.role == "assistant" for h in store.search("jr", mode="semantic", role="assistant"))
     everything = store.search("tokyo", mode="semantic", limit=10)
     assert len(everything) == 4
+    now = datetime.now(UTC)
+    assert len(store.search("tokyo", mode="semantic", since=now - timedelta(hours=1))) == 4
+    assert store.search("tokyo", mode="semantic", since=now + timedelta(hours=1)) == []
+    assert store.search("tokyo", mode="semantic", until=now - timedelta(hours=1)) == []
     pages = store.search("tokyo", mode="semantic", limit=2) + store.search(
         "tokyo", mode="semantic", limit=2, cursor=2
     )
@@ -252,3 +257,23 @@ def test_quantized_vectors_keep_the_cosine() -> None:
     assert semantic_module.quantize(np.zeros(4), 4) == bytes(4)
     with pytest.raises(ValueError, match="NaN"):
         semantic_module.quantize([float("nan")] * 4, 4)
+
+
+def test_the_writers_drainer_fills_the_vectors(database_url: str) -> None:
+    from sessionrepo import TranscriptWriter
+
+    from support.polling import eventually
+
+    embedder = ConceptEmbedder()
+    repository = open_repository(database_url, embedder=embedder)
+    writer = TranscriptWriter(repository)
+    try:
+        assert writer.write("pet", [{"role": "user", "content": "Mochi at the vet"}]).status == (
+            "stored"
+        )
+        assert embedder.texts == 0  # the write embedded nothing
+        writer.start(interval=0.05)
+        eventually(lambda: _rows(database_url) == 1, "the drainer's semantic catch-up")
+    finally:
+        writer.close()
+        repository.close()
