@@ -177,11 +177,12 @@ class Database:
                     )
                     if self._first_use is not None:  # the same schema check, on first use
                         database.check_on_first_use(self._first_use)
-                    if self._server_found:
+                    if self._server_found and type(database.dialect) is not type(self.dialect):
                         # The same server: its dialect from the first call on (a call
                         # picks its statements before it connects; on Citus a
-                        # PostgreSQL one would broadcast and commit in two phases).
-                        database.dialect = self.dialect
+                        # PostgreSQL one would broadcast and commit in two phases). A
+                        # copy: no state shared between the two pools.
+                        database.dialect = copy.copy(self.dialect)
                         database._server_found = True
         return database
 
