@@ -28,7 +28,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import sqlalchemy as sa
-from alembic import op
+from alembic import context, op
 
 revision: str = "0010"
 down_revision: str | None = "0009"
@@ -43,10 +43,27 @@ def upgrade() -> None:
             "last_active_lag_us", sa.BigInteger(), server_default=sa.text("0"), nullable=False
         ),
     )
-    if op.get_bind().dialect.name == "postgresql":
-        op.execute("ALTER TABLE sessions SET (fillfactor = 80)")
+    bind = op.get_bind()
+    if bind.dialect.name == "postgresql":
+        # A storage parameter only: a server that cannot set it on this table (a Citus
+        # coordinator whose version does not propagate it to the shards, say) keeps the
+        # default, and its updates are HOT while a page has room.
+        _storage_parameter("SET (fillfactor = 80)")
     else:
         _rebuild_backlog(" WITHOUT ROWID")
+
+
+def _storage_parameter(change: str) -> None:
+    statement = f"ALTER TABLE sessions {change}"
+    if context.is_offline_mode():  # a script (``sessionrepo migrate --sql``): as it is
+        op.execute(statement)
+        return
+    bind = op.get_bind()
+    try:
+        with bind.begin_nested():
+            bind.exec_driver_sql(statement)
+    except sa.exc.DBAPIError:
+        pass
 
 
 #: search_backlog as migration 0005 made it on SQLite (a frozen copy), with a table option.
@@ -80,7 +97,7 @@ def downgrade() -> None:
             "UPDATE sessions SET last_active_at = last_active_at "
             "+ last_active_lag_us * interval '1 microsecond' WHERE last_active_lag_us <> 0"
         )
-        op.execute("ALTER TABLE sessions RESET (fillfactor)")
+        _storage_parameter("RESET (fillfactor)")
     else:
         # SQLite stores the time as SQLAlchemy's text ("YYYY-MM-DD HH:MM:SS.ffffff").
         _rebuild_backlog("")
