@@ -20,8 +20,8 @@ from typing import Any, Final
 from sqlalchemy import Connection
 
 from sessionrepo.dialects.base import DirectAppend, DirectLoad, DirectResult, lock_bypassed
-from sessionrepo.dialects.postgresql.append import PostgresAppend
-from sessionrepo.models.tables import MESSAGE_COLUMNS
+from sessionrepo.dialects.postgresql.append import _PG_ACTIVITY, PostgresAppend
+from sessionrepo.models.tables import ACTIVITY_GRANULARITY, MESSAGE_COLUMNS
 
 #: Rows per ``INSERT … VALUES`` statement (PostgreSQL takes at most 65,535 parameters).
 _ROWS_PER_INSERT: Final = 1000
@@ -34,9 +34,11 @@ _CITUS_STORED_KEYS: Final = (
     "WHERE session_id = %(sid)s AND client_msg_uuid = ANY(%(keys)s::uuid[])"
 )
 
+# The activity as PostgreSQL's append writes it (``last_active_at`` within the granularity
+# left alone, the lag in no index), so the row's update stays heap-only here too.
 _CITUS_COUNT: Final = (
     "UPDATE sessions SET next_seq = next_seq + %(n)s, message_count = message_count + %(n)s, "
-    "tool_call_count = tool_call_count + %(tools)s, last_active_at = %(now)s "
+    f"tool_call_count = tool_call_count + %(tools)s, {_PG_ACTIVITY} "
     "WHERE id = %(sid)s"
 )
 
@@ -97,6 +99,7 @@ class CitusAppend(PostgresAppend):
                 "n": len(fresh),
                 "tools": sum(int(row["tool_call_total"] or 0) for row in fresh),
                 "now": now,
+                "granularity": ACTIVITY_GRANULARITY,
             },
         )
         return stored
