@@ -142,7 +142,9 @@ def verify_erased_(
 
 
 @click.command()
-@click.option("--limit", type=click.IntRange(1, 1000), default=50, show_default=True)
+@click.option(
+    "--limit", type=click.IntRange(1, 1000), default=50, show_default=True, help="Rows shown."
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the entries as JSON.")
 @click.pass_obj
 def audit(url: str | None, *, limit: int, as_json: bool) -> None:
@@ -191,7 +193,12 @@ def retention() -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print the policies as JSON.")
 @click.pass_obj
 def retention_show(url: str | None, *, as_json: bool) -> None:
-    """List the stored policies."""
+    """List the stored policies.
+
+    \b
+    Example:
+        sessionrepo retention show --json
+    """
     with open_store(url, read_only=True) as repository:
         policies = repository.retention_policies()
     if as_json:
@@ -228,7 +235,12 @@ def retention_set(
     idle_days: int | None,
     superseded_days: int | None,
 ) -> None:
-    """Set SOURCE's policy (replacing its previous one; an omitted period keeps forever)."""
+    """Set SOURCE's policy (replacing its previous one; an omitted period keeps forever).
+
+    \b
+    Example:
+        sessionrepo retention set discord --ended-days 30 --idle-days 90
+    """
     policy = RetentionPolicy(
         source=source, ended_days=ended_days, idle_days=idle_days, superseded_days=superseded_days
     )
@@ -241,7 +253,12 @@ def retention_set(
 @click.argument("source")
 @click.pass_obj
 def retention_clear(url: str | None, source: str) -> None:
-    """Remove SOURCE's policy."""
+    """Remove SOURCE's policy.
+
+    \b
+    Example:
+        sessionrepo retention clear discord
+    """
     with open_store(url) as repository:
         removed = repository.delete_retention_policy(source)
     click.echo(f"{printable(source, one_line=True)}: {'removed' if removed else 'had no policy'}")
