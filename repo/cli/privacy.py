@@ -226,6 +226,7 @@ def _days(value: int | None) -> str:
     type=click.IntRange(min=1),
     help="Erase retracted and compacted messages N days after they were made.",
 )
+@click.option("--json", "as_json", is_flag=True, help="Print the policy set as JSON.")
 @click.pass_obj
 def retention_set(
     url: str | None,
@@ -234,6 +235,7 @@ def retention_set(
     ended_days: int | None,
     idle_days: int | None,
     superseded_days: int | None,
+    as_json: bool,
 ) -> None:
     """Set SOURCE's policy (replacing its previous one; an omitted period keeps forever).
 
@@ -246,13 +248,17 @@ def retention_set(
     )
     with open_store(url) as repository:
         repository.set_retention_policy(policy)
+    if as_json:
+        click.echo(policy.model_dump_json(indent=2))
+        return
     click.echo(f"retention of {printable(source, one_line=True)} set")
 
 
 @retention.command("clear")
 @click.argument("source")
+@click.option("--json", "as_json", is_flag=True, help='Print {"source", "removed"} as JSON.')
 @click.pass_obj
-def retention_clear(url: str | None, source: str) -> None:
+def retention_clear(url: str | None, source: str, *, as_json: bool) -> None:
     """Remove SOURCE's policy.
 
     \b
@@ -261,6 +267,9 @@ def retention_clear(url: str | None, source: str) -> None:
     """
     with open_store(url) as repository:
         removed = repository.delete_retention_policy(source)
+    if as_json:
+        click.echo(json.dumps({"source": source, "removed": removed}))
+        return
     click.echo(f"{printable(source, one_line=True)}: {'removed' if removed else 'had no policy'}")
 
 

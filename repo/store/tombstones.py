@@ -56,7 +56,7 @@ def secret(connection: Connection, database: Database) -> bytes:
     key = _KEYS.get(database)
     if key is None:
         row = connection.execute(
-            select(privacy_keys_table.c.secret).where(privacy_keys_table.c.name == "tombstone")
+            select(privacy_keys_table.c.hmac_key).where(privacy_keys_table.c.name == "tombstone")
         ).first()
         if row is None:  # pragma: no cover - migration 0011 makes it
             raise SchemaOutOfDate("the store has no tombstone key: run `sessionrepo migrate`")
