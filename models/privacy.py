@@ -40,7 +40,7 @@ class PrivacyKeyRow(Base):
     __table_args__ = (PrimaryKeyConstraint("name"),)
 
     name: Mapped[str] = mapped_column(String(64))
-    secret: Mapped[bytes] = mapped_column(LargeBinary(64))
+    hmac_key: Mapped[bytes] = mapped_column(LargeBinary(64))
 
 
 class ErasedSessionRow(Base):

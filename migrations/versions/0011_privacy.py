@@ -126,7 +126,7 @@ def upgrade() -> None:
     op.create_table(
         "privacy_keys",
         sa.Column("name", sa.String(64), nullable=False),
-        sa.Column("secret", sa.LargeBinary(64), nullable=False),
+        sa.Column("hmac_key", sa.LargeBinary(64), nullable=False),
         sa.PrimaryKeyConstraint("name", name="pk_privacy_keys"),
     )
     op.create_table(
@@ -164,10 +164,16 @@ def upgrade() -> None:
         sa.Column("updated_at", time, nullable=False),
         sa.PrimaryKeyConstraint("source", name="pk_retention_policies"),
     )
-    keys = sa.table(
-        "privacy_keys", sa.column("name", sa.String), sa.column("secret", sa.LargeBinary)
-    )
-    op.bulk_insert(keys, [{"name": "tombstone", "secret": os.urandom(32)}])
+    # The key is made here, once per store, in SQL text (``alembic upgrade --sql`` prints
+    # it: that script is then as secret as the key). SQLite's randomblob() is its
+    # cryptographic generator; PostgreSQL has none built in without pgcrypto.
+    if op.get_context().dialect.name == "sqlite":
+        op.execute("INSERT INTO privacy_keys (name, hmac_key) VALUES ('tombstone', randomblob(32))")
+    else:
+        op.execute(
+            "INSERT INTO privacy_keys (name, hmac_key) "
+            f"VALUES ('tombstone', decode('{os.urandom(32).hex()}', 'hex'))"
+        )
     if op.get_context().dialect.name == "postgresql" and not op.get_context().as_sql:
         _distribute_schema(op.get_bind())
 

@@ -142,7 +142,9 @@ def verify_erased_(
 
 
 @click.command()
-@click.option("--limit", type=click.IntRange(1, 1000), default=50, show_default=True)
+@click.option(
+    "--limit", type=click.IntRange(1, 1000), default=50, show_default=True, help="Rows shown."
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the entries as JSON.")
 @click.pass_obj
 def audit(url: str | None, *, limit: int, as_json: bool) -> None:
@@ -191,7 +193,12 @@ def retention() -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print the policies as JSON.")
 @click.pass_obj
 def retention_show(url: str | None, *, as_json: bool) -> None:
-    """List the stored policies."""
+    """List the stored policies.
+
+    \b
+    Example:
+        sessionrepo retention show --json
+    """
     with open_store(url, read_only=True) as repository:
         policies = repository.retention_policies()
     if as_json:
@@ -219,6 +226,7 @@ def _days(value: int | None) -> str:
     type=click.IntRange(min=1),
     help="Erase retracted and compacted messages N days after they were made.",
 )
+@click.option("--json", "as_json", is_flag=True, help="Print the policy set as JSON.")
 @click.pass_obj
 def retention_set(
     url: str | None,
@@ -227,23 +235,41 @@ def retention_set(
     ended_days: int | None,
     idle_days: int | None,
     superseded_days: int | None,
+    as_json: bool,
 ) -> None:
-    """Set SOURCE's policy (replacing its previous one; an omitted period keeps forever)."""
+    """Set SOURCE's policy (replacing its previous one; an omitted period keeps forever).
+
+    \b
+    Example:
+        sessionrepo retention set discord --ended-days 30 --idle-days 90
+    """
     policy = RetentionPolicy(
         source=source, ended_days=ended_days, idle_days=idle_days, superseded_days=superseded_days
     )
     with open_store(url) as repository:
         repository.set_retention_policy(policy)
+    if as_json:
+        click.echo(policy.model_dump_json(indent=2))
+        return
     click.echo(f"retention of {printable(source, one_line=True)} set")
 
 
 @retention.command("clear")
 @click.argument("source")
+@click.option("--json", "as_json", is_flag=True, help='Print {"source", "removed"} as JSON.')
 @click.pass_obj
-def retention_clear(url: str | None, source: str) -> None:
-    """Remove SOURCE's policy."""
+def retention_clear(url: str | None, source: str, *, as_json: bool) -> None:
+    """Remove SOURCE's policy.
+
+    \b
+    Example:
+        sessionrepo retention clear discord
+    """
     with open_store(url) as repository:
         removed = repository.delete_retention_policy(source)
+    if as_json:
+        click.echo(json.dumps({"source": source, "removed": removed}))
+        return
     click.echo(f"{printable(source, one_line=True)}: {'removed' if removed else 'had no policy'}")
 
 

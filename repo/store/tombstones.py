@@ -8,7 +8,9 @@ writer's writes and every drain of every outbox, and the async API) or
 :func:`screen_rows` (a unit of work's append, hence the importers; a restore): a
 message whose key was erased from its session is dropped before the insert and reported
 in the result's ``erased`` (and the ``sessionrepo_messages_total{outcome="erased"}``
-counter), never raised. A new key in an erased session is stored as usual.
+counter), never raised. So is, in an erased session, a message made (its ``timestamp``)
+before the erasure, even with a key the store never had: a copy parked before it in an
+outbox the erasure could not reach. A new message in an erased session is stored as usual.
 
 What it costs an append: one primary-key probe of ``erased_sessions`` per batch; the
 message hashes are read only for a session that was erased.
@@ -56,7 +58,7 @@ def secret(connection: Connection, database: Database) -> bytes:
     key = _KEYS.get(database)
     if key is None:
         row = connection.execute(
-            select(privacy_keys_table.c.secret).where(privacy_keys_table.c.name == "tombstone")
+            select(privacy_keys_table.c.hmac_key).where(privacy_keys_table.c.name == "tombstone")
         ).first()
         if row is None:  # pragma: no cover - migration 0011 makes it
             raise SchemaOutOfDate("the store has no tombstone key: run `sessionrepo migrate`")

@@ -313,6 +313,7 @@ def test_drain_json_and_a_message_the_primary_already_has(setup: Setup, box: Out
         "replayed": 1,
         "duplicates": 1,
         "conflicts": 0,
+        "erased": 0,
         "failed": 0,
         "dead": 0,
         "remaining": 0,

@@ -15,8 +15,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from sqlalchemy import event
 
-from sessionrepo import Message, NotFound, Session, TranscriptWriter, open_repository
+from sessionrepo import (
+    Message,
+    NotFound,
+    Session,
+    SessionRepository,
+    TranscriptWriter,
+    open_repository,
+)
 from sessionrepo.models.message import utcnow
 from sessionrepo.ops import prune_sessions
 from sessionrepo.ops.erase import scan_file, verify_erased
@@ -86,7 +94,7 @@ def test_parked_copies_in_two_gateways_outboxes_are_not_stored_after_an_erase_el
     # A new message after the erasure is stored.
     late = Message(role="user", content=f"new {SECRET_LATE}")
     assert repository.append("a1", [late]).inserted == [late.client_msg_uuid]
-    found = verify_erased(repository, [SECRET_STORED, SECRET_PARKED])
+    found = verify_erased(repository, [SECRET_STORED, SECRET_PARKED], files=[gateway_a, gateway_b])
     assert found.findings == []
     if repository.backend == "sqlite":
         assert any(s.startswith("file:") for s in found.scanned)
@@ -98,9 +106,51 @@ def test_parked_copies_in_two_gateways_outboxes_are_not_stored_after_an_erase_el
     assert json.loads(audit.stdout)[0]["actor"] == "test"
 
 
-def test_on_sqlite_the_erased_text_is_gone_from_the_file_and_its_wal(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("legacy", "compact"),
+    [(False, False), (True, False), (True, True)],
+    ids=["written-by-sessionrepo", "legacy-file-scrubbed", "legacy-file-compacted"],
+)
+def test_on_sqlite_the_erased_text_is_gone_from_the_file_and_its_wal(
+    tmp_path: Path, legacy: bool, compact: bool
+) -> None:
     path = tmp_path / "store.db"
-    repository = open_repository(f"sqlite:///{path}", auto_migrate=True)
+    open_repository(f"sqlite:///{path}", auto_migrate=True).close()
+    writer = open_repository(f"sqlite:///{path}")
+    if legacy:
+        # Written as by a SQLite without secure delete (before sessionrepo turned it on,
+        # or another program): deletes and updates left their bytes in the pages.
+        event.listen(writer.database.engine, "checkout", _insecure)
+    _fill(writer)
+    writer.close()
+    repository = open_repository(f"sqlite:///{path}")
+    secrets = [SECRET_STORED, SECRET_PARKED, SECRET_OLD, "number 1"]
+    assert SECRET_STORED.encode() in path.read_bytes()  # the bytes are there to be erased
+    report = repository.erase(user_id="alice", compact=compact)
+    assert report.scrub is not None
+    assert report.scrub.complete
+    left = {}
+    for name in ("store.db", "store.db-wal"):
+        file = tmp_path / name
+        if file.exists():
+            left |= scan_file(file, secrets)
+    if legacy and not compact:
+        # What the scrub cannot reach without rewriting the file: the pages still in use
+        # keep what was deleted from them insecurely before. `compact` (VACUUM) does it.
+        assert left
+    else:
+        assert left == {}
+    # The other sessions are untouched, and still found.
+    assert len(repository.load_transcript("s3")) == 20
+    assert repository.search("filler")
+    repository.close()
+
+
+def _insecure(dbapi_connection: Any, record: Any, proxy: Any) -> None:
+    dbapi_connection.execute("PRAGMA secure_delete=OFF")
+
+
+def _fill(repository: SessionRepository) -> None:
     repository.append(
         "victim",
         [
@@ -131,21 +181,3 @@ def test_on_sqlite_the_erased_text_is_gone_from_the_file_and_its_wal(tmp_path: P
     repository.end_session("victim-old", "done")
     pruned = prune_sessions(repository, cutoff=utcnow() + timedelta(hours=1))
     assert pruned.session_ids == ["victim-old"]
-    assert scan_file(path, [SECRET_OLD]) or scan_file(tmp_path / "store.db-wal", [SECRET_OLD])
-    before = scan_file(path, [SECRET_STORED]) or scan_file(
-        path.with_name("store.db-wal"), [SECRET_STORED]
-    )
-    assert before  # the bytes are there to be erased
-    report = repository.erase(user_id="alice")
-    assert report.scrub is not None
-    assert report.scrub.complete
-    for name in ("store.db", "store.db-wal"):
-        file = tmp_path / name
-        if file.exists():
-            assert scan_file(file, [SECRET_STORED, SECRET_PARKED, SECRET_OLD, "number 1"]) == {}, (
-                name
-            )
-    # The other sessions are untouched, and still found.
-    assert len(repository.load_transcript("s3")) == 20
-    assert repository.search("filler")
-    repository.close()

@@ -152,6 +152,10 @@ class SQLiteEngine(EngineRole):
                 cursor.execute("PRAGMA journal_mode=WAL")
             cursor.execute(f"PRAGMA synchronous={synchronous}")
             cursor.execute("PRAGMA foreign_keys=ON")
+            # Deleted and overwritten content is zeroed, not left in the file's free
+            # space: what an erasure, a prune or an edit removes leaves the bytes (see
+            # sessionrepo.dialects.sqlite.erasure). Debian's SQLite has it on by default.
+            cursor.execute("PRAGMA secure_delete=ON")
             cursor.close()
 
         @event.listens_for(engine, "begin")
