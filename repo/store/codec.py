@@ -46,6 +46,7 @@ from sessionrepo.models.tables import (
     encode_text,
     messages_table,
 )
+from sessionrepo.models.usage import Usage
 from sessionrepo.store.memory import SentMemory
 
 #: ``messages`` for rows that :func:`message_row` already encoded: the text and JSON
@@ -174,6 +175,9 @@ class PreparedBatch:
     messages: list[Message]
     rows: list[dict[str, Any]]
     session: Session
+    #: The usage records that come with the messages (:mod:`sessionrepo.store.usage`),
+    #: each with its key and message.
+    usage: tuple[Usage, ...] = ()
     #: ``session``'s columns, for the row a first append creates: encoded with the
     #: messages (the codec's work done in one place, once however often it is sent).
     new_session: dict[str, Any] = field(init=False, repr=False, compare=False)

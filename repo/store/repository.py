@@ -8,6 +8,7 @@ docstrings state the guarantees; its methods check their arguments
 from __future__ import annotations
 
 import base64
+import dataclasses
 import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime
@@ -62,6 +63,7 @@ from sessionrepo.models.tables import (
     outbox_table,
     sessions_table,
 )
+from sessionrepo.models.usage import Usage, UsageResult
 from sessionrepo.search.text import (
     JSON_TEXT_KEY,
     content_text,
@@ -92,6 +94,7 @@ from sessionrepo.store.memory import DEFAULT_MEMORY_BYTES, SentMemory
 from sessionrepo.store.operations import SessionOperator
 from sessionrepo.store.search_index import SearchIndex
 from sessionrepo.store.transaction import SessionTransaction, fetch_session
+from sessionrepo.store.usage import UsageInput, UsageLedger, check_usage
 
 S = sessions_table.c
 M = messages_table.c
@@ -142,6 +145,7 @@ class SessionRepository(SessionStore, TranscriptEditor, SessionOperations):
         self._appender = Appender(database, self._search, search_index, SentMemory(append_memory))
         self._editor = SessionEditor(database, self._search, search_index)
         self._operator = SessionOperator(database, self._appender, self._editor)
+        self._ledger = UsageLedger(self._appender, self._editor, database)
 
     @property
     def backend(self) -> str:
@@ -379,10 +383,15 @@ class SessionRepository(SessionStore, TranscriptEditor, SessionOperations):
         messages: Iterable[Message | Mapping[str, Any]],
         *,
         on_conflict: Literal["report", "raise"] = "report",
+        usage: UsageInput = None,
         **session_defaults: Any,
     ) -> AppendResult:
         check_choice(on_conflict, "on_conflict", _ON_CONFLICT)
-        batch = self.prepare(session_id, messages, **session_defaults)
+        batch = self.prepare(session_id, messages, usage=usage, **session_defaults)
+        if batch.usage:
+            return self._ledger.append(
+                batch, database=self._db, on_conflict=on_conflict, behind_outbox=False
+            )
         # Straight to the appender (its entry is the instrumented one): the batch was
         # made here, append_prepared's checks have nothing to check.
         return self._appender.append(
@@ -393,18 +402,26 @@ class SessionRepository(SessionStore, TranscriptEditor, SessionOperations):
         self,
         session_id: str,
         messages: Iterable[Message | Mapping[str, Any]],
+        *,
+        usage: UsageInput = None,
         **session_defaults: Any,
     ) -> PreparedBatch:
         """Validate and encode a batch for :meth:`append_prepared`; nothing is written.
 
         Raises:
-            InvalidMessage: the batch cannot be stored faithfully, or a session default
-                is derived (see :meth:`append`).
+            InvalidMessage: the batch (or its ``usage``) cannot be stored faithfully, or
+                a session default is derived (see :meth:`append`).
         """
         sid = check_session_id(session_id)
         check_iterable(messages, "messages")
         _refuse_derived(session_defaults, "session_defaults")
-        return self._appender.prepare_batch(sid, messages, session_defaults)
+        batch = self._appender.prepare_batch(sid, messages, session_defaults)
+        if usage is None:
+            return batch
+        records = check_usage(usage, batch.messages)
+        if records and not batch.messages:
+            raise InvalidMessage("usage", "comes with messages: record_usage takes it alone")
+        return dataclasses.replace(batch, usage=records)
 
     def append_prepared(
         self,
@@ -431,12 +448,38 @@ class SessionRepository(SessionStore, TranscriptEditor, SessionOperations):
             check_seconds(timeout, "timeout")
         check_choice(on_conflict, "on_conflict", _ON_CONFLICT)
         check_bool(behind_outbox, "behind_outbox")
-        return self._appender.append(
+        append = self._ledger.append if batch.usage else self._appender.append
+        return append(
             batch,
             database=self._db if timeout is None else self.bounded_database(timeout),
             on_conflict=on_conflict,
             behind_outbox=behind_outbox,
         )
+
+    # -- the usage ledger (sessionrepo.store.usage) -----------------------------------
+
+    def record_usage(
+        self, /, session_id: str, usage: UsageInput, **session_defaults: Any
+    ) -> UsageResult:
+        """Record model calls' usage without messages (``append(..., usage=...)`` records
+        it with them): each record needs its ``usage_id``; one already stored (the same
+        key) is skipped, and the session's token totals move only for those inserted.
+        The session is created from ``session_defaults`` when it does not exist.
+
+        Raises:
+            InvalidMessage: a record is invalid or has no key (nothing was written).
+        """
+        sid = check_session_id(session_id)
+        _refuse_derived(session_defaults, "session_defaults")
+        records = check_usage(usage, [])
+        new_session = _codec.session_row(
+            _codec.build_session(sid, session_defaults, "session_defaults")
+        )
+        return self._ledger.record(sid, records, new_session)
+
+    def list_usage(self, session_id: str) -> list[Usage]:
+        """The session's usage records, oldest first (``[]`` for none, or no session)."""
+        return self._ledger.list(check_session_id(session_id))
 
     # -- editing (the editor's; the contract, TranscriptEditor, says what each means) -----
 
