@@ -145,7 +145,11 @@ class SessionRepository(SessionStore, TranscriptEditor, SessionOperations):
         self._appender = Appender(database, self._search, search_index, SentMemory(append_memory))
         self._editor = SessionEditor(database, self._search, search_index)
         self._operator = SessionOperator(database, self._appender, self._editor)
-        self._ledger = UsageLedger(self._appender, self._editor, database)
+        self._ledger = UsageLedger(
+            self._appender,
+            lambda db, sid, new: SessionTransaction(self._appender, self._editor, db, sid, new),
+            database,
+        )
 
     @property
     def backend(self) -> str:

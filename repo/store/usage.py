@@ -14,8 +14,8 @@ totals moved by what was inserted), so messages and usage land together or not a
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 from uuid import UUID
 
 from pydantic import ValidationError
@@ -29,8 +29,14 @@ from sessionrepo.models.usage import Usage, UsageResult, usage_table
 from sessionrepo.store.append import Appender, OnConflict
 from sessionrepo.store.codec import PreparedBatch
 from sessionrepo.store.database import Database
-from sessionrepo.store.editing import SessionEditor
-from sessionrepo.store.transaction import SessionTransaction
+
+if TYPE_CHECKING:
+    from sessionrepo.store.transaction import SessionTransaction
+
+#: Makes the unit of work of an append or a record: ``(database, session id, the row a
+#: missing session is created from)`` (the repository's; the transaction module uses
+#: this one, so it is handed in rather than imported).
+Transactions = Callable[[Database, str, "dict[str, Any] | None"], "SessionTransaction"]
 
 U = usage_table.c
 S = sessions_table.c
@@ -111,11 +117,11 @@ def insert_usage(
 
 
 class UsageLedger:
-    """The ledger's writes for one repository (its appender, editor and database)."""
+    """The ledger's writes for one repository (its appender, units of work, database)."""
 
-    def __init__(self, appender: Appender, editor: SessionEditor, database: Database) -> None:
+    def __init__(self, appender: Appender, transactions: Transactions, database: Database) -> None:
         self._appender = appender
-        self._editor = editor
+        self._transactions = transactions
         self._db = database
         self.insert: Insert = database.dialect.insert_ignoring(
             usage_table, ["session_id", "usage_id"]
@@ -135,9 +141,7 @@ class UsageLedger:
             QueuedBehindOutbox: as :meth:`Appender.append` (nothing was written).
         """
         sid = batch.session_id
-        with SessionTransaction(
-            self._appender, self._editor, database, sid, batch.new_session
-        ) as tx:
+        with self._transactions(database, sid, batch.new_session) as tx:
             if behind_outbox and tx.execute(_PARKED, {"sid": sid}).first() is not None:
                 raise QueuedBehindOutbox(sid)
             result = self._appender.append_locked(
@@ -150,9 +154,7 @@ class UsageLedger:
         self, session_id: str, records: Sequence[Usage], new_session: dict[str, Any] | None
     ) -> UsageResult:
         """Usage without messages, in a unit of work of its own."""
-        with SessionTransaction(
-            self._appender, self._editor, self._db, session_id, new_session
-        ) as tx:
+        with self._transactions(self._db, session_id, new_session) as tx:
             return insert_usage(tx.connection, self.insert, session_id, records)
 
     def list(self, session_id: str) -> list[Usage]:

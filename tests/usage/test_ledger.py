@@ -188,7 +188,7 @@ def test_usage_parked_in_an_outage_is_replayed_once(
             assert parked.status == "parked"  # the fault happened: the primary was held
             # A retry of the same write while it is still down: parked behind, no-op.
             assert writer.write("o1", turn, usage=_usage()).status == "parked"
-        assert _ledger(database_url) == []
+        # (the abandoned attempt may commit once the lock is gone: the key makes it one)
         assert writer.pending("o1") == 2
         report = writer.drain(ignore_backoff=True)
         assert report.remaining == 0

@@ -165,7 +165,7 @@ def test_usage_parked_in_an_outage_is_recorded_once(
         with holding_the_write_lock(database_url, backend, "parked"):
             await session.add_items(items, wrapper=_wrapper())
             assert writer.pending("parked") == 1  # the fault happened: it was parked
-        assert _ledger(database_url, "parked") == []
+        # (the abandoned attempt may commit once the lock is gone: the key makes it one)
         writer.drain(ignore_backoff=True)
         writer.drain(ignore_backoff=True)
         await session.aclose()
