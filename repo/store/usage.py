@@ -15,7 +15,8 @@ totals moved by what was inserted), so messages and usage land together or not a
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from contextlib import AbstractContextManager
+from typing import Any
 from uuid import UUID
 
 from pydantic import ValidationError
@@ -30,13 +31,10 @@ from sessionrepo.store.append import Appender, OnConflict
 from sessionrepo.store.codec import PreparedBatch
 from sessionrepo.store.database import Database
 
-if TYPE_CHECKING:
-    from sessionrepo.store.transaction import SessionTransaction
-
 #: Makes the unit of work of an append or a record: ``(database, session id, the row a
-#: missing session is created from)`` (the repository's; the transaction module uses
-#: this one, so it is handed in rather than imported).
-Transactions = Callable[[Database, str, "dict[str, Any] | None"], "SessionTransaction"]
+#: missing session is created from)``, a ``SessionTransaction`` (the repository's; the
+#: transaction module uses this one, so it is handed in rather than imported).
+Transactions = Callable[[Database, str, dict[str, Any] | None], AbstractContextManager[Any]]
 
 U = usage_table.c
 S = sessions_table.c
