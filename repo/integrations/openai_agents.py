@@ -411,8 +411,10 @@ class SessionRepoSession:
             # and in order.
             batch = self._regenerated(dicts, batch, await self._stored(), set())
         model = self._session_defaults.get("model")
-        usage, reported = run_usage(
-            wrapper, _key(batch[-1]), model if isinstance(model, str) else None
+        usage, reported = (
+            run_usage(wrapper, _key(batch[-1]), model if isinstance(model, str) else None)
+            if batch
+            else ([], None)
         )
         written = await self._write(batch, usage)
         if reported is not None:
