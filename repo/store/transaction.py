@@ -20,6 +20,7 @@ from uuid import UUID
 from sqlalchemy import Connection, Executable, Result, select
 from sqlalchemy import exc as sa_exc
 
+import sessionrepo.observability as _observe
 from sessionrepo.errors import BackendUnavailable, NotFound, RepoError
 from sessionrepo.models import AppendResult, EditResult, Message, Session
 from sessionrepo.models.tables import sessions_table
@@ -172,7 +173,10 @@ class SessionTransaction:
         connection = self._check_open()
         records = check_usage(usage, [])
         with _boundary(self._database):
-            return insert_usage(connection, self._usage_insert(), self._sid, records)
+            recorded = insert_usage(connection, self._usage_insert(), self._sid, records)
+        inserted = set(recorded.inserted)
+        _observe.record_usage([r for r in records if r.usage_id in inserted])
+        return recorded
 
     def _usage_insert(self) -> Any:
         return self._database.dialect.insert_ignoring(usage_table, ["session_id", "usage_id"])

@@ -22,6 +22,7 @@ from uuid import UUID
 from pydantic import ValidationError
 from sqlalchemy import Connection, Insert, bindparam, select, update
 
+import sessionrepo.observability as _observe
 from sessionrepo.errors import InvalidMessage, QueuedBehindOutbox
 from sessionrepo.models import AppendResult, Message
 from sessionrepo.models.outbox_protocol import holds_fifo
@@ -114,6 +115,13 @@ def insert_usage(
     )
 
 
+def _counted(records: Sequence[Usage], recorded: UsageResult) -> None:
+    """The metrics of the records ``recorded`` inserted (committed)."""
+    inserted = set(recorded.inserted)
+    if inserted:
+        _observe.record_usage([r for r in records if r.usage_id in inserted])
+
+
 class UsageLedger:
     """The ledger's writes for one repository (its appender, units of work, database)."""
 
@@ -145,7 +153,8 @@ class UsageLedger:
             result = self._appender.append_locked(
                 tx.connection, sid, tx.next_seq, batch, on_conflict=on_conflict
             )
-            insert_usage(tx.connection, self.insert, sid, batch.usage)
+            recorded = insert_usage(tx.connection, self.insert, sid, batch.usage)
+        _counted(batch.usage, recorded)
         return result
 
     def record(
@@ -153,7 +162,9 @@ class UsageLedger:
     ) -> UsageResult:
         """Usage without messages, in a unit of work of its own."""
         with self._transactions(self._db, session_id, new_session) as tx:
-            return insert_usage(tx.connection, self.insert, session_id, records)
+            recorded = insert_usage(tx.connection, self.insert, session_id, records)
+        _counted(records, recorded)
+        return recorded
 
     def list(self, session_id: str) -> list[Usage]:
         """The session's usage records, oldest first."""

@@ -211,3 +211,26 @@ def test_a_message_object_carries_usage_given_as_a_model(repo: Any, database_url
     repo.append("s5", [message], usage=[record])
     [row] = _ledger(database_url)
     assert _as_uuid(row["usage_id"]) == message.client_msg_uuid
+
+
+def test_metrics_count_each_recorded_call_once(database_url: str) -> None:
+    pytest.importorskip("prometheus_client")
+    from prometheus_client import CollectorRegistry
+
+    from sessionrepo import observability, open_repository
+
+    registry = CollectorRegistry()
+    observability.enable_metrics(registry)
+    try:
+        with open_repository(database_url) as repo:
+            turn = [{"role": "assistant", "content": "a"}]
+            for _ in range(3):  # re-flushes: one call
+                repo.append("m1", turn, usage=_usage(reported_cost=0.25))
+        labels = {"model": "gpt-4.1"}
+        assert registry.get_sample_value("sessionrepo_usage_calls_total", labels) == 1
+        tokens = {**labels, "kind": "input"}
+        assert registry.get_sample_value("sessionrepo_usage_tokens_total", tokens) == 1200
+        cost = {**labels, "currency": "USD"}
+        assert registry.get_sample_value("sessionrepo_usage_reported_cost_total", cost) == 0.25
+    finally:
+        observability.disable_metrics()
