@@ -14,7 +14,7 @@ totals moved by what was inserted), so messages and usage land together or not a
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from typing import Any
 from uuid import UUID
@@ -23,7 +23,7 @@ from pydantic import ValidationError
 from sqlalchemy import Connection, Insert, bindparam, select, update
 
 import sessionrepo.observability as _observe
-from sessionrepo.errors import InvalidMessage, QueuedBehindOutbox
+from sessionrepo.errors import ArgumentTypeError, InvalidMessage, QueuedBehindOutbox
 from sessionrepo.models import AppendResult, Message
 from sessionrepo.models.outbox_protocol import holds_fifo
 from sessionrepo.models.tables import outbox_table, sessions_table
@@ -41,7 +41,7 @@ U = usage_table.c
 S = sessions_table.c
 O = outbox_table.c  # noqa: E741
 
-UsageInput = Usage | Mapping[str, Any] | Iterable[Usage | Mapping[str, Any]] | None
+UsageInput = Usage | Mapping[str, Any] | Sequence[Usage | Mapping[str, Any]] | None
 
 
 def check_usage(usage: UsageInput, messages: Sequence[Message]) -> tuple[Usage, ...]:
@@ -54,11 +54,20 @@ def check_usage(usage: UsageInput, messages: Sequence[Message]) -> tuple[Usage, 
     """
     if usage is None:
         return ()
-    items: list[Any] = [usage] if isinstance(usage, Usage | Mapping) else list(usage)
+    if isinstance(usage, Usage | Mapping):
+        items: list[Any] = [usage]
+    elif isinstance(usage, list | tuple):
+        items = list(usage)
+    else:
+        raise ArgumentTypeError(
+            "usage", f"a usage record or a list of them, got {type(usage).__name__}"
+        )
     last = messages[-1].client_msg_uuid if messages else None
     checked: dict[UUID, Usage] = {}
     for index, item in enumerate(items):
         field = f"usage[{index}]"
+        if not isinstance(item, Usage | Mapping):
+            raise ArgumentTypeError(field, f"a usage record (a dict), got {type(item).__name__}")
         try:
             record = item if isinstance(item, Usage) else Usage.model_validate(item)
             if isinstance(item, Usage):
