@@ -151,6 +151,8 @@ def test_adk_usage_parked_in_an_outage_is_recorded_once(
             session = await service.create_session(app_name="app", user_id="u")
             key = session_key("app", "u", session.id)
             sid.append(key)
+            assert service.writer is not None
+            assert await service.writer.pending() == 0  # the outbox file made before the outage
             with holding_the_write_lock(database_url, backend, key):
                 await service.append_event(session, _model_event("parked"))
                 with sqlite3.connect(tmp_path / "outbox.db") as outbox:

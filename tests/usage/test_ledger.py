@@ -182,6 +182,8 @@ def test_usage_parked_in_an_outage_is_replayed_once(
     writer = _outage_writer(repo, tmp_path / "outbox.db")
     try:
         repo.create_session("o1", source="cli")
+        # The outbox file made and migrated now, not in the outage's short deadline.
+        assert writer.pending("o1") == 0
         turn = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]
         with holding_the_write_lock(database_url, backend, "o1"):
             parked = writer.write("o1", turn, usage=_usage())
