@@ -14,6 +14,7 @@ from sqlalchemy import Connection
 from sessionrepo.dialects import dialect_for, normalize_url
 from sessionrepo.models import adk as _adk_tables  # noqa: F401 - registers its tables on Base
 from sessionrepo.models import privacy as _privacy_tables  # noqa: F401 - registers its tables on Base
+from sessionrepo.models import usage as _usage_tables  # noqa: F401 - registers its tables on Base
 from sessionrepo.models.tables import Base
 from sessionrepo.store.database import Database
 

@@ -283,6 +283,9 @@ class OutboxRow(Base):
     message: Mapped[dict[str, Any]]
     #: What ``append`` needs to create the session if it does not exist yet.
     session_defaults: Mapped[dict[str, Any] | None]
+    #: The usage records (``Usage.model_dump(mode="json")``) that came with the message,
+    #: replayed with it; NULL for none (and in rows parked before migration 0012).
+    usage: Mapped[list[Any] | None]
     reason: Mapped[str] = mapped_column(Text)
     state: Mapped[str] = mapped_column(String(16))
     #: Replays tried (any failure); drives the backoff.

@@ -205,6 +205,7 @@ class SessionStore(Protocol):
         messages: Iterable[Message | Mapping[str, Any]],
         *,
         on_conflict: Literal["report", "raise"] = "report",
+        usage: Any = None,
         **session_defaults: Any,
     ) -> AppendResult:
         """Append messages to a session's transcript, atomically and idempotently.
@@ -228,12 +229,19 @@ class SessionStore(Protocol):
                 ``"raise"`` (a strict append, for imports and migrations that must not
                 diverge silently) raises :class:`ConflictError` instead and writes
                 nothing of the batch.
+            usage: what the model calls behind these messages used
+                (:class:`~sessionrepo.models.usage.Usage` records or dicts, one or a
+                list), stored in the usage ledger in the same transaction. A record
+                without ``message_uuid`` belongs to the batch's last message; without
+                ``usage_id`` it takes its message's key, so flushing the same message
+                with the same usage again counts nothing twice (a stored key is
+                skipped). The session's token totals move only for inserted records.
             **session_defaults: the :meth:`create_session` fields of a session this
                 call creates (the derived ones refused just the same).
 
         Raises:
-            InvalidMessage: a message or a session default cannot be stored faithfully,
-                or is derived (nothing was written).
+            InvalidMessage: a message, a usage record or a session default cannot be
+                stored faithfully, or is derived (nothing was written).
             ConflictError: ``on_conflict="raise"`` and a key is stored with other
                 content (nothing was written).
             BackendUnavailable: the database could not take the batch right now.
@@ -738,6 +746,8 @@ class ResilientWriter(Protocol):
         /,
         session_id: str,
         messages: Iterable[Message | Mapping[str, Any]],
+        *,
+        usage: Any = None,
         **session_defaults: Any,
     ) -> WriteResult:
         """Store a batch durably, in the primary or in the outbox.
@@ -754,6 +764,8 @@ class ResilientWriter(Protocol):
         - Per-session FIFO: while a session has parked messages, new ones for it are
           parked behind them, so replay can never reorder its transcript.
         - Invalid input is never parked.
+        - ``usage`` (as for :meth:`SessionStore.append`) goes with its messages: stored
+          with them, or parked with them and replayed with them, counted once.
 
         Raises:
             InvalidMessage: bad input (never parked; nothing was written).

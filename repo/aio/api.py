@@ -180,6 +180,8 @@ class AsyncSessionRepository(AsyncFacade[SessionRepository]):
     set_retention_policy = awaited(SessionRepository.set_retention_policy)
     delete_retention_policy = awaited(SessionRepository.delete_retention_policy)
     apply_retention = awaited(SessionRepository.apply_retention)
+    record_usage = awaited(SessionRepository.record_usage)
+    list_usage = awaited(SessionRepository.list_usage)
 
     @_documented_as(SessionRepository.append)
     async def append(
@@ -188,12 +190,13 @@ class AsyncSessionRepository(AsyncFacade[SessionRepository]):
         messages: Iterable[Message | Mapping[str, Any]],
         *,
         on_conflict: Literal["report", "raise"] = "report",
+        usage: Any = None,
         **session_defaults: Any,
     ) -> AppendResult:
         # Validated before the call starts: bad input raises to the caller, whether or
         # not it is cancelled later, and nothing is written.
         check_choice(on_conflict, "on_conflict", ("report", "raise"))
-        batch = self._sync.prepare(session_id, messages, **session_defaults)
+        batch = self._sync.prepare(session_id, messages, usage=usage, **session_defaults)
         return await self._calls.call(self._sync.append_prepared, batch, on_conflict=on_conflict)
 
     @_documented_as(SessionRepository.session_transaction)
@@ -230,11 +233,13 @@ class AsyncSessionRepository(AsyncFacade[SessionRepository]):
         self,
         session_id: str,
         messages: Iterable[Message | Mapping[str, Any]],
+        *,
+        usage: Any = None,
         **session_defaults: Any,
     ) -> PreparedBatch:
         """:meth:`sessionrepo.SessionRepository.prepare`: validation only, no I/O, so not
         awaited."""
-        return self._sync.prepare(session_id, messages, **session_defaults)
+        return self._sync.prepare(session_id, messages, usage=usage, **session_defaults)
 
     async def close(self, *, timeout: float | None = CLOSE_TIMEOUT) -> None:
         """Wait (up to ``timeout`` seconds; ``None``: as long as they take) for calls

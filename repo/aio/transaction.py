@@ -16,6 +16,7 @@ from uuid import UUID
 from sqlalchemy import Executable, Result
 
 from sessionrepo.models import AppendResult, EditResult, Message, Session
+from sessionrepo.models.usage import UsageResult
 from sessionrepo.store.bridge import TaskPool
 from sessionrepo.store.transaction import SessionTransaction
 
@@ -74,6 +75,10 @@ class AsyncSessionTransaction:
     async def retract(self, keys: Iterable[UUID | str]) -> EditResult:
         """See :meth:`SessionTransaction.retract`."""
         return await self._call(self._sync.retract, keys)
+
+    async def record_usage(self, usage: Any) -> UsageResult:
+        """See :meth:`SessionTransaction.record_usage`."""
+        return await self._call(self._sync.record_usage, usage)
 
     async def execute(
         self, statement: Executable, parameters: Mapping[str, Any] | None = None

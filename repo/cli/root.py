@@ -7,7 +7,7 @@ import click
 
 # The modules, not their commands: ``sessionrepo.cli.sessions`` stays the module (a
 # command of the same name imported here would shadow it).
-from sessionrepo.cli import demo, hermes, ops, outbox, privacy, search, serve, sessions
+from sessionrepo.cli import demo, hermes, insights, ops, outbox, privacy, search, serve, sessions
 from sessionrepo.cli._common import Group, share_url_options, url_option
 
 
@@ -60,5 +60,6 @@ main.add_command(privacy.retention)
 main.add_command(hermes.import_hermes)
 main.add_command(demo.demo)
 main.add_command(serve.serve)
+main.add_command(insights.insights_)
 # After the last command: each gets the group's URL options (demo opens none of them).
 share_url_options(main, skip={"demo"})

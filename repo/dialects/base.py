@@ -247,6 +247,10 @@ class EngineRole(ABC):
         return condition
 
     @abstractmethod
+    def utc_day(self, value: ColumnElement[Any]) -> ColumnElement[str]:
+        """The UTC day of a stored time, as ``YYYY-MM-DD`` text (the insights' day)."""
+
+    @abstractmethod
     def text_after(self, value: ColumnElement[Any], part: str, length: int) -> ColumnElement[str]:
         """Up to ``length`` characters of ``value`` after the first ``part`` (``''`` when
         ``part`` is not in it), without counting characters up to there where the

@@ -104,6 +104,7 @@ from sessionrepo.integrations.adk_compat import set_update_marker, update_marker
 from sessionrepo.models import Message, StoredMessage
 from sessionrepo.models.adk import adk_app_states_table, adk_sessions_table, adk_user_states_table
 from sessionrepo.models.tables import dump_json, messages_table, sessions_table
+from sessionrepo.models.usage import Usage
 from sessionrepo.store import codec as _codec
 from sessionrepo.store.arguments import check_seconds
 from sessionrepo.store.codec import check_session_id
@@ -695,7 +696,7 @@ class SessionRepoSessionService(BaseSessionService):
             session=session,
             event=event,
             deltas=_Deltas.of(event.actions.state_delta if event.actions else None, "state_delta"),
-            batch=repo.prepare(sid, [event_message(sid, event)]),
+            batch=repo.prepare(sid, [event_message(sid, event)], usage=event_usage(event)),
             rewound=_rewound_keys(sid, session, event),
         )
         outcome: int | str | _Duplicate | None
@@ -751,7 +752,9 @@ class SessionRepoSessionService(BaseSessionService):
                     return stored or "stale"  # a retry: the writer has it
         except BackendUnavailable:
             pass  # the primary is away: the writer parks, behind what it parked before
-        result = await writer.write(sid, pending.batch.messages)
+        result = await writer.write(
+            sid, pending.batch.messages, usage=list(pending.batch.usage) or None
+        )
         if result.conflicts:
             return "conflict"
         if result.duplicates:
@@ -792,6 +795,27 @@ class _Pending:
     @property
     def content_hash(self) -> bytes:
         return bytes(self.batch.rows[0]["content_hash"])
+
+
+def event_usage(event: Event) -> list[Usage] | None:
+    """The usage ADK reported on the event (``usage_metadata``: Gemini's counts, the
+    thoughts counted as output and as reasoning; the model from ``model_version``),
+    keyed by the event's message; ``None`` when it reported none."""
+    reported = getattr(event, "usage_metadata", None)
+    if reported is None:
+        return None
+    thoughts = reported.thoughts_token_count or 0
+    model = getattr(event, "model_version", None)
+    return [
+        Usage(
+            model=model if isinstance(model, str) and model else None,
+            provider="google",
+            input_tokens=reported.prompt_token_count or 0,
+            output_tokens=(reported.candidates_token_count or 0) + thoughts,
+            cache_read_tokens=reported.cached_content_token_count or 0,
+            reasoning_tokens=thoughts,
+        )
+    ]
 
 
 def _stored_hash(sid: str, key: uuid.UUID, conn: Connection) -> bytes | None:
@@ -864,6 +888,8 @@ def _append_in(
         # Stored before this object was loaded: this event (a retry), or another one
         # under its id.
         return "conflict" if result.conflicts else _Duplicate(next_seq)
+    if pending.batch.usage:
+        tx.record_usage(pending.batch.usage)
     _apply(
         conn,
         sync,

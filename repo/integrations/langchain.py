@@ -89,6 +89,7 @@ from sessionrepo import (
 )
 from sessionrepo.models import check_identifier
 from sessionrepo.models.message import KEY_FIELD, ROLES, WIRE_FIELDS
+from sessionrepo.models.usage import Usage
 from sessionrepo.store.arguments import check_session_id
 
 __all__ = [
@@ -244,6 +245,36 @@ def _defaults(cls: type[BaseMessage]) -> dict[str, Any]:
         for name, field in cls.model_fields.items()
         if not field.is_required()
     }
+
+
+def message_usage(
+    messages: Sequence[BaseMessage], batch: Sequence[Mapping[str, Any]]
+) -> list[Usage] | None:
+    """The usage LangChain reported on the batch's AI messages (``usage_metadata``, the
+    model from ``response_metadata``), each keyed by its message (so a re-sent message
+    counts once); ``None`` when none reported any."""
+    records = []
+    for message, wire in zip(messages, batch, strict=True):
+        reported = getattr(message, "usage_metadata", None)
+        if not isinstance(message, AIMessage) or not reported:
+            continue
+        details_in = reported.get("input_token_details") or {}
+        details_out = reported.get("output_token_details") or {}
+        meta = message.response_metadata or {}
+        model = meta.get("model_name") or meta.get("model")
+        records.append(
+            Usage(
+                message_uuid=uuid.UUID(str(wire[KEY_FIELD])),
+                model=model if isinstance(model, str) and model else None,
+                provider=meta.get("model_provider") or None,
+                input_tokens=reported.get("input_tokens") or 0,
+                output_tokens=reported.get("output_tokens") or 0,
+                cache_read_tokens=details_in.get("cache_read") or 0,
+                cache_write_tokens=details_in.get("cache_creation") or 0,
+                reasoning_tokens=details_out.get("reasoning") or 0,
+            )
+        )
+    return records or None
 
 
 def to_openai_message(session_id: str, message: BaseMessage) -> dict[str, Any]:
@@ -506,10 +537,15 @@ class SessionRepoChatMessageHistory(BaseChatMessageHistory):
         batch = self._batch(messages)
         if not batch:
             return
+        usage = message_usage(messages, batch)
         if self._writer is not None:
-            self._check_written(self._writer.write(self.session_id, batch, **self._defaults))
+            self._check_written(
+                self._writer.write(self.session_id, batch, usage=usage, **self._defaults)
+            )
         else:
-            repository.append(self.session_id, batch, on_conflict="raise", **self._defaults)
+            repository.append(
+                self.session_id, batch, on_conflict="raise", usage=usage, **self._defaults
+            )
 
     async def aadd_messages(self, messages: Sequence[BaseMessage]) -> None:
         """:meth:`add_messages`, awaited."""
@@ -520,11 +556,16 @@ class SessionRepoChatMessageHistory(BaseChatMessageHistory):
         batch = self._batch(messages)
         if not batch:
             return
+        usage = message_usage(messages, batch)
         if self._async_writer is not None:
-            result = await self._async_writer.write(self.session_id, batch, **self._defaults)
+            result = await self._async_writer.write(
+                self.session_id, batch, usage=usage, **self._defaults
+            )
             self._check_written(result)
         else:
-            await repository.append(self.session_id, batch, on_conflict="raise", **self._defaults)
+            await repository.append(
+                self.session_id, batch, on_conflict="raise", usage=usage, **self._defaults
+            )
 
     def clear(self) -> None:
         """Empty the live transcript; the messages stay stored as history (sessionrepo

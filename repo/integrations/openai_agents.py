@@ -86,6 +86,7 @@ from sessionrepo import (
 from sessionrepo.errors import ArgumentTypeError, InvalidArgument, InvalidMessage, RepoError
 from sessionrepo.models import StoredMessage
 from sessionrepo.models.message import KEY_FIELD, new_key
+from sessionrepo.models.usage import Usage
 
 if TYPE_CHECKING:
     from agents.items import TResponseInputItem
@@ -398,7 +399,6 @@ class SessionRepoSession:
             InvalidMessage: an item cannot be stored faithfully (nothing was written).
             BackendUnavailable: the primary cannot take it (without the outbox).
         """
-        del wrapper
         if not items:
             if self._closed:
                 raise RepoError("this SessionRepoSession is closed")
@@ -410,7 +410,17 @@ class SessionRepoSession:
             # their next generation, chosen before writing, so that the batch lands whole
             # and in order.
             batch = self._regenerated(dicts, batch, await self._stored(), set())
-        written = await self._write(batch)
+        model = self._session_defaults.get("model")
+        usage, reported = (
+            run_usage(wrapper, _key(batch[-1]), model if isinstance(model, str) else None)
+            if batch
+            else ([], None)
+        )
+        written = await self._write(batch, usage)
+        if reported is not None:
+            # Counted as recorded only once written (stored or parked): a retried
+            # add_items sends the same records, under the same keys.
+            setattr(wrapper, USAGE_RECORDED, reported)
         if written is not None and written[1]:
             await self._bring_back(dicts, batch, written[0])
 
@@ -499,21 +509,27 @@ class SessionRepoSession:
         return {**item, KEY_FIELD: str(key)}
 
     async def _write(
-        self, batch: list[dict[str, Any]]
+        self, batch: list[dict[str, Any]], usage: list[Usage] | None = None
     ) -> tuple[list[uuid.UUID], list[uuid.UUID]] | None:
-        """Append or write ``batch``: the keys inserted and those skipped (already stored),
-        or ``None`` when it was parked."""
+        """Append or write ``batch`` (with the run's ``usage``): the keys inserted and
+        those skipped (already stored), or ``None`` when it was parked."""
         if not batch:
             return [], []
         if self._use_outbox:
             outcome = await self._write_call(
-                TranscriptWriter.write, self.session_id, batch, **self._session_defaults
+                TranscriptWriter.write,
+                self.session_id,
+                batch,
+                usage=usage or None,
+                **self._session_defaults,
             )
             if outcome.status == "parked":
                 return None
             return outcome.inserted, [*outcome.duplicates, *outcome.conflicts]
         repository = await self.repository()
-        prepared = repository.prepare(self.session_id, batch, **self._session_defaults)
+        prepared = repository.prepare(
+            self.session_id, batch, usage=usage or None, **self._session_defaults
+        )
         result = await self._call(SessionRepository.append_prepared, prepared)
         return result.inserted, [*result.duplicates, *result.conflicts]
 
@@ -588,6 +604,44 @@ class SessionRepoSession:
             await self._retract([_key(sent) for sent in batch if _key(sent) in moved])
             self._taken_out.update(moved)
         await self._write(again)
+
+
+#: The attribute of a run's context wrapper that says how many of the run's model
+#: requests (``wrapper.usage.request_usage_entries``) this adapter has recorded.
+USAGE_RECORDED: Final = "sessionrepo_usage_recorded"
+
+
+def run_usage(
+    wrapper: Any, last_key: uuid.UUID, model: str | None = None
+) -> tuple[list[Usage], int | None]:
+    """The usage of the run's model requests not recorded yet, as the SDK reports them
+    in the run context (``wrapper.usage.request_usage_entries``), each keyed by the
+    batch's last item and the request's place in the run (a retry sends the same keys),
+    and how many the run has reported (``None``: no run context, or nothing new)."""
+    entries = getattr(getattr(wrapper, "usage", None), "request_usage_entries", None)
+    if not entries:
+        return [], None
+    done = getattr(wrapper, USAGE_RECORDED, 0)
+    if not isinstance(done, int) or done >= len(entries):
+        return [], None
+    records = []
+    for index in range(done, len(entries)):
+        entry = entries[index]
+        details_in = entry.input_tokens_details
+        details_out = entry.output_tokens_details
+        records.append(
+            Usage(
+                usage_id=uuid.uuid5(last_key, f"openai-agents-request:{index}"),
+                message_uuid=last_key,
+                model=model,
+                input_tokens=entry.input_tokens or 0,
+                output_tokens=entry.output_tokens or 0,
+                cache_read_tokens=getattr(details_in, "cached_tokens", 0) or 0,
+                cache_write_tokens=getattr(details_in, "cache_write_tokens", 0) or 0,
+                reasoning_tokens=getattr(details_out, "reasoning_tokens", 0) or 0,
+            )
+        )
+    return records, len(entries)
 
 
 def _key(message: Mapping[str, Any]) -> uuid.UUID:

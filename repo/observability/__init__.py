@@ -32,6 +32,7 @@ from sessionrepo.observability.decorators import (
     instrument_load,
     instrument_search,
     instrument_write,
+    record_usage,
 )
 from sessionrepo.observability.gauges import Watch, watch
 from sessionrepo.observability.switches import (
@@ -59,5 +60,6 @@ __all__ = [
     "instrument_search",
     "instrument_write",
     "metrics_registry",
+    "record_usage",
     "watch",
 ]

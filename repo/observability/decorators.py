@@ -234,3 +234,22 @@ instrument_catch_up: Final = _instrument("index", _no_session, _record_catch_up)
 instrument_write: Final = _instrument("write", _first_session, _record_write)
 #: ``TranscriptWriter.drain``.
 instrument_drain: Final = _instrument("drain", _keyword_session, _record_drain)
+
+
+def record_usage(records: Any) -> None:
+    """Count usage records the ledger inserted (``Usage`` objects), when metrics are on:
+    after the commit on the ledger's own paths; inside a caller's unit of work
+    (``SessionTransaction.record_usage``) at the insert, so a rollback after it counts
+    records that were not kept."""
+    metrics = state.metrics
+    if metrics is None:
+        return
+    for record in records:
+        model = record.model or ""
+        metrics.usage_calls.labels(model).inc()
+        for kind in ("input", "output", "cache_read", "cache_write", "reasoning"):
+            count = getattr(record, f"{kind}_tokens")
+            if count:
+                metrics.usage_tokens.labels(model, kind).inc(count)
+        if record.reported_cost:
+            metrics.usage_cost.labels(model, record.currency).inc(record.reported_cost)

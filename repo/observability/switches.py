@@ -58,6 +58,25 @@ METRICS: Final = (
         "for a retry), dead (set aside).",
     ),
     ("sessionrepo_drains_total", "counter", "", "Drain runs."),
+    (
+        "sessionrepo_usage_calls_total",
+        "counter",
+        "model",
+        "Model calls recorded in the usage ledger (each once: a re-sent record is not counted).",
+    ),
+    (
+        "sessionrepo_usage_tokens_total",
+        "counter",
+        "model, kind",
+        "Tokens of the model calls recorded, by kind (input, output, cache_read, "
+        "cache_write, reasoning).",
+    ),
+    (
+        "sessionrepo_usage_reported_cost_total",
+        "counter",
+        "model, currency",
+        "The cost the providers reported for the calls recorded (computed cost: insights).",
+    ),
     ("sessionrepo_loads_total", "counter", "backend", "Transcript loads."),
     ("sessionrepo_load_seconds", "histogram", "backend", "Time of one transcript load."),
     ("sessionrepo_search_seconds", "histogram", "backend", "Time of one search."),
@@ -143,6 +162,9 @@ class Metrics:
         self.load_seconds = made["sessionrepo_load_seconds"]
         self.search_seconds = made["sessionrepo_search_seconds"]
         self.indexed = made["sessionrepo_search_indexed_total"]
+        self.usage_calls = made["sessionrepo_usage_calls_total"]
+        self.usage_tokens = made["sessionrepo_usage_tokens_total"]
+        self.usage_cost = made["sessionrepo_usage_reported_cost_total"]
         self.instruments = list(made.values())
 
 

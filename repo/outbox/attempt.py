@@ -123,7 +123,12 @@ class WritePath:
 
         def park() -> int:
             return self._outbox.park(
-                batch.session_id, batch.messages, batch.session, reason=reason, error_code=code
+                batch.session_id,
+                batch.messages,
+                batch.session,
+                reason=reason,
+                error_code=code,
+                usage=batch.usage,
             )
 
         try:

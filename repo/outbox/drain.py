@@ -355,7 +355,13 @@ class Drainer:
             for name, value in claimed.session_defaults.items()
             if name not in DERIVED_FIELDS
         }
-        batch = self._repository.prepare(session_id, messages, **defaults)
+        # The usage parked with these messages goes with them (rows parked before
+        # migration 0012 have none).
+        riding = dict(
+            zip((m.client_msg_uuid for m in claimed.messages), claimed.usage, strict=False)
+        )
+        usage = [record for m in messages for record in riding.get(m.client_msg_uuid, ())]
+        batch = self._repository.prepare(session_id, messages, usage=usage or None, **defaults)
         result = self._calls.primary.run(
             lambda: self._repository.append_prepared(batch, timeout=self._calls.budget),
             timeout=self._calls.deadline,

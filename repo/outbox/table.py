@@ -33,7 +33,7 @@ import sqlite3
 import threading
 import uuid
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any, Final
@@ -48,6 +48,7 @@ from sessionrepo.models.message import utcnow
 from sessionrepo.models.outbox import OutboxStatus, SessionBacklog
 from sessionrepo.models.outbox_protocol import OutboxState, holds_fifo, parked_rows_sql
 from sessionrepo.models.tables import outbox_table
+from sessionrepo.models.usage import Usage
 from sessionrepo.store.database import Database
 from sessionrepo.store.repository import SessionRepository
 
@@ -82,6 +83,8 @@ class ClaimedBatch:
     session_defaults: dict[str, Any]
     attempts: list[int]
     rejections: list[int]
+    #: The usage records parked with each message (``positions``' order).
+    usage: list[list[Usage]] = field(default_factory=list)
 
 
 def drainer_id() -> str:
@@ -145,8 +148,11 @@ class Outbox:
         *,
         reason: str,
         error_code: str | None = None,
+        usage: Sequence[Usage] = (),
     ) -> int:
-        """Store messages for later replay, after any the session already has parked.
+        """Store messages for later replay, after any the session already has parked;
+        each ``usage`` record rides on the row of its message (of the batch's last
+        message when its own is not in the batch) and is replayed with it.
 
         Returns:
             How many rows were added (a message already parked is not added twice).
@@ -154,6 +160,13 @@ class Outbox:
         now = utcnow()
         defaults = session.model_dump(mode="json", by_alias=True, exclude_defaults=True)
         defaults.pop("id", None)
+        riding: dict[uuid.UUID, list[dict[str, Any]]] = {}
+        keys = {message.client_msg_uuid for message in messages}
+        for record in usage:
+            home = record.message_uuid if record.message_uuid in keys else None
+            if home is None:
+                home = messages[-1].client_msg_uuid
+            riding.setdefault(home, []).append(record.model_dump(mode="json"))
 
         def work(conn: Connection) -> int:
             self.database.dialect.lock_outbox_session(conn, session_id)
@@ -172,6 +185,7 @@ class Outbox:
                     "client_msg_uuid": message.client_msg_uuid,
                     "message": message.model_dump(mode="json"),
                     "session_defaults": defaults or None,
+                    "usage": riding.get(message.client_msg_uuid),
                     "reason": reason[:2000],
                     "state": PENDING,
                     "attempts": 0,
@@ -356,7 +370,7 @@ class Outbox:
         if leased:
             return None
         rows = conn.execute(
-            select(O.position, O.message, O.session_defaults, O.attempts, O.rejections)
+            select(O.position, O.message, O.session_defaults, O.attempts, O.rejections, O.usage)
             .where(O.session_id == sid, holds_fifo(O.state))
             .order_by(O.position)
             .limit(limit)
@@ -368,12 +382,17 @@ class Outbox:
                 .values(claimed_by=owner, claimed_until=now + timedelta(seconds=lease))
             )
         messages: list[Message] = []
+        usage: list[list[Usage]] = []
         unreadable: list[int] = []
         for row in rows:
             try:
-                messages.append(Message.model_validate(row.message))
+                message = Message.model_validate(row.message)
+                records = [Usage.model_validate(record) for record in row.usage or ()]
             except ValidationError:
                 unreadable.append(row.position)
+                continue
+            messages.append(message)
+            usage.append(records)
         readable = [row for row in rows if row.position not in unreadable]
         return ClaimedBatch(
             session_id=sid,
@@ -383,6 +402,7 @@ class Outbox:
             session_defaults=rows[0].session_defaults or {},
             attempts=[row.attempts for row in readable],
             rejections=[row.rejections for row in readable],
+            usage=usage,
         )
 
     def complete(self, session_id: str, keys: Sequence[uuid.UUID]) -> None:

@@ -248,11 +248,13 @@ class TranscriptWriter(ResilientWriter):
         /,
         session_id: str,
         messages: Iterable[Message | Mapping[str, Any]],
+        *,
+        usage: Any = None,
         **session_defaults: Any,
     ) -> WriteResult:
         self._refuse_if_closed()
         started = self._drainer.last_write = time.monotonic()
-        batch = self._repository.prepare(session_id, messages, **session_defaults)
+        batch = self._repository.prepare(session_id, messages, usage=usage, **session_defaults)
         if not batch.keys:  # not .messages: that would validate what the memory took as known
             return WriteResult(session_id=batch.session_id, status="stored")
         return self._path.send(batch, self._appending(batch), started=started, on_writes_pool=True)

@@ -47,6 +47,7 @@ from sessionrepo.models.tables import (
     encode_text,
     messages_table,
 )
+from sessionrepo.models.usage import Usage
 from sessionrepo.store.memory import SentMemory
 
 #: ``messages`` for rows that :func:`message_row` already encoded: the text and JSON
@@ -187,6 +188,7 @@ class PreparedBatch:
         "proofs",
         "session",
         "session_id",
+        "usage",
     )
 
     def __init__(
@@ -223,6 +225,9 @@ class PreparedBatch:
         #: ``session``'s columns, for the row a first append creates: encoded with the
         #: messages (the codec's work done in one place, once however often it is sent).
         self.new_session = session_row(session)
+        #: The usage records that come with the messages (:mod:`sessionrepo.store.usage`),
+        #: each with its key and message: set by the repository's ``prepare``.
+        self.usage: tuple[Usage, ...] = ()
 
     def __repr__(self) -> str:
         return f"PreparedBatch(session_id={self.session_id!r}, messages={len(self.keys)})"

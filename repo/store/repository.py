@@ -72,6 +72,7 @@ from sessionrepo.models.tables import (
     outbox_table,
     sessions_table,
 )
+from sessionrepo.models.usage import Usage, UsageResult
 from sessionrepo.search.embedders import Embedder, check_embedder, default_embedder
 from sessionrepo.search.query import SearchFilters
 from sessionrepo.search.text import (
@@ -113,6 +114,7 @@ from sessionrepo.store.operations import SessionOperator
 from sessionrepo.store.search_index import SearchIndex
 from sessionrepo.store.semantic import FUSION_DEPTH, SEARCH_CATCH_UP, SemanticIndex, fuse
 from sessionrepo.store.transaction import SessionTransaction, fetch_session
+from sessionrepo.store.usage import UsageInput, UsageLedger, check_usage
 from sessionrepo.store.wire import wire_dicts
 
 S = sessions_table.c
@@ -170,6 +172,11 @@ class SessionRepository(SessionStore, TranscriptEditor, SessionOperations):
             database,
             lambda sid: SessionTransaction(self._appender, self._editor, database, sid, None),
             self._appender.memory,
+        )
+        self._ledger = UsageLedger(
+            self._appender,
+            lambda db, sid, new: SessionTransaction(self._appender, self._editor, db, sid, new),
+            database,
         )
 
     @property
@@ -447,10 +454,15 @@ class SessionRepository(SessionStore, TranscriptEditor, SessionOperations):
         messages: Iterable[Message | Mapping[str, Any]],
         *,
         on_conflict: Literal["report", "raise"] = "report",
+        usage: UsageInput = None,
         **session_defaults: Any,
     ) -> AppendResult:
         check_choice(on_conflict, "on_conflict", _ON_CONFLICT)
-        batch = self.prepare(session_id, messages, **session_defaults)
+        batch = self.prepare(session_id, messages, usage=usage, **session_defaults)
+        if batch.usage:
+            return self._ledger.append(
+                batch, database=self._db, on_conflict=on_conflict, behind_outbox=False
+            )
         # Straight to the appender (its entry is the instrumented one): the batch was
         # made here, append_prepared's checks have nothing to check.
         return self._appender.append(
@@ -461,18 +473,27 @@ class SessionRepository(SessionStore, TranscriptEditor, SessionOperations):
         self,
         session_id: str,
         messages: Iterable[Message | Mapping[str, Any]],
+        *,
+        usage: UsageInput = None,
         **session_defaults: Any,
     ) -> PreparedBatch:
         """Validate and encode a batch for :meth:`append_prepared`; nothing is written.
 
         Raises:
-            InvalidMessage: the batch cannot be stored faithfully, or a session default
-                is derived (see :meth:`append`).
+            InvalidMessage: the batch (or its ``usage``) cannot be stored faithfully, or
+                a session default is derived (see :meth:`append`).
         """
         sid = check_session_id(session_id)
         check_iterable(messages, "messages")
         _refuse_derived(session_defaults, "session_defaults")
-        return self._appender.prepare_batch(sid, messages, session_defaults)
+        batch = self._appender.prepare_batch(sid, messages, session_defaults)
+        if usage is None:
+            return batch
+        records = check_usage(usage, batch.messages)
+        if records and not batch.messages:
+            raise InvalidMessage("usage", "comes with messages: record_usage takes it alone")
+        batch.usage = records
+        return batch
 
     def append_prepared(
         self,
@@ -499,12 +520,38 @@ class SessionRepository(SessionStore, TranscriptEditor, SessionOperations):
             check_seconds(timeout, "timeout")
         check_choice(on_conflict, "on_conflict", _ON_CONFLICT)
         check_bool(behind_outbox, "behind_outbox")
-        return self._appender.append(
+        append = self._ledger.append if batch.usage else self._appender.append
+        return append(
             batch,
             database=self._db if timeout is None else self.bounded_database(timeout),
             on_conflict=on_conflict,
             behind_outbox=behind_outbox,
         )
+
+    # -- the usage ledger (sessionrepo.store.usage) -----------------------------------
+
+    def record_usage(
+        self, /, session_id: str, usage: UsageInput, **session_defaults: Any
+    ) -> UsageResult:
+        """Record model calls' usage without messages (``append(..., usage=...)`` records
+        it with them): each record needs its ``usage_id``; one already stored (the same
+        key) is skipped, and the session's token totals move only for those inserted.
+        The session is created from ``session_defaults`` when it does not exist.
+
+        Raises:
+            InvalidMessage: a record is invalid or has no key (nothing was written).
+        """
+        sid = check_session_id(session_id)
+        _refuse_derived(session_defaults, "session_defaults")
+        records = check_usage(usage, [])
+        new_session = _codec.session_row(
+            _codec.build_session(sid, session_defaults, "session_defaults")
+        )
+        return self._ledger.record(sid, records, new_session)
+
+    def list_usage(self, session_id: str) -> list[Usage]:
+        """The session's usage records, oldest first (``[]`` for none, or no session)."""
+        return self._ledger.list(check_session_id(session_id))
 
     # -- editing (the editor's; the contract, TranscriptEditor, says what each means) -----
 

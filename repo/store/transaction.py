@@ -20,15 +20,18 @@ from uuid import UUID
 from sqlalchemy import Connection, Executable, Result, select
 from sqlalchemy import exc as sa_exc
 
+import sessionrepo.observability as _observe
 from sessionrepo.errors import BackendUnavailable, NotFound, RepoError
 from sessionrepo.models import AppendResult, EditResult, Message, Session
 from sessionrepo.models.tables import sessions_table
+from sessionrepo.models.usage import UsageResult, usage_table
 from sessionrepo.store import bridge as _aio
 from sessionrepo.store import codec as _codec
 from sessionrepo.store.append import Appender
 from sessionrepo.store.arguments import check_choice
 from sessionrepo.store.database import Database
 from sessionrepo.store.editing import SessionEditor, check_keys
+from sessionrepo.store.usage import check_usage, insert_usage
 
 S = sessions_table.c
 
@@ -158,6 +161,25 @@ class SessionTransaction:
         wanted = check_keys(keys)
         with _boundary(self._database):
             return self._editor.retract_in(connection, self._sid, wanted)
+
+    def record_usage(self, usage: Any) -> UsageResult:
+        """:meth:`SessionRepository.record_usage` inside this transaction: the records
+        whose key the session lacks inserted (a record needs its ``usage_id``, or a
+        ``message_uuid`` to take it from), the session's token totals moved by them.
+
+        Raises:
+            InvalidMessage: a record is invalid (nothing of them was written).
+        """
+        connection = self._check_open()
+        records = check_usage(usage, [])
+        with _boundary(self._database):
+            recorded = insert_usage(connection, self._usage_insert(), self._sid, records)
+        inserted = set(recorded.inserted)
+        _observe.record_usage([r for r in records if r.usage_id in inserted])
+        return recorded
+
+    def _usage_insert(self) -> Any:
+        return self._database.dialect.insert_ignoring(usage_table, ["session_id", "usage_id"])
 
     def execute(
         self, statement: Executable, parameters: Mapping[str, Any] | None = None

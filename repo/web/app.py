@@ -513,6 +513,15 @@ def _pages(app: FastAPI, console: Console) -> None:
             ),
         )
 
+    @app.get("/insights", include_in_schema=False)
+    def insights_page(since: Since = None, until: Since = None) -> Response:
+        bounds = {"since": _moment(since, "since"), "until": _moment(until, "until")}
+        return console.page(
+            "insights.html",
+            fields={"since": since or "", "until": until or ""},
+            **views.insights_page(repository, **bounds),
+        )
+
     @app.get("/health", include_in_schema=False)
     def health_page(done: Text = None) -> Response:
         return console.page("health.html", health=console.health(), done=_DONE.get(done or ""))

@@ -22,9 +22,11 @@ from sessionrepo.models import SearchHit, Session, SessionSummary, StoredMessage
 from sessionrepo.models.outbox import OutboxStatus
 from sessionrepo.models.transcript import CLIENT_CALL_TYPES, answered_call
 from sessionrepo.ops import DoctorReport
+from sessionrepo.ops.insights import InsightsRow, insights
 from sessionrepo.search.query import parse_query
 from sessionrepo.search.text import words
 from sessionrepo.store.repository import SessionRepository
+from sessionrepo.web.charts import bar_chart
 
 #: Messages per transcript page, sessions per listing page, hits per search page.
 TRANSCRIPT_PAGE: Final = 100
@@ -598,3 +600,65 @@ def search_health(
     except RepoError as exc:
         return None, None, None, one_line(exc)
     return backlog, state, reason, None
+
+
+# -- the insights page (sessionrepo.ops.insights, drawn by sessionrepo.web.charts) -------
+
+
+def _money(value: float) -> str:
+    return f"${value:,.4f}"
+
+
+def _seconds(value: float) -> str:
+    return f"{value:.2f} s"
+
+
+def insights_page(
+    repository: SessionRepository, *, since: datetime | None, until: datetime | None
+) -> dict[str, Any]:
+    """The charts and tables of ``/insights`` over ``[since, until)``."""
+    days = insights(repository, since=since, until=until, by="day")
+    models = insights(repository, since=since, until=until, by="model")
+    sources = insights(repository, since=since, until=until, by="source")
+
+    def named(key: str | None) -> str:
+        return key if key is not None else "(none)"
+
+    def tokens(rows: Sequence[InsightsRow]) -> list[tuple[str, float]]:
+        return [(named(r.key), float(r.input_tokens + r.output_tokens)) for r in rows]
+
+    def cost(rows: Sequence[InsightsRow]) -> list[tuple[str, float]]:
+        return [(named(r.key), r.cost) for r in rows]
+
+    charts = [
+        bar_chart("chart-tokens-day", "Tokens per day (input + output)", tokens(days.rows)),
+        bar_chart("chart-cost-day", "Cost per day", cost(days.rows), _money),
+        bar_chart(
+            "chart-sessions-day",
+            "Sessions per day",
+            [(named(r.key), float(r.sessions)) for r in days.rows],
+        ),
+        bar_chart(
+            "chart-messages-day",
+            "Messages per day",
+            [(named(r.key), float(r.messages)) for r in days.rows],
+        ),
+        bar_chart("chart-tokens-model", "Tokens per model", tokens(models.rows)),
+        bar_chart("chart-cost-model", "Cost per model", cost(models.rows), _money),
+        bar_chart("chart-tokens-source", "Tokens per source", tokens(sources.rows)),
+        bar_chart("chart-cost-source", "Cost per source", cost(sources.rows), _money),
+    ]
+    timed = [r for r in models.rows if r.latency_p50 is not None]
+    latency = bar_chart(
+        "chart-latency",
+        "Model-call latency p95 per model",
+        [(named(r.key), r.latency_p95 or 0.0) for r in timed],
+        _seconds,
+    )
+    return {
+        "charts": charts,
+        "latency": latency,
+        "timed": timed,
+        "total": days.total,
+        "busiest": days.busiest,
+    }

@@ -256,6 +256,13 @@ VALID: Final[dict[str, st.SearchStrategy[Any]]] = {
     "seconds": st.just(5.0),
     "interval": st.just(0.01),
     "ignore_backoff": st.booleans(),
+    "usage": st.one_of(
+        st.none(),
+        st.builds(
+            lambda tokens: [{"usage_id": str(uuid.uuid4()), "model": "m", "input_tokens": tokens}],
+            st.integers(0, 10**6),
+        ),
+    ),
     "**fields": valid_fields,
     "**session_defaults": valid_fields,
     # The writer's constructor (the outbox file is another test's: on the primary here).
@@ -298,6 +305,20 @@ HOSTILE: Final[dict[str, st.SearchStrategy[Any]]] = {
         hostile,
     ),
     "unchanged_from": st.dictionaries(scratch_ids, hostile, max_size=1),
+    "usage": st.one_of(
+        st.lists(hostile, max_size=2),
+        st.fixed_dictionaries(
+            {"usage_id": st.one_of(hostile, st.just(str(uuid.UUID(int=7))))},
+            optional={
+                "model": hostile,
+                "input_tokens": hostile,
+                "latency": hostile,
+                "occurred_at": hostile,
+                "extra": hostile,
+                "message_uuid": hostile,
+            },
+        ),
+    ),
     "**fields": session_fields,
     "**session_defaults": session_fields,
     "outbox_url": st.just(None),  # files: another test's

@@ -85,6 +85,11 @@ class PostgresEngine(EngineRole):
             index_elements=list(conflict_columns)
         )
 
+    def utc_day(self, value: ColumnElement[Any]) -> ColumnElement[str]:
+        # Whatever the connection's TimeZone setting is.
+        day: ColumnElement[str] = func.to_char(func.timezone("UTC", value), "YYYY-MM-DD")
+        return day
+
     def text_after(self, value: ColumnElement[Any], part: str, length: int) -> ColumnElement[str]:
         # split_part and left() work in bytes up to the cut; substr(value, strpos(...))
         # would count characters through the whole value twice.

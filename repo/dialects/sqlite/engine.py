@@ -177,6 +177,11 @@ class SQLiteEngine(EngineRole):
         result: ColumnElement[bool] = func.unlikely(condition)
         return result
 
+    def utc_day(self, value: ColumnElement[Any]) -> ColumnElement[str]:
+        # Stored as UTC text, "YYYY-MM-DD HH:MM:SS...": its first ten characters.
+        day: ColumnElement[str] = func.substr(value, 1, 10)
+        return day
+
     def text_after(self, value: ColumnElement[Any], part: str, length: int) -> ColumnElement[str]:
         at = func.instr(value, part)
         result: ColumnElement[str] = func.coalesce(
