@@ -115,12 +115,18 @@ class Appender:
                 database) and the session has parked messages: nothing was written,
                 the batch queues behind them.
         """
-        result = _tombstones.screened(
-            database, batch, lambda kept: self._append(kept, database, on_conflict, behind_outbox)
-        )
+        result = self._screened(batch, database, on_conflict, behind_outbox)
         if result is None:
             raise QueuedBehindOutbox(batch.session_id)
         return result
+
+    def _screened(
+        self, batch: PreparedBatch, database: Database, on_conflict: OnConflict, behind_outbox: bool
+    ) -> AppendResult | None:
+        """``batch`` appended without what an erasure removed (see :mod:`.tombstones`)."""
+        return _tombstones.screened(
+            database, batch, lambda kept: self._append(kept, database, on_conflict, behind_outbox)
+        )
 
     def _append(
         self, batch: PreparedBatch, database: Database, on_conflict: OnConflict, behind_outbox: bool
@@ -153,7 +159,7 @@ class Appender:
                 return outcome(sid, batch.keys, rows, {}, None)
             memory.forget_session(sid)
             batch.materialize()
-            return self._append(batch, database, on_conflict, behind_outbox)
+            return self._screened(batch, database, on_conflict, behind_outbox)
         append = DirectAppend(
             session_id=sid,
             rows=list(unique.values()),
@@ -176,7 +182,7 @@ class Appender:
         if done.lost:  # the newest remembered row is gone: remember nothing, send all
             memory.forget_session(sid)
             batch.materialize()
-            return self._append(batch, database, on_conflict, behind_outbox)
+            return self._screened(batch, database, on_conflict, behind_outbox)
         result = outcome(sid, batch.keys, rows, done.stored, done.first_seq)
         if result.conflicts and on_conflict == "raise":
             raise conflict_error(sid, result.conflicts)

@@ -30,6 +30,7 @@ def bar_chart(
     span = WIDTH - LABEL - VALUE
     height = ROW * len(items) + 8
     parts = [
+        Markup('<h3 class="chart-title">{}</h3>').format(title),  # what it shows, in words
         Markup(
             '<svg class="chart" id="{}" role="img" aria-label="{}" viewBox="0 0 {} {}" '
             'width="{}" height="{}" xmlns="http://www.w3.org/2000/svg"><title>{}</title>'

@@ -20,5 +20,10 @@ def test_the_screenshots_are_not_older_than_the_templates_or_the_schema() -> Non
     )
     assert changed == [], f"changed since the screenshots were taken: {changed}; {FIX}"
     names = sorted(taken["screenshots"])
-    assert names == ["console-health.png", "console-sessions.png", "console-transcript.png"]
+    assert names == [
+        "console-health.png",
+        "console-insights.png",
+        "console-sessions.png",
+        "console-transcript.png",
+    ]
     assert pictures(names) == taken["screenshots"], f"a picture is not the one taken; {FIX}"
