@@ -25,7 +25,7 @@ endif
 
 # Every user-facing extra, plus the dev dependency group (PEP 735: test, bench and the lint
 # tools), which needs pip 25.1 or newer.
-EXTRAS := web,metrics,tracing,openai-agents,langchain,adk
+EXTRAS := web,metrics,tracing,openai-agents,langchain,adk,semantic
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)

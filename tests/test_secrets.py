@@ -92,6 +92,13 @@ def _arguments(path: tuple[str, ...], files: Path, out: Path, n: int) -> list[st
         ("prune",): ["--older-than", "1d"],
         ("import-hermes",): [str(files / "hermes" / "state.db")],
         ("serve",): [],
+        ("erase",): ["--session", "s2", "--dry-run"],
+        ("verify-erased",): ["--text", "never-stored"],
+        ("audit",): [],
+        ("retention", "show"): [],
+        ("retention", "set"): ["cli", "--idle-days", "30"],
+        ("retention", "clear"): ["cli"],
+        ("insights",): [],
     }
     assert path in arguments, f"new command {' '.join(path)}: give it arguments here"
     return arguments[path]

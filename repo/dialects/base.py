@@ -569,7 +569,7 @@ class ErasureRole(ABC):
 
 
 class BackendDialect(EngineRole, AppendRole, SearchRole, ProbeRole, ErasureRole):
-    """What one backend does its own way: the four roles, its name and what it can do.
+    """What one backend does its own way: the five roles, its name and what it can do.
 
     A backend's class joins its role classes (``SQLiteEngine``, ``SQLiteAppend``, …)
     with this one; an abstract method left unimplemented makes it uninstantiable."""

@@ -53,6 +53,7 @@ from sessionrepo import (
 )
 from sessionrepo.errors import QueuedBehindOutbox, RepoError
 from sessionrepo.models import Session
+from sessionrepo.models.privacy import RetentionPolicy
 from sessionrepo.models.transcript import is_sendable, transcript_problems
 from sessionrepo.store.repository import SessionFilter, SessionSnapshot
 from tests.conftest import BlockingAsync, EventLoopThread, PostgresServer
@@ -263,6 +264,16 @@ VALID: Final[dict[str, st.SearchStrategy[Any]]] = {
             st.integers(0, 10**6),
         ),
     ),
+    # Erasure and retention: dry runs (what they check is the arguments; the erasing
+    # itself is tests/ops/test_erase.py's).
+    "dry_run": st.just(True),
+    "actor": st.sampled_from([None, "ops@example.com"]),
+    "scrub": st.just(False),
+    "compact": st.just(False),
+    "now": st.one_of(st.none(), times),
+    "on_session": st.sampled_from([None, lambda session_id: None]),
+    "policy": st.just(RetentionPolicy(source="hostile-test", idle_days=30)),
+    "include_key": st.booleans(),
     "**fields": valid_fields,
     "**session_defaults": valid_fields,
     # The writer's constructor (the outbox file is another test's: on the primary here).
@@ -288,6 +299,7 @@ HOSTILE: Final[dict[str, st.SearchStrategy[Any]]] = {
     "cutoff": extreme_times,
     "when": extreme_times,
     "stamped_since": extreme_times,
+    "now": extreme_times,
     "cursor": st.sampled_from(["-1", " 2 ", "1e3", "\u0661", "W1tdXQ", "9" * 30]),
     "selection": st.builds(
         SessionFilter,

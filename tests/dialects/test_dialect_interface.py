@@ -21,7 +21,7 @@ from sessionrepo.dialects import (
     dialect_for,
     normalize_url,
 )
-from sessionrepo.dialects.base import AppendRole, EngineRole, ProbeRole, SearchRole
+from sessionrepo.dialects.base import AppendRole, EngineRole, ErasureRole, ProbeRole, SearchRole
 from sessionrepo.dialects.sqlite.append import SQLiteAppend
 from sessionrepo.dialects.sqlite.engine import SQLiteEngine
 from sessionrepo.dialects.sqlite.search import SQLiteSearch
@@ -39,7 +39,7 @@ def test_every_dialect_implements_every_role_and_declares_itself(
     dialect: type[BackendDialect],
 ) -> None:
     instance = dialect()  # an abstract method left out would make this a TypeError
-    for role in (EngineRole, AppendRole, SearchRole, ProbeRole):
+    for role in (EngineRole, AppendRole, SearchRole, ProbeRole, ErasureRole):
         assert isinstance(instance, role)
     assert dialect.name in ("sqlite", "postgresql")
     assert dialect.display_name in ("SQLite", "PostgreSQL")
@@ -82,6 +82,9 @@ def test_the_abstract_interface_lists_what_a_backend_must_write() -> None:
         "server_version",
         "settings",
         "judge_settings",
+        "prepare_erasure",
+        "scrub_after_erasure",
+        "utc_day",
     } == set(BackendDialect.__abstractmethods__)
 
 
