@@ -34,7 +34,7 @@ def bar_chart(
         Markup(
             '<svg class="chart" id="{}" role="img" aria-label="{}" viewBox="0 0 {} {}" '
             'width="{}" height="{}" xmlns="http://www.w3.org/2000/svg"><title>{}</title>'
-        ).format(chart_id, title, WIDTH, height, WIDTH, height, title)
+        ).format(chart_id, title, WIDTH, height, WIDTH, height, title),
     ]
     for index, (label, value) in enumerate(items):
         y = 4 + index * ROW
