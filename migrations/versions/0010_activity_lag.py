@@ -94,8 +94,11 @@ def downgrade() -> None:
     bind = op.get_bind()
     if bind.dialect.name == "postgresql":
         op.execute(
-            "UPDATE sessions SET last_active_at = last_active_at "
-            "+ last_active_lag_us * interval '1 microsecond' WHERE last_active_lag_us <> 0"
+            # In UTC's wall time: timestamp + interval and AT TIME ZONE are immutable
+            # (timestamptz + interval is only stable, which Citus refuses in an UPDATE).
+            "UPDATE sessions SET last_active_at = (last_active_at AT TIME ZONE 'UTC' "
+            "+ last_active_lag_us * interval '1 microsecond') AT TIME ZONE 'UTC' "
+            "WHERE last_active_lag_us <> 0"
         )
         _storage_parameter("RESET (fillfactor)")
     else:

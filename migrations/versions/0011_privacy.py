@@ -47,6 +47,9 @@ _ANCHOR = ("sessions", "id")
 _SESSION_COLUMN = "session_id"
 #: Tables that stay plain tables on the coordinator.
 _LOCAL_TABLES = frozenset({"alembic_version"})
+#: The tables this revision distributes: sessionrepo's own, never an application's
+#: table in the same schema (as 0007 and 0008 do).
+_OWN_TABLES = frozenset({"privacy_keys", "erased_sessions", "erased_messages", "privacy_audit", "retention_policies"})
 
 
 def _has_citus(connection: sa.Connection) -> bool:
@@ -85,14 +88,14 @@ def _plan(tables: dict[str, set[str]]) -> list[tuple[str, str | None]]:
     if anchor in tables:
         planned.append((anchor, anchor_column))
     for name in sorted(tables):
-        if name == anchor or name in _LOCAL_TABLES:
+        if name == anchor or name in _LOCAL_TABLES or name not in _OWN_TABLES:
             continue
         planned.append((name, _SESSION_COLUMN if _SESSION_COLUMN in tables[name] else None))
     return planned
 
 
 def _distribute_schema(connection: sa.Connection) -> list[str]:
-    """Distribute every table of the current schema that Citus does not know yet;
+    """Distribute every table of :data:`_OWN_TABLES` that Citus does not know yet;
     idempotent; a no-op without the ``citus`` extension."""
     if not _has_citus(connection):
         return []

@@ -48,6 +48,18 @@ EXPECTED = {
     "adk_sessions": "session_id",
     "adk_app_states": None,
     "adk_user_states": None,
+    # Migration 0011 (erasure: no table of it names a session in clear).
+    "privacy_keys": None,
+    "erased_sessions": None,
+    "erased_messages": None,
+    "privacy_audit": None,
+    "retention_policies": None,
+    # Migration 0012 (the usage ledger and its prices).
+    "usage_records": "session_id",
+    "usage_prices": None,
+    # Migration 0013 (search by meaning).
+    "message_embeddings": "session_id",
+    "semantic_index_state": None,
 }
 
 
