@@ -49,7 +49,9 @@ _SESSION_COLUMN = "session_id"
 _LOCAL_TABLES = frozenset({"alembic_version"})
 #: The tables this revision distributes: sessionrepo's own, never an application's
 #: table in the same schema (as 0007 and 0008 do).
-_OWN_TABLES = frozenset({"privacy_keys", "erased_sessions", "erased_messages", "privacy_audit", "retention_policies"})
+_OWN_TABLES = frozenset(
+    {"privacy_keys", "erased_sessions", "erased_messages", "privacy_audit", "retention_policies"}
+)
 
 
 def _has_citus(connection: sa.Connection) -> bool:
