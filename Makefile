@@ -64,7 +64,10 @@ screenshots: $(STAMP)
 # make bench   sessionrepo against the raw drivers and the peer stores (issues 7, 13), about
 #              15 minutes; results in bench/results/. BENCH_ARGS=--quick for a smoke run.
 #              Then bench/longrun.py (issue 31, about 25 minutes): RSS over 100,000 writes of
-#              50 KB, and 8 writers' RSS per minute over 10 minutes, on both backends.
+#              50 KB, and 8 writers' RSS per minute over 10 minutes, on both backends; and
+#              bench/semantic_eval.py: recall@10 and MRR of each search mode on the
+#              committed corpus (bench/semantic/), for every embedder installed (the
+#              smoke run: the default one, its results in a temporary folder).
 #              PostgreSQL from BENCH_POSTGRES_URL (default postgresql://postgres@127.0.0.1:5432/postgres)
 #              With BENCH_CITUS_URL (a Citus coordinator), then bench/citus.py: sessionrepo on
 #              Citus against that PostgreSQL (BENCH_CITUS_ARGS=--quick for a smoke run).
@@ -76,6 +79,7 @@ screenshots: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python -m bench $(BENCH_ARGS)
 	$(BIN)/python -m bench.longrun $(filter --quick,$(BENCH_ARGS))
+	$(BIN)/python -m bench.semantic_eval $(if $(filter --quick,$(BENCH_ARGS)),--embedder use --out $$(mktemp -d)/semantic-eval)
 	$(if $(BENCH_CITUS_URL),$(BIN)/python -m bench.citus --citus-url '$(BENCH_CITUS_URL)' $(BENCH_CITUS_ARGS))
 
 # make test-citus  the Citus tests (tests/dialects/test_citus.py, tests/citus/: one worker of
