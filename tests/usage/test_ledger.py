@@ -20,6 +20,7 @@ from sessionrepo import (
     TranscriptWriter,
 )
 from sessionrepo.models.usage import Usage
+from tests.conftest import BlockingAsync
 
 from support.harness import holding_the_write_lock
 
@@ -166,8 +167,6 @@ def _outage_writer(repo: Any, outbox: Path) -> Any:
     target = getattr(repo, "_target", None)
     if target is None:
         return TranscriptWriter(repo, outbox_url=f"sqlite:///{outbox}", deadline=0.5)
-    from conftest import BlockingAsync
-
     loop = repo._loop
 
     async def make() -> AsyncTranscriptWriter:
