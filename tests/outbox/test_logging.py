@@ -126,6 +126,9 @@ def test_an_outage_logs_one_line_per_change_of_state(
         writer = TranscriptWriter(repository, **_writer_options(tmp_path))
         try:
             assert writer.write("s", [make_message("s", 0)]).status == "stored"
+            # The outbox file made and migrated now, not within an outage write's deadline
+            # (on a loaded machine that took longer than the deadline leaves the outbox).
+            assert writer.pending() == 0
             writer.start(interval=0.05)
             statuses = []
             with holding_the_write_lock(database_url, backend, "s"):
@@ -152,6 +155,7 @@ def test_an_outage_logs_one_line_per_change_of_state_async(
         ):
             first = await writer.write("s", [make_message("s", 0)])
             assert first.status == "stored"
+            assert await writer.pending() == 0  # the outbox file made now (see above)
             writer.start(interval=0.05)
             statuses = []
             with holding_the_write_lock(database_url, backend, "s"):
