@@ -20,7 +20,7 @@ from typing import Any, Final
 from sqlalchemy import Connection
 
 from sessionrepo.dialects.base import DirectAppend, DirectLoad, DirectResult, lock_bypassed
-from sessionrepo.dialects.postgresql.append import _PG_ACTIVITY, PostgresAppend
+from sessionrepo.dialects.postgresql.append import PG_ACTIVITY, PostgresAppend
 from sessionrepo.models.tables import ACTIVITY_GRANULARITY, MESSAGE_COLUMNS
 
 #: Rows per ``INSERT … VALUES`` statement (PostgreSQL takes at most 65,535 parameters).
@@ -38,7 +38,7 @@ _CITUS_STORED_KEYS: Final = (
 # left alone, the lag in no index), so the row's update stays heap-only here too.
 _CITUS_COUNT: Final = (
     "UPDATE sessions SET next_seq = next_seq + %(n)s, message_count = message_count + %(n)s, "
-    f"tool_call_count = tool_call_count + %(tools)s, {_PG_ACTIVITY} "
+    f"tool_call_count = tool_call_count + %(tools)s, {PG_ACTIVITY} "
     "WHERE id = %(sid)s"
 )
 

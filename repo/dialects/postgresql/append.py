@@ -98,7 +98,7 @@ _PG_INSERT_FRESH = f"""INSERT INTO messages (session_id, seq, {_STORED_NAMES})
 #: value, so the row's update touches no index and can be heap-only (HOT); further (or a
 #: clock behind it), ``last_active_at`` moves to ``now``. (In a SET list, a column names
 #: the row's old value.)
-_PG_ACTIVITY = """last_active_at = CASE
+PG_ACTIVITY = """last_active_at = CASE
             WHEN %(now)s - last_active_at BETWEEN interval '0' AND %(granularity)s
             THEN last_active_at ELSE %(now)s END,
         last_active_lag_us = CASE
@@ -124,7 +124,7 @@ counted AS (
             SELECT coalesce(sum(f.tool_call_total), 0)
             FROM fresh f JOIN inserted USING (client_msg_uuid)
         ),
-        {_PG_ACTIVITY}
+        {PG_ACTIVITY}
     WHERE id = %(sid)s AND EXISTS (SELECT 1 FROM inserted)
 )
 SELECT client_msg_uuid, NULL::bytea AS content_hash FROM inserted
@@ -209,7 +209,7 @@ counted AS (
         next_seq = next_seq + n.inserted,
         message_count = message_count + n.inserted,
         tool_call_count = tool_call_count + n.tool_calls,
-        {_PG_ACTIVITY}
+        {PG_ACTIVITY}
     FROM (
         SELECT (SELECT count(*) FROM inserted) AS inserted,
             (SELECT coalesce(sum(tool_call_total), 0) FROM fresh) AS tool_calls
