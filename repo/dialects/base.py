@@ -25,7 +25,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, ClassVar, Final, Literal, Protocol, TypeVar
+from typing import Any, ClassVar, Final, Literal, NamedTuple, Protocol, TypeVar
 
 from sqlalchemy import (
     Connection,
@@ -142,9 +142,11 @@ class DirectLoad:
         return sql, params
 
 
-@dataclass(frozen=True, slots=True)
-class DirectResult:
-    """What an :meth:`BackendDialect.append_direct` did."""
+class DirectResult(NamedTuple):
+    """What an :meth:`BackendDialect.append_direct` did.
+
+    A named tuple rather than a dataclass: built once an append, on the hot path, and
+    a tuple is built without running an ``__init__`` of this module."""
 
     #: ``{key: content_hash}`` of the rows that were already stored (not inserted).
     stored: dict[uuid.UUID, bytes]
