@@ -7,18 +7,13 @@ docstrings state the guarantees; its methods check their arguments
 
 from __future__ import annotations
 
-import base64
-import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any, Literal
 from uuid import UUID
 
 from sqlalchemy import (
-    ColumnElement,
     Connection,
-    Text,
-    case,
     func,
     literal,
     select,
@@ -51,7 +46,6 @@ from sessionrepo.models import (
     SearchResults,
     Session,
     SessionPage,
-    SessionSummary,
     StoredMessage,
 )
 from sessionrepo.models._limits import check_identifier
@@ -65,9 +59,6 @@ from sessionrepo.models.privacy import (
 )
 from sessionrepo.models.session import DERIVED_FIELDS
 from sessionrepo.models.tables import (
-    ACTIVITY_GRANULARITY,
-    ENCODED_MARK,
-    decode_text,
     messages_table,
     outbox_table,
     sessions_table,
@@ -75,12 +66,6 @@ from sessionrepo.models.tables import (
 from sessionrepo.models.usage import Usage, UsageResult
 from sessionrepo.search.embedders import Embedder, check_embedder, default_embedder
 from sessionrepo.search.query import SearchFilters
-from sessionrepo.search.text import (
-    JSON_TEXT_KEY,
-    content_text,
-    json_string_head,
-    json_text_values,
-)
 from sessionrepo.store import codec as _codec
 from sessionrepo.store import schema
 from sessionrepo.store.append import Appender
@@ -109,6 +94,7 @@ from sessionrepo.store.erasure import (
     read_policies,
     write_policy,
 )
+from sessionrepo.store.listing import MAX_PAGE, SessionListing
 from sessionrepo.store.memory import DEFAULT_MEMORY_BYTES, SentMemory
 from sessionrepo.store.operations import SessionOperator
 from sessionrepo.store.search_index import SearchIndex
@@ -121,12 +107,8 @@ S = sessions_table.c
 M = messages_table.c
 O = outbox_table.c  # noqa: E741
 
-#: Characters of the first user message shown by ``list_sessions``.
-PREVIEW_LENGTH = 120
 #: A continuation chain longer than this is treated as a cycle.
 _MAX_CHAIN = 10_000
-#: Most sessions or search hits one call returns.
-MAX_PAGE = 1000
 #: Longest ``end_reason``.
 MAX_REASON_LENGTH = 1024
 
@@ -163,6 +145,7 @@ class SessionRepository(SessionStore, TranscriptEditor, SessionOperations):
         check_int(append_memory, "append_memory", minimum=0)
         self._db = database
         self._search = SearchIndex(database)
+        self._listing = SessionListing(database)
         self._semantic = SemanticIndex(database, choose_embedder(embedder))
         self._index_appends = search_index
         self._appender = Appender(database, self._search, search_index, SentMemory(append_memory))
@@ -248,103 +231,9 @@ class SessionRepository(SessionStore, TranscriptEditor, SessionOperations):
         limit: int = 50,
         cursor: str | None = None,
     ) -> SessionPage:
-        check_optional_text(source, "source")
-        check_optional_text(user_id, "user_id")
-        if status is not None:
-            check_choice(status, "status", ("open", "ended"))
-        limit = check_limit(limit, maximum=MAX_PAGE)
-        last_page = None if cursor is None else _decode_cursor(cursor)
-        head = func.substr(M.content, 1, 8192, type_=Text)
-        first_user_message = (
-            select(
-                case(
-                    (
-                        func.substr(M.content, 1, 1) != ENCODED_MARK,
-                        func.substr(M.content, 1, PREVIEW_LENGTH + 1, type_=Text),
-                    ),
-                    # Content parts are JSON: read their head, where the text usually is
-                    # (a long string holding NUL: its start); else, after an image of
-                    # megabytes, what follows the first text key (marked twice).
-                    (
-                        head.contains(JSON_TEXT_KEY, autoescape=True)
-                        | (func.substr(M.content, 2, 1) == '"'),
-                        head,
-                    ),
-                    else_=literal(ENCODED_MARK * 2)
-                    + self._db.dialect.text_after(M.content, JSON_TEXT_KEY, 8 * PREVIEW_LENGTH),
-                )
-            )
-            .where(M.session_id == S.id, M.role == "user", M.superseded.is_(None))
-            .order_by(M.seq)
-            .limit(1)
-            .scalar_subquery()
+        return self._listing.page(
+            source=source, user_id=user_id, status=status, limit=limit, cursor=cursor
         )
-        chosen: list[ColumnElement[bool]] = []
-        if source is not None:
-            chosen.append(S.source == source)
-        if user_id is not None:
-            chosen.append(S.user_id == user_id)
-        if status == "open":
-            chosen.append(S.ended_at.is_(None))
-        elif status == "ended":
-            chosen.append(S.ended_at.is_not(None))
-
-        def work(conn: Connection) -> list[Any]:
-            # The order is by activity, last_active_at + last_active_lag_us, exactly; the
-            # index holds last_active_at, at most ACTIVITY_GRANULARITY (G) behind it.
-            # Every session whose indexed time is below the cursor's less G is past the
-            # cursor; the (limit+1)-th of them by indexed time, ``floor``, proves limit+1
-            # sessions past the cursor active at ``floor`` or later, so the page is among
-            # the sessions indexed from floor - G up to the cursor: a range of the index
-            # a granularity wider than the page, ranked here.
-            surely_past = select(S.last_active_at).where(*chosen)
-            candidates = select(S.id, S.last_active_at, S.last_active_lag_us).where(*chosen)
-            if last_page is not None:
-                surely_past = surely_past.where(
-                    S.last_active_at < last_page[0] - ACTIVITY_GRANULARITY
-                )
-                candidates = candidates.where(S.last_active_at <= last_page[0])
-            floor = conn.execute(
-                surely_past.order_by(S.last_active_at.desc(), S.id.desc()).offset(limit).limit(1)
-            ).scalar()
-            if floor is not None:
-                candidates = candidates.where(S.last_active_at >= floor - ACTIVITY_GRANULARITY)
-            ranked = sorted(
-                (
-                    (at + timedelta(microseconds=lag), sid)
-                    for sid, at, lag in conn.execute(candidates)
-                    if last_page is None or (at + timedelta(microseconds=lag), sid) < last_page
-                ),
-                reverse=True,
-            )[: limit + 1]
-            if not ranked:
-                return []
-            return list(
-                conn.execute(
-                    select(sessions_table, first_user_message.label("preview")).where(
-                        S.id.in_([sid for _, sid in ranked])
-                    )
-                )
-            )
-
-        rows = self._db.read(work)
-        ordered = sorted(
-            (
-                SessionSummary.model_construct(
-                    **_codec.session_from_row(row, preview=_preview(row.preview))
-                )
-                for row in rows
-            ),
-            key=_listed_order,
-            reverse=True,
-        )
-        items = ordered[:limit]
-        next_cursor = None
-        if len(ordered) > limit:
-            last = items[-1]
-            assert last.last_active_at is not None
-            next_cursor = _encode_cursor(last.last_active_at, last.id)
-        return SessionPage(sessions=items, next_cursor=next_cursor)
 
     def end_session(self, session_id: str, reason: str) -> bool:
         sid = check_session_id(session_id)
@@ -967,11 +856,6 @@ class SessionRepository(SessionStore, TranscriptEditor, SessionOperations):
         return self._operator.backdate_activity(session_id, when, stamped_since=stamped_since)
 
 
-def _listed_order(summary: SessionSummary) -> tuple[datetime, str]:
-    assert summary.last_active_at is not None  # every stored session has one
-    return (summary.last_active_at, summary.id)
-
-
 def _policy_source(value: object, field: str) -> str:
     if not isinstance(value, str):
         raise ArgumentTypeError(field, f"must be a string, got {type(value).__name__}")
@@ -979,28 +863,6 @@ def _policy_source(value: object, field: str) -> str:
         return check_identifier(value, field)
     except ValueError as exc:
         raise InvalidArgument(field, str(exc)) from None
-
-
-def _activity(row: Any) -> tuple[datetime, str]:
-    return (row.last_active_at, row.id)
-
-
-def _encode_cursor(last_active_at: datetime, session_id: str) -> str:
-    raw = json.dumps([last_active_at.isoformat(), session_id]).encode()
-    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
-
-
-def _decode_cursor(cursor: object) -> tuple[datetime, str]:
-    cursor = check_instance(cursor, "cursor", str)
-    try:
-        padded = cursor + "=" * (-len(cursor) % 4)
-        when, sid = json.loads(base64.urlsafe_b64decode(padded))
-        last_active = datetime.fromisoformat(when)
-        if last_active.tzinfo is None or not isinstance(sid, str):
-            raise ValueError("not written by _encode_cursor")
-        return last_active, check_identifier(sid, "cursor")
-    except (ValueError, TypeError) as exc:
-        raise InvalidArgument("cursor", "not a cursor returned by list_sessions") from exc
 
 
 def choose_embedder(embedder: object) -> Embedder | None:
@@ -1048,24 +910,6 @@ def _check_reason(reason: object) -> str:
         return check_identifier(reason, "reason", MAX_REASON_LENGTH)
     except ValueError as exc:
         raise InvalidMessage("reason", str(exc).removeprefix("reason: ")) from None
-
-
-def _preview(stored: str | None) -> str | None:
-    if stored is None:
-        return None
-    if stored.startswith(ENCODED_MARK * 2):  # what followed the first text key
-        stored = " ".join(json_text_values(JSON_TEXT_KEY + stored[2 * len(ENCODED_MARK) :]))
-    elif stored.startswith(ENCODED_MARK):  # the head of stored JSON: whole when short
-        try:
-            value = decode_text(stored)
-        except ValueError:  # cut: the text parts as far as they go, or a long string's start
-            head = stored[len(ENCODED_MARK) :]
-            texts = json_text_values(head)
-            stored = " ".join(texts) if texts else json_string_head(head) or ""
-        else:
-            stored = value if isinstance(value, str) else content_text(value)
-    text = " ".join(stored.split())
-    return text if len(text) <= PREVIEW_LENGTH else text[: PREVIEW_LENGTH - 1] + "…"
 
 
 def open_repository(

@@ -1,0 +1,206 @@
+"""``list_sessions``: a page of sessions, the most recently active first, each with a
+preview of its first user message, and the cursor that continues it.
+
+The order is by activity, exactly (``last_active_at`` plus ``last_active_lag_us``: an
+append moves the indexed column only when it is more than a granularity behind, and the
+lag otherwise, so that its update stays HOT on PostgreSQL); see :meth:`SessionListing.page`
+for how the index still finds the page.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from datetime import datetime, timedelta
+from typing import Any, Final, Literal
+
+from sqlalchemy import ColumnElement, Connection, Text, case, func, literal, select
+
+from sessionrepo.errors import InvalidArgument
+from sessionrepo.models import SessionPage, SessionSummary
+from sessionrepo.models._limits import check_identifier
+from sessionrepo.models.tables import (
+    ACTIVITY_GRANULARITY,
+    ENCODED_MARK,
+    decode_text,
+    messages_table,
+    sessions_table,
+)
+from sessionrepo.search.text import (
+    JSON_TEXT_KEY,
+    content_text,
+    json_string_head,
+    json_text_values,
+)
+from sessionrepo.store import codec as _codec
+from sessionrepo.store.arguments import (
+    check_choice,
+    check_instance,
+    check_limit,
+    check_optional_text,
+)
+from sessionrepo.store.database import Database
+
+S = sessions_table.c
+M = messages_table.c
+
+#: Characters of the first user message shown by ``list_sessions``.
+PREVIEW_LENGTH: Final = 120
+#: Most sessions or search hits one call returns.
+MAX_PAGE: Final = 1000
+
+
+class SessionListing:
+    """The pages of :meth:`~sessionrepo.contract.SessionStore.list_sessions`."""
+
+    def __init__(self, database: Database) -> None:
+        self._db = database
+
+    def page(
+        self,
+        *,
+        source: str | None,
+        user_id: str | None,
+        status: Literal["open", "ended"] | None,
+        limit: int,
+        cursor: str | None,
+    ) -> SessionPage:
+        """One page (arguments as ``list_sessions`` takes them, checked here)."""
+        check_optional_text(source, "source")
+        check_optional_text(user_id, "user_id")
+        if status is not None:
+            check_choice(status, "status", ("open", "ended"))
+        limit = check_limit(limit, maximum=MAX_PAGE)
+        last_page = None if cursor is None else _decode_cursor(cursor)
+        head = func.substr(M.content, 1, 8192, type_=Text)
+        first_user_message = (
+            select(
+                case(
+                    (
+                        func.substr(M.content, 1, 1) != ENCODED_MARK,
+                        func.substr(M.content, 1, PREVIEW_LENGTH + 1, type_=Text),
+                    ),
+                    # Content parts are JSON: read their head, where the text usually is
+                    # (a long string holding NUL: its start); else, after an image of
+                    # megabytes, what follows the first text key (marked twice).
+                    (
+                        head.contains(JSON_TEXT_KEY, autoescape=True)
+                        | (func.substr(M.content, 2, 1) == '"'),
+                        head,
+                    ),
+                    else_=literal(ENCODED_MARK * 2)
+                    + self._db.dialect.text_after(M.content, JSON_TEXT_KEY, 8 * PREVIEW_LENGTH),
+                )
+            )
+            .where(M.session_id == S.id, M.role == "user", M.superseded.is_(None))
+            .order_by(M.seq)
+            .limit(1)
+            .scalar_subquery()
+        )
+        chosen: list[ColumnElement[bool]] = []
+        if source is not None:
+            chosen.append(S.source == source)
+        if user_id is not None:
+            chosen.append(S.user_id == user_id)
+        if status == "open":
+            chosen.append(S.ended_at.is_(None))
+        elif status == "ended":
+            chosen.append(S.ended_at.is_not(None))
+
+        def work(conn: Connection) -> list[Any]:
+            # The order is by activity, last_active_at + last_active_lag_us, exactly; the
+            # index holds last_active_at, at most ACTIVITY_GRANULARITY (G) behind it.
+            # Every session whose indexed time is below the cursor's less G is past the
+            # cursor; the (limit+1)-th of them by indexed time, ``floor``, proves limit+1
+            # sessions past the cursor active at ``floor`` or later, so the page is among
+            # the sessions indexed from floor - G up to the cursor: a range of the index
+            # a granularity wider than the page, ranked here.
+            surely_past = select(S.last_active_at).where(*chosen)
+            candidates = select(S.id, S.last_active_at, S.last_active_lag_us).where(*chosen)
+            if last_page is not None:
+                surely_past = surely_past.where(
+                    S.last_active_at < last_page[0] - ACTIVITY_GRANULARITY
+                )
+                candidates = candidates.where(S.last_active_at <= last_page[0])
+            floor = conn.execute(
+                surely_past.order_by(S.last_active_at.desc(), S.id.desc()).offset(limit).limit(1)
+            ).scalar()
+            if floor is not None:
+                candidates = candidates.where(S.last_active_at >= floor - ACTIVITY_GRANULARITY)
+            ranked = sorted(
+                (
+                    (at + timedelta(microseconds=lag), sid)
+                    for sid, at, lag in conn.execute(candidates)
+                    if last_page is None or (at + timedelta(microseconds=lag), sid) < last_page
+                ),
+                reverse=True,
+            )[: limit + 1]
+            if not ranked:
+                return []
+            return list(
+                conn.execute(
+                    select(sessions_table, first_user_message.label("preview")).where(
+                        S.id.in_([sid for _, sid in ranked])
+                    )
+                )
+            )
+
+        rows = self._db.read(work)
+        ordered = sorted(
+            (
+                SessionSummary.model_construct(
+                    **_codec.session_from_row(row, preview=_preview(row.preview))
+                )
+                for row in rows
+            ),
+            key=_listed_order,
+            reverse=True,
+        )
+        items = ordered[:limit]
+        next_cursor = None
+        if len(ordered) > limit:
+            last = items[-1]
+            assert last.last_active_at is not None
+            next_cursor = _encode_cursor(last.last_active_at, last.id)
+        return SessionPage(sessions=items, next_cursor=next_cursor)
+
+
+def _listed_order(summary: SessionSummary) -> tuple[datetime, str]:
+    assert summary.last_active_at is not None  # every stored session has one
+    return (summary.last_active_at, summary.id)
+
+
+def _encode_cursor(last_active_at: datetime, session_id: str) -> str:
+    raw = json.dumps([last_active_at.isoformat(), session_id]).encode()
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def _decode_cursor(cursor: object) -> tuple[datetime, str]:
+    cursor = check_instance(cursor, "cursor", str)
+    try:
+        padded = cursor + "=" * (-len(cursor) % 4)
+        when, sid = json.loads(base64.urlsafe_b64decode(padded))
+        last_active = datetime.fromisoformat(when)
+        if last_active.tzinfo is None or not isinstance(sid, str):
+            raise ValueError("not written by _encode_cursor")
+        return last_active, check_identifier(sid, "cursor")
+    except (ValueError, TypeError) as exc:
+        raise InvalidArgument("cursor", "not a cursor returned by list_sessions") from exc
+
+
+def _preview(stored: str | None) -> str | None:
+    if stored is None:
+        return None
+    if stored.startswith(ENCODED_MARK * 2):  # what followed the first text key
+        stored = " ".join(json_text_values(JSON_TEXT_KEY + stored[2 * len(ENCODED_MARK) :]))
+    elif stored.startswith(ENCODED_MARK):  # the head of stored JSON: whole when short
+        try:
+            value = decode_text(stored)
+        except ValueError:  # cut: the text parts as far as they go, or a long string's start
+            head = stored[len(ENCODED_MARK) :]
+            texts = json_text_values(head)
+            stored = " ".join(texts) if texts else json_string_head(head) or ""
+        else:
+            stored = value if isinstance(value, str) else content_text(value)
+    text = " ".join(stored.split())
+    return text if len(text) <= PREVIEW_LENGTH else text[: PREVIEW_LENGTH - 1] + "…"
