@@ -49,6 +49,7 @@ from sqlalchemy.sql.elements import ColumnElement
 from sessionrepo.errors import ConflictError, RepoError
 from sessionrepo.models.doctor import Check
 from sessionrepo.models.outbox_protocol import holds_fifo
+from sessionrepo.models.privacy import erased_sessions_table
 from sessionrepo.models.tables import (
     messages_table,
     outbox_table,
@@ -105,6 +106,12 @@ class DirectAppend:
     #: as stored, and so did not send again): when it is not, nothing is written and
     #: the result says ``lost``.
     verify: tuple[int, uuid.UUID] | None = None
+    #: The session's tombstone hash (``sessionrepo.store.tombstones.session_hash``),
+    #: for a backend whose statements screen erasures (:attr:`Capabilities.
+    #: screens_erasure`): when ``erased_sessions`` holds it, under the session's lock,
+    #: nothing is written and the result says ``erased`` (the store then screens the
+    #: batch message by message). ``None``: not checked.
+    erased_probe: bytes | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,6 +163,8 @@ class DirectResult(NamedTuple):
     queued: bool = False
     #: Nothing was written: the row ``verify`` names is not stored (any more).
     lost: bool = False
+    #: Nothing was written: the session was erased (``erased_probe`` found).
+    erased: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -175,6 +184,11 @@ class Capabilities:
     #: would wait it again, past a writer's deadline. PostgreSQL's deadlock and
     #: serialization failures come at once.
     retry_waits_out_bound: bool
+    #: The append's statements check :attr:`DirectAppend.erased_probe` under the
+    #: session's lock (in the direct statement, and in :meth:`AppendRole.append_locked`):
+    #: an append costs no separate read of the tombstones, and one racing an erasure
+    #: finds its tombstone. Else the store reads them before the append.
+    screens_erasure: bool = False
 
 
 class EngineRole(ABC):
@@ -321,7 +335,7 @@ class AppendRole(ABC):
             direct: try the direct statement first.
             then: more work for the locked path's transaction once the rows are in (a
                 search index kept another way than by the backlog); not called when
-                nothing was written (``queued`` or ``lost``).
+                nothing was written (``queued``, ``lost`` or ``erased``).
 
         Raises:
             ConflictError: ``append.refuse_conflicts`` and a key is stored with other
@@ -335,7 +349,7 @@ class AppendRole(ABC):
 
         def locked(connection: Connection) -> DirectResult:
             done = self.append_locked(connection, append)
-            if then is not None and not (done.queued or done.lost):
+            if then is not None and not (done.queued or done.lost or done.erased):
                 then(connection, done)
             return done
 
@@ -355,6 +369,14 @@ class AppendRole(ABC):
         if append.behind_outbox and connection.execute(_PARKED, {"sid": sid}).first():
             return DirectResult({}, None, queued=True)
         next_seq = self.lock_session(connection, sid)
+        # Under the lock (or with none to take: an erasure deletes the row it locked,
+        # and commits its tombstone with the deletion), so an erasure that committed
+        # while this append waited is seen here.
+        if (
+            append.erased_probe is not None
+            and connection.execute(_ERASED, {"probe": append.erased_probe}).first()
+        ):
+            return DirectResult({}, None, erased=True)
         if next_seq is None:
             connection.execute(_insert_session(self).values(**append.new_session))
             next_seq = self.lock_session(connection, sid)
@@ -612,6 +634,10 @@ _PARKED: Final = (
     select(outbox_table.c.position)
     .where(outbox_table.c.session_id == bindparam("sid"), holds_fifo(outbox_table.c.state))
     .limit(1)
+)
+#: Whether the session was erased (its tombstone hash is in ``erased_sessions``).
+_ERASED: Final = select(literal(1)).where(
+    erased_sessions_table.c.session_hash == bindparam("probe")
 )
 #: Whether the session stores message ``key`` at ``seq``.
 _HELD: Final = select(literal(1)).where(

@@ -12,13 +12,19 @@ counter), never raised. So is, in an erased session, a message made (its ``times
 before the erasure, even with a key the store never had: a copy parked before it in an
 outbox the erasure could not reach. A new message in an erased session is stored as usual.
 
-What it costs an append: one primary-key probe of ``erased_sessions`` per batch; the
-message hashes are read only for a session that was erased.
+What it costs an append: one primary-key probe of ``erased_sessions`` per batch, made
+by the append's own statement under the session's lock where the dialect can
+(``Capabilities.screens_erasure``: SQLite and PostgreSQL; :func:`session_probe` gives it
+the hash), so no round trip of its own, and an erasure racing the append is wholly
+before it (the batch is then screened) or wholly after it (it erases the batch). Only
+for a session erased before are the message hashes read, by :func:`screened`, before
+the append. On Citus, whose routed append does not read the tombstones, the store reads
+them before every append.
 
-A limit, stated: the probe runs before the append's own statement, not under its lock.
-A batch that passed the probe a moment before an erasure of its session commits can
-still land after it (the window is the append's own statement); an erase run again
-removes it, and a later re-send of it is refused.
+A limit, stated: in a session erased before, a batch screened by :func:`screened` a
+moment before the session is erased again can still land after that erasure; an erase
+run again removes it, and a later re-send of it is refused. On Citus this holds for
+every session.
 """
 
 from __future__ import annotations
@@ -65,6 +71,15 @@ def secret(connection: Connection, database: Database) -> bytes:
         key = bytes(row[0])
         _KEYS[database] = key
     return key
+
+
+def session_probe(database: Database, session_id: str) -> bytes:
+    """The session's tombstone hash, for a dialect whose append statement looks it up
+    under the session's lock (``DirectAppend.erased_probe``)."""
+    key = _KEYS.get(database)
+    if key is None:
+        key = database.read(lambda conn: secret(conn, database))
+    return session_hash(key, session_id)
 
 
 def session_hash(key: bytes, session_id: str) -> bytes:
@@ -124,17 +139,19 @@ def screened(
     pending = [row for row in batch.pending_rows if row is not None]
     if not pending:
         return append(batch)
-    erased = database.read(
-        lambda conn: erased_keys(
-            conn,
-            database,
-            batch.session_id,
-            [(row["client_msg_uuid"], row["timestamp"]) for row in pending],
-        )
-    )
+
+    def probe(rows: Sequence[dict[str, Any]]) -> set[UUID]:
+        pairs = [(row["client_msg_uuid"], row["timestamp"]) for row in rows]
+        return database.read(lambda conn: erased_keys(conn, database, batch.session_id, pairs))
+
+    erased = probe(pending)
     if not erased:
         return append(batch)
+    skipped = len(pending) < len(batch.pending_rows)
     batch.materialize()
+    if skipped:
+        # The kept rows are sent whole now, the memory's skipped ones too: probe them.
+        erased = probe(batch.rows)
     kept = [i for i, row in enumerate(batch.rows) if row["client_msg_uuid"] not in erased]
     refused = _in_order(batch.rows, erased)
     if not kept:

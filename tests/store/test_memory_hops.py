@@ -49,8 +49,9 @@ def append_path(url: str) -> list[str]:
         repository.close()
 
 
-#: The erasure probe (issue 27): one read of the tombstones before the append's own
-#: statement, through these modules only.
+#: The erasure probe (issue 27): on SQLite and PostgreSQL the session's tombstone hash,
+#: which the append's own statement looks up (no read of its own); on Citus one read of
+#: the tombstones before the append's statement, through these modules only.
 _PROBE = {"store.tombstones", "store.database", "dialects.sqlite.engine"}
 
 
@@ -73,9 +74,10 @@ def test_a_direct_append_passes_fewer_modules_than_the_issue_allows(
     append, probe = without_the_erasure_probe(path)
     # The append itself: as issue 23 counts it.
     assert len(append) - 1 < LIMITS[backend], append
-    # The erasure probe: one excursion (4 hops, 5 on SQLite), into its own modules only.
+    # The erasure probe: one excursion, into its own modules only; where the statement
+    # screens erasures, the hash alone (no database call).
     assert set(probe) <= _PROBE, probe
-    assert len(probe) - 1 <= 3, probe
+    assert len(probe) - 1 <= (3 if backend == "citus" else 0), probe
     # No wrapper frame while metrics and tracing are off.
     assert "observability.decorators" not in path
 

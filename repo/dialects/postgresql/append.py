@@ -150,6 +150,7 @@ _SESSION_BINDS: Final = {
 _PG_DIRECT_HELD_BACK = """
         AND NOT EXISTS (SELECT 1 FROM parked)
         AND NOT EXISTS (SELECT 1 FROM lost)
+        AND NOT EXISTS (SELECT 1 FROM erased)
         AND NOT (%(refuse_conflicts)s AND EXISTS (
             SELECT 1 FROM existing e JOIN input j USING (client_msg_uuid)
             WHERE e.content_hash <> j.content_hash
@@ -167,7 +168,10 @@ _PG_PARKED = parked_rows_sql("%(sid)s", also="%(behind_outbox)s")
 # appender before us committed while we waited are invisible to ``existing``. If one of
 # them has a key of this batch, the insert (no ON CONFLICT) fails on the unique key and
 # nothing is written; a session created meanwhile shows as the ``r`` row. Both send the
-# caller to the locked path, whose probe runs after its lock.
+# caller to the locked path, whose probe runs after its lock. So does a session deleted
+# while we waited (``visible`` but not ``locked``: an erasure, which commits its
+# tombstone with the deletion, where this statement's snapshot cannot see it); a
+# tombstone the snapshot does see (``erased``) writes nothing and answers ``x``.
 _PG_APPEND_DIRECT = f"""
 WITH {_PG_INPUT},
 lost AS (
@@ -179,6 +183,13 @@ lost AS (
 ),
 parked AS (
     {_PG_PARKED}
+),
+erased AS (
+    SELECT 1 FROM erased_sessions
+    WHERE %(erased_probe)s::bytea IS NOT NULL AND session_hash = %(erased_probe)s::bytea
+),
+visible AS (
+    SELECT 1 FROM sessions WHERE id = %(sid)s
 ),
 locked AS (
     SELECT next_seq FROM sessions WHERE id = %(sid)s FOR UPDATE
@@ -193,8 +204,8 @@ created AS (
         (SELECT coalesce(sum(tool_call_total), 0) FROM fresh),
         1 + (SELECT count(*) FROM fresh),
         %(now)s
-    WHERE NOT EXISTS (SELECT 1 FROM locked) AND NOT EXISTS (SELECT 1 FROM parked)
-        AND NOT EXISTS (SELECT 1 FROM lost)
+    WHERE NOT EXISTS (SELECT 1 FROM visible) AND NOT EXISTS (SELECT 1 FROM parked)
+        AND NOT EXISTS (SELECT 1 FROM lost) AND NOT EXISTS (SELECT 1 FROM erased)
     ON CONFLICT (id) DO NOTHING
     RETURNING 1
 ),
@@ -230,9 +241,12 @@ SELECT 'q', NULL, NULL, NULL, NULL FROM parked
 UNION ALL
 SELECT 'm', NULL, NULL, NULL, NULL FROM lost
 UNION ALL
+SELECT 'x', NULL, NULL, NULL, NULL FROM erased
+UNION ALL
 SELECT 'r', NULL, NULL, NULL, NULL
 WHERE NOT EXISTS (SELECT 1 FROM locked) AND NOT EXISTS (SELECT 1 FROM created)
     AND NOT EXISTS (SELECT 1 FROM parked) AND NOT EXISTS (SELECT 1 FROM lost)
+    AND NOT EXISTS (SELECT 1 FROM erased)
 """
 
 _PG_LOCK_SESSION = "SELECT next_seq FROM sessions WHERE id = %(sid)s FOR UPDATE"
@@ -290,6 +304,7 @@ class PostgresAppend(AppendRole):
             "behind_outbox": append.behind_outbox,
             "verify_seq": None if append.verify is None else append.verify[0],
             "verify_key": None if append.verify is None else append.verify[1],
+            "erased_probe": append.erased_probe,
         }
         try:
             found = _execute_alone(driver, _PG_APPEND_DIRECT, params)
@@ -303,6 +318,8 @@ class PostgresAppend(AppendRole):
                 return DirectResult(stored={}, first_seq=None, queued=True)
             if kind == "m":
                 return DirectResult(stored={}, first_seq=None, lost=True)
+            if kind == "x":
+                return DirectResult(stored={}, first_seq=None, erased=True)
             if kind == "r":
                 return None  # the session was created meanwhile: the locked path decides
             if kind == "e":

@@ -18,5 +18,8 @@ class PostgresDialect(
     name = "postgresql"
     display_name = "PostgreSQL"
     capabilities = Capabilities(
-        migrates_on_open=False, connect_may_hang=True, retry_waits_out_bound=False
+        migrates_on_open=False,
+        connect_may_hang=True,
+        retry_waits_out_bound=False,
+        screens_erasure=True,
     )

@@ -244,6 +244,7 @@ _SQLITE_CREATE = (
 _SQLITE_PARKED = parked_rows_sql("?")
 _SQLITE_AT = "SELECT 1 FROM messages WHERE session_id = ? AND seq = ? AND client_msg_uuid = ?"
 _SQLITE_BACKLOG = "INSERT INTO search_backlog (session_id, first_seq, count) VALUES (?, ?, ?)"
+_SQLITE_ERASED = "SELECT 1 FROM erased_sessions WHERE session_hash = ?"
 
 
 def _sqlite_append(db: sqlite3.Connection, append: DirectAppend) -> DirectResult:
@@ -270,6 +271,11 @@ def _sqlite_append_locked(db: sqlite3.Connection, append: DirectAppend, sid: str
         seq, key = append.verify
         if db.execute(_SQLITE_AT, (sid, seq, _sqlite_key(key))).fetchone() is None:
             return DirectResult(stored={}, first_seq=None, lost=True)
+    # Under the write lock: an erasure (its tombstone and its deletions in one
+    # transaction) is wholly before this append or wholly after it.
+    probe = append.erased_probe
+    if probe is not None and db.execute(_SQLITE_ERASED, (probe,)).fetchone() is not None:
+        return DirectResult(stored={}, first_seq=None, erased=True)
     session = db.execute(_SQLITE_NEXT_SEQ, (sid,)).fetchone()
     if append.behind_outbox and db.execute(_SQLITE_PARKED, (sid,)).fetchone() is not None:
         return DirectResult(stored={}, first_seq=None, queued=True)

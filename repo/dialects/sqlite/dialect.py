@@ -18,5 +18,8 @@ class SQLiteDialect(
     name = "sqlite"
     display_name = "SQLite"
     capabilities = Capabilities(
-        migrates_on_open=True, connect_may_hang=False, retry_waits_out_bound=True
+        migrates_on_open=True,
+        connect_may_hang=False,
+        retry_waits_out_bound=True,
+        screens_erasure=True,
     )
