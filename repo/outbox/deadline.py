@@ -7,7 +7,8 @@ The primary's share is enforced three ways, the cheapest that can work first:
 
 - by the server itself: the writes' pool (``repository.bounded_database(budget)``) has
   connections the server holds to it (statement and lock timeouts, SQLite's busy
-  timeout), so the call runs on the caller's thread;
+  timeout), so the call runs on the caller's thread (or, on asyncio, in the caller's
+  task, where no connect can hang: SQLite);
 - by the :class:`Watchdog`, for a server that does not answer at all (frozen, or a
   network that drops everything), where the server's own timeouts cannot fire: past the
   deadline it cuts the connection under the call;
@@ -104,6 +105,16 @@ class Calls:
         past it. ``on_writes_pool``: ``work`` uses only :attr:`writes` (whose
         connections the watchdog can cut), so it may run on the caller's thread."""
         watchdog = self.watchdog
+        if (
+            on_writes_pool
+            and self.asynchronous
+            and not self.writes.dialect.capabilities.connect_may_hang
+        ):
+            # SQLite on asyncio: as on the caller's thread synchronously, the writes'
+            # pool bounds every statement (its busy timeout) and no connect can hang,
+            # so the call runs in the caller's task, never abandoned: a first write
+            # that opens the pool's connection on a loaded machine is slow, not failed.
+            return work()
         if not on_writes_pool or watchdog is None or not watchdog.connection_ready():
             # A new connection to a server that may not answer, or a call the watchdog
             # cannot see: on a pool thread (or a task), abandoned at the deadline.

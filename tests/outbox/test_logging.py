@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import re
 import time
 from collections.abc import Iterator
@@ -146,11 +145,6 @@ def test_an_outage_logs_one_line_per_change_of_state(
     _check(records, parked=WRITES)
 
 
-@pytest.mark.skipif(
-    bool(os.environ.get("PYTEST_XDIST_WORKER")),
-    reason="flaky beside another test process (an outage write's 0.125 s outbox share is"
-    " missed; see issue 31's note): runs with make test TEST_WORKERS=1",
-)
 def test_an_outage_logs_one_line_per_change_of_state_async(
     records: list[logging.LogRecord], database_url: str, backend: str, tmp_path: Path
 ) -> None:
