@@ -361,7 +361,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             for name in order:
                 print(f"{name}: appends and loads, round {number + 1}", file=sys.stderr)
                 hot_rounds[name].append(
-                    hot_path(urls[name], args.hot_sessions, args.flushes, args.batch, f"hot{number}")
+                    hot_path(
+                        urls[name], args.hot_sessions, args.flushes, args.batch, f"hot{number}"
+                    )
                 )
         for name, url in urls.items():
             print(f"{name}: filling to {args.sessions} sessions", file=sys.stderr)

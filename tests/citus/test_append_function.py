@@ -28,13 +28,14 @@ from sessionrepo import (
 )
 from sessionrepo.dialects import CitusDialect
 from sessionrepo.dialects.base import DirectAppend
-from sessionrepo.errors import QueuedBehindOutbox
 from sessionrepo.dialects.citus.append import APPEND_ARGUMENTS, APPEND_FUNCTION
+from sessionrepo.errors import QueuedBehindOutbox
 from sessionrepo.store.codec import message_row
 from sessionrepo.store.database import Database
 from sessionrepo.store.schema import downgrade, upgrade
-from support.citus_remote import RemoteCommands, assert_one_worker
 from tests.conftest import CitusServer
+
+from support.citus_remote import RemoteCommands, assert_one_worker
 
 pytestmark = pytest.mark.citus
 
@@ -61,8 +62,7 @@ def _function_on_nodes(url: str) -> list[int]:
     """How many ``sessionrepo_append`` functions the URL's schema has on the coordinator,
     then on each worker."""
     probe = (
-        "SELECT count(*) FROM pg_proc WHERE proname = '{0}' "
-        "AND pronamespace = '{1}'::regnamespace"
+        "SELECT count(*) FROM pg_proc WHERE proname = '{0}' AND pronamespace = '{1}'::regnamespace"
     )
     with psycopg.connect(_conninfo(url), autocommit=True) as conn:
         schema = str(conn.execute("SELECT current_schema()").fetchone()[0])  # type: ignore[index]
@@ -96,7 +96,8 @@ def test_the_function_is_distributed_with_the_sessions(citus_url: str) -> None:
     names, types, argument, group = found[0]
     # The arguments the dialect passes, in its order, with their types.
     assert names == [name for name, _ in APPEND_ARGUMENTS]
-    assert expected_types is not None and types == expected_types[0]
+    assert expected_types is not None
+    assert types == expected_types[0]
     # Routed by the session id, in the sessions' shard groups.
     assert (argument, group) == (0, sessions_group[0] if sessions_group else None)
     assert _function_on_nodes(citus_url) == [1, 1, 1]
@@ -143,7 +144,8 @@ def test_an_append_is_one_call_on_the_sessions_worker(citus_url: str) -> None:
         # statement of the body sent on its own, no COMMIT of a coordinated transaction).
         assert [command for _, command in commands] == _calls(commands), (name, commands)
         assert len(_calls(commands)) == 1, (name, commands)
-    assert len(remembered) == 1 and not _calls(remembered), remembered
+    assert len(remembered) == 1, remembered
+    assert not _calls(remembered), remembered
     assert assert_one_worker("remembered re-send", remembered) in workers.values()
     # And it did the append's work: numbered, counted, nothing of the refused batch.
     assert [(m.seq, m.content) for m in stored] == [(1, "one"), (2, "two"), (3, "3")]
@@ -173,7 +175,9 @@ def test_a_batch_behind_parked_messages_queues_in_the_call(citus_url: str) -> No
     ):
         repository.append("parked-s", [Message(role="user", content="first")])
         session = repository.get_session("parked-s")
-        writer.outbox.park("parked-s", [Message(role="user", content="parked")], session, reason="t")
+        writer.outbox.park(
+            "parked-s", [Message(role="user", content="parked")], session, reason="t"
+        )
         batch = repository.prepare("parked-s", [Message(role="user", content="after")])
 
         def queued() -> None:
@@ -206,9 +210,7 @@ def test_the_locked_path_is_routed_too(citus_url: str) -> None:
             enqueue=True,
             refuse_conflicts=False,
         )
-        commands = remote.during(
-            lambda: dialect.append(repository.database, append, direct=False)
-        )
+        commands = remote.during(lambda: dialect.append(repository.database, append, direct=False))
         assert [m.content for m in repository.load_transcript("locked-s")] == ["first", "locked"]
     assert_one_worker("locked path", commands)
     assert not _calls(commands)

@@ -10,7 +10,6 @@ runs on Citus through the ``citus`` backend (see conftest.py).
 from __future__ import annotations
 
 import json
-import re
 import uuid
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
@@ -21,7 +20,7 @@ import psycopg
 import pytest
 from click.testing import CliRunner
 from conftest import CitusServer
-from sqlalchemy import Engine, event, text
+from sqlalchemy import text
 from sqlalchemy.engine import make_url
 
 from sessionrepo import Message, SessionRepository, TranscriptWriter, open_repository
@@ -32,6 +31,7 @@ from sessionrepo.dialects.postgresql.append import PostgresAppend
 from sessionrepo.store.codec import message_row
 from sessionrepo.store.database import Database
 from sessionrepo.store.schema import current_revision, downgrade, head_revision, upgrade
+
 from support.citus_remote import RemoteCommands, assert_one_worker
 
 pytestmark = pytest.mark.citus

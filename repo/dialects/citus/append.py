@@ -109,10 +109,7 @@ _CALL: Final = (
     + ", ".join(
         [
             *(f"%({name})b::{_ARRAY_TYPES[name]}[]" for name in _ARRAY_COLUMNS),
-            *(
-                f"%(s_{name})s::{_array_type(sessions_table.c[name])}"
-                for name in _SESSION_COLUMNS
-            ),
+            *(f"%(s_{name})s::{_array_type(sessions_table.c[name])}" for name in _SESSION_COLUMNS),
             *(f"%({name})s::{kind}" for name, kind in _OPTIONS),
         ]
     )
