@@ -8,6 +8,8 @@ at this size): ``--messages / 100`` sessions of 100 messages each (five sources,
 users, six models), spread over 90 days, 1% of the messages superseded (out of the
 counts), ``--usage`` model calls spread over the sessions, four of the six models
 priced. ``ANALYZE`` after the load (what autovacuum does after one on PostgreSQL).
+``--keep DIR`` keeps the seeded databases for another run (``--label before`` and
+``--label after`` time a change against the same rows; the file keeps both).
 
 Times ``insights(by=…)`` for day, model, source and user, over everything and over a
 30-day ``[since, until)``: one warm-up, then 3 runs, the median and the worst. Checks each
@@ -148,8 +150,12 @@ def seed(url: str, messages: int, usage: int) -> float:
     return time.perf_counter() - started
 
 
-def _sql_counts(url: str, by: str, bounds: tuple[datetime, datetime] | None) -> dict[Any, Any]:
-    """The report's counts by plain SQL: ``{key: (messages, sessions, calls, tokens)}``."""
+def _sql_counts(
+    url: str, by: str, bounds: tuple[datetime, datetime] | None
+) -> tuple[dict[Any, Any], float]:
+    """The report's counts by plain SQL: ``{key: (messages, sessions, calls, tokens)}``,
+    and the seconds its two queries took (the yardstick: what the database alone
+    spends on the same counts)."""
     engine = create_engine(url)
     postgres = engine.dialect.name == "postgresql"
 
@@ -179,6 +185,8 @@ def _sql_counts(url: str, by: str, bounds: tuple[datetime, datetime] | None) -> 
     found: dict[Any, list[int]] = {}
     try:
         with engine.connect() as conn:
+            conn.execute(text("SELECT 1"))
+            began = time.perf_counter()
             for key, count, distinct in conn.execute(
                 query(
                     f"SELECT {message_key}, count(*), count(DISTINCT m.session_id) FROM messages m "
@@ -196,9 +204,10 @@ def _sql_counts(url: str, by: str, bounds: tuple[datetime, datetime] | None) -> 
                 params,
             ):
                 found.setdefault(key, [0, 0, 0, 0])[2:] = [int(calls), int(tokens)]
+            seconds = time.perf_counter() - began
     finally:
         engine.dispose()
-    return {key: tuple(values) for key, values in found.items()}
+    return {key: tuple(values) for key, values in found.items()}, seconds
 
 
 def measure(url: str) -> dict[str, Any]:
@@ -217,12 +226,13 @@ def measure(url: str) -> dict[str, Any]:
                     row.key: (row.messages, row.sessions, row.calls, row.input_tokens + row.output_tokens)
                     for row in first.rows
                 }
-                expected = _sql_counts(url, by, bounds)
+                expected, plain = _sql_counts(url, by, bounds)
                 if got != expected:
                     raise SystemExit(f"{by}/{name}: the report disagrees with plain SQL")
                 report[f"{by}/{name}"] = {
                     "median_s": round(statistics.median(times), 3),
                     "worst_s": round(max(times), 3),
+                    "plain_sql_s": round(plain, 3),
                     "groups": len(first.rows),
                     "agrees_with_sql": True,
                 }
@@ -230,10 +240,12 @@ def measure(url: str) -> dict[str, Any]:
     return report
 
 
-def run(url: str, messages: int, usage: int) -> dict[str, Any]:
-    load = seed(url, messages, usage)
-    print(f"  seeded in {load:.0f} s", flush=True)
-    return {"messages": messages, "usage_rows": usage, "seed_s": round(load, 1), **measure(url)}
+def run(url: str, messages: int, usage: int, *, seeded: bool) -> dict[str, Any]:
+    load = None
+    if not seeded:
+        load = round(seed(url, messages, usage), 1)
+        print(f"  seeded in {load:.0f} s", flush=True)
+    return {"messages": messages, "usage_rows": usage, "seed_s": load, **measure(url)}
 
 
 def _migrate(url: str) -> None:
@@ -254,34 +266,52 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--postgres-url", default="postgresql://postgres@127.0.0.1:5432/postgres")
     parser.add_argument("--backends", default="sqlite,postgresql")
     parser.add_argument("--output", default=str(RESULTS / "usage-scale.json"))
+    parser.add_argument(
+        "--keep",
+        metavar="DIR",
+        help="keep the seeded databases (DIR/scale.db and the PostgreSQL database "
+        "sessionrepo_usagescale_keep) and reuse them when they exist: to time a change "
+        "against the same data; the PostgreSQL database is migrated again first",
+    )
+    parser.add_argument(
+        "--label", default="run", help="the key this run's figures get in the output file"
+    )
     args = parser.parse_args(argv)
     backends = args.backends.split(",")
-    results: dict[str, Any] = {
-        "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-        "load_average_before": [round(v, 2) for v in os.getloadavg()],
-        "cpus": os.cpu_count(),
-    }
+    output = Path(args.output)
+    results: dict[str, Any] = json.loads(output.read_text()) if output.exists() else {}
+    results["load_average_before"] = [round(v, 2) for v in os.getloadavg()]
+    results["cpus"] = os.cpu_count()
+    run_results: dict[str, Any] = {"when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
     if "sqlite" in backends:
         with tempfile.TemporaryDirectory() as folder:
-            url = f"sqlite:///{folder}/scale.db"
+            path = Path(args.keep or folder) / "scale.db"
+            seeded = path.exists()
+            url = f"sqlite:///{path}"
             open_repository(url).close()  # migrates
             print("sqlite", flush=True)
-            results["sqlite"] = run(url, args.messages, args.usage)
+            run_results["sqlite"] = run(url, args.messages, args.usage, seeded=seeded)
     if "postgresql" in backends:
-        name = f"sessionrepo_usagescale_{uuid.uuid4().hex[:8]}"
+        name = "sessionrepo_usagescale_keep" if args.keep else f"sessionrepo_usagescale_{uuid.uuid4().hex[:8]}"
         base = args.postgres_url.rsplit("/", 1)[0]
-        subprocess.run(["createdb", "-h", "127.0.0.1", "-U", "postgres", name], check=True)
+        made = subprocess.run(
+            ["createdb", "-h", "127.0.0.1", "-U", "postgres", name], capture_output=True
+        )
         try:
             url = f"{base}/{name}"
             _migrate(url)
             print("postgresql", flush=True)
-            results["postgresql"] = run(url, args.messages, args.usage)
+            run_results["postgresql"] = run(
+                url, args.messages, args.usage, seeded=made.returncode != 0
+            )
         finally:
-            subprocess.run(["dropdb", "-h", "127.0.0.1", "-U", "postgres", name], check=True)
-    results["load_average_after"] = [round(v, 2) for v in os.getloadavg()]
-    Path(args.output).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.output).write_text(json.dumps(results, indent=2) + "\n")
-    print(json.dumps(results, indent=2))
+            if not args.keep:
+                subprocess.run(["dropdb", "-h", "127.0.0.1", "-U", "postgres", name], check=True)
+    run_results["load_average_after"] = [round(v, 2) for v in os.getloadavg()]
+    results[args.label] = run_results
+    output.parent.mkdir(parents=True, exist_ok=True)
+    output.write_text(json.dumps(results, indent=2) + "\n")
+    print(json.dumps(run_results, indent=2))
 
 
 if __name__ == "__main__":

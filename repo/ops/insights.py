@@ -28,7 +28,7 @@ from datetime import date, datetime
 from typing import Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError
-from sqlalchemy import ColumnElement, Connection, distinct, func, select
+from sqlalchemy import ColumnElement, Connection, Select, func, select
 
 from sessionrepo.errors import InvalidArgument
 from sessionrepo.models.tables import messages_table, sessions_table
@@ -162,18 +162,15 @@ def insights(
         price_list = [dict(row._mapping) for row in conn.execute(select(prices_table))]
         book = _PriceBook(price_list)
         groups: dict[str | None, dict[str, Any]] = defaultdict(dict)
-        # Messages and sessions, by the message's time.
-        message_key = _message_key(by, day_of)
-        counted = select(
-            message_key.label("key"),
-            func.count().label("messages"),
-            func.count(distinct(M.session_id)).label("sessions"),
-        ).where(M.superseded.is_(None))
-        if by != "day":
-            counted = counted.join_from(messages_table, sessions_table, S.id == M.session_id)
-        counted = _bounded(counted, M.timestamp, since, until).group_by(message_key)
-        for row in conn.execute(counted):
-            groups[row.key].update(messages=row.messages, sessions=row.sessions)
+        # Messages and sessions, by the message's time: one pass over the messages,
+        # counted per session (and day) by the database; the groups and the distinct
+        # sessions are summed here from those rows (a session per group at most once).
+        seen: set[str] = set()
+        for key, sid, count in conn.execute(_per_session(by, day_of, since, until)):
+            group = groups[key]
+            group["messages"] = group.get("messages", 0) + int(count)
+            group["sessions"] = group.get("sessions", 0) + 1
+            seen.add(sid)
         # Calls, by the call's own day and model (the price's), then the group.
         usage_key = _usage_key(by, day_of)
         day, model = day_of(U.occurred_at), U.model
@@ -216,10 +213,8 @@ def insights(
                 groups.items(), key=lambda item: (item[0] is None, item[0] or "")
             )
         ]
-        # Sessions are not additive across groups (one spans days and models).
-        distinct_sessions = select(func.count(distinct(M.session_id))).where(M.superseded.is_(None))
-        sessions = conn.execute(_bounded(distinct_sessions, M.timestamp, since, until)).scalar_one()
-        total = _total(rows, every, int(sessions))
+        # Sessions are not additive across groups (one spans days).
+        total = _total(rows, every, len(seen))
         return Insights(
             by=by,
             since=since,
@@ -240,11 +235,35 @@ def _unknown_cost(values: dict[str, Any]) -> dict[str, Any]:
     return values
 
 
-def _message_key(by: str, day_of: Any) -> ColumnElement[Any]:
+def _per_session(
+    by: str, day_of: Any, since: datetime | None, until: datetime | None
+) -> Select[Any]:
+    """``(key, session id, live messages)`` per session of the range (and per day of
+    it, by day): the messages grouped by session first, so the session's model, source
+    or user is joined to one row per session, not to every message."""
     if by == "day":
-        key: ColumnElement[Any] = day_of(M.timestamp)
-        return key
-    return {"model": S.model, "source": S.source, "user": S.user_id}[by]
+        day = day_of(M.timestamp)
+        query = select(day.label("key"), M.session_id, func.count()).where(M.superseded.is_(None))
+        grouped: Select[Any] = _bounded(query, M.timestamp, since, until).group_by(
+            M.session_id, day
+        )
+        return grouped
+    per_session = (
+        _bounded(
+            select(M.session_id.label("sid"), func.count().label("n")).where(
+                M.superseded.is_(None)
+            ),
+            M.timestamp,
+            since,
+            until,
+        )
+        .group_by(M.session_id)
+        .subquery()
+    )
+    key = {"model": S.model, "source": S.source, "user": S.user_id}[by]
+    return select(key, per_session.c.sid, per_session.c.n).join_from(
+        per_session, sessions_table, S.id == per_session.c.sid
+    )
 
 
 def _usage_key(by: str, day_of: Any) -> ColumnElement[Any]:
