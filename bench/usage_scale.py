@@ -164,8 +164,16 @@ def _sql_counts(
             return f"to_char({column} AT TIME ZONE 'UTC', 'YYYY-MM-DD')"
         return f"substr({column}, 1, 10)"
 
-    message_key = day("m.timestamp") if by == "day" else {"model": "s.model", "source": "s.source", "user": "s.user_id"}[by]
-    usage_key = day("u.occurred_at") if by == "day" else {"model": "u.model", "source": "s.source", "user": "s.user_id"}[by]
+    message_key = (
+        day("m.timestamp")
+        if by == "day"
+        else {"model": "s.model", "source": "s.source", "user": "s.user_id"}[by]
+    )
+    usage_key = (
+        day("u.occurred_at")
+        if by == "day"
+        else {"model": "u.model", "source": "s.source", "user": "s.user_id"}[by]
+    )
     params: dict[str, Any] = {}
     m_where = "m.superseded IS NULL"
     u_where = "1 = 1"
@@ -182,6 +190,7 @@ def _sql_counts(
                 bindparam("since", type_=time_type), bindparam("until", type_=time_type)
             )
         return made
+
     found: dict[Any, list[int]] = {}
     try:
         with engine.connect() as conn:
@@ -216,14 +225,19 @@ def measure(url: str) -> dict[str, Any]:
         for by in GROUPINGS:
             for name, bounds in (("all", None), ("30_days", RANGE)):
                 since, until = bounds if bounds else (None, None)
-                first = insights(repository, by=by, since=since, until=until)  # type: ignore[arg-type]
+                first = insights(repository, by=by, since=since, until=until)
                 times: list[float] = []
                 for _ in range(3):
                     began = time.perf_counter()
-                    insights(repository, by=by, since=since, until=until)  # type: ignore[arg-type]
+                    insights(repository, by=by, since=since, until=until)
                     times.append(time.perf_counter() - began)
                 got = {
-                    row.key: (row.messages, row.sessions, row.calls, row.input_tokens + row.output_tokens)
+                    row.key: (
+                        row.messages,
+                        row.sessions,
+                        row.calls,
+                        row.input_tokens + row.output_tokens,
+                    )
                     for row in first.rows
                 }
                 expected, plain = _sql_counts(url, by, bounds)
@@ -292,10 +306,16 @@ def main(argv: list[str] | None = None) -> None:
             print("sqlite", flush=True)
             run_results["sqlite"] = run(url, args.messages, args.usage, seeded=seeded)
     if "postgresql" in backends:
-        name = "sessionrepo_usagescale_keep" if args.keep else f"sessionrepo_usagescale_{uuid.uuid4().hex[:8]}"
+        name = (
+            "sessionrepo_usagescale_keep"
+            if args.keep
+            else f"sessionrepo_usagescale_{uuid.uuid4().hex[:8]}"
+        )
         base = args.postgres_url.rsplit("/", 1)[0]
         made = subprocess.run(
-            ["createdb", "-h", "127.0.0.1", "-U", "postgres", name], capture_output=True
+            ["createdb", "-h", "127.0.0.1", "-U", "postgres", name],
+            capture_output=True,
+            check=False,  # it exists: --keep reuses it
         )
         try:
             url = f"{base}/{name}"

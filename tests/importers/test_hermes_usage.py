@@ -109,7 +109,8 @@ def test_each_row_becomes_a_record_once_and_a_rerun_adds_only_what_grew(
     assert gpt.extra["hermes"]["cost_status"] == "estimated"
     # No actual cost: not reported; no last_seen: the session's time.
     assert gemini.reported_cost is None
-    assert gemini.extra is not None and gemini.extra["hermes"]["task"] == "compression"
+    assert gemini.extra is not None
+    assert gemini.extra["hermes"]["task"] == "compression"
     session = store.get_session("s1")
     assert (session.input_tokens, session.output_tokens) == (2300, 360)  # from the records
     assert session.metadata["hermes"]["input_tokens"] == 1500  # Hermes' own column, kept
@@ -126,11 +127,14 @@ def test_each_row_becomes_a_record_once_and_a_rerun_adds_only_what_grew(
     )
     grown = import_hermes(tmp_path / "hermes", store)
     assert grown.usage_records_inserted == 1
-    added = [r for r in store.list_usage("s1") if r.model == "gpt-4.1" and r.usage_id != gpt.usage_id]
+    added = [
+        r for r in store.list_usage("s1") if r.model == "gpt-4.1" and r.usage_id != gpt.usage_id
+    ]
     assert len(added) == 1
     assert (added[0].input_tokens, added[0].output_tokens) == (200, 40)
     assert added[0].reported_cost == pytest.approx(0.001)
-    assert added[0].extra is not None and added[0].extra["hermes"]["api_call_count"] == 1
+    assert added[0].extra is not None
+    assert added[0].extra["hermes"]["api_call_count"] == 1
     assert import_hermes(tmp_path / "hermes", store).usage_records_inserted == 0
     by_model = {r.key: r for r in insights(store, by="model").rows}
     assert (by_model["gpt-4.1"].input_tokens, by_model["gpt-4.1"].output_tokens) == (1700, 340)
@@ -161,9 +165,13 @@ def test_an_old_home_brings_the_sessions_totals_and_hermes_upgrade_doubles_nothi
     assert (summary.usage_rows_read, summary.usage_records_inserted) == (0, 1)
     (record,) = store.list_usage(v2.parent)
     assert (record.model, record.input_tokens, record.output_tokens) == ("gpt-4o", 100, 50)
-    assert record.provider is None and record.reported_cost is None
+    assert record.provider is None
+    assert record.reported_cost is None
     assert store.list_usage(v2.child) == []  # it counted no token
-    assert (store.get_session(v2.parent).input_tokens, store.get_session(v2.parent).output_tokens) == (100, 50)
+    assert (
+        store.get_session(v2.parent).input_tokens,
+        store.get_session(v2.parent).output_tokens,
+    ) == (100, 50)
     assert import_hermes(v2.path, store).usage_records_inserted == 0
     # Hermes upgrades: its version-20 step seeds session_model_usage from the sessions.
     v2.db.execute(MODEL_USAGE)

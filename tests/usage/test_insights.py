@@ -165,14 +165,15 @@ def test_an_unpriced_model_says_no_price_never_zero(database_url: str) -> None:
     assert day2.cost == pytest.approx((10 * 1 + 5 * 4) / 1e6)  # session c's call alone
     busiest = {s.session_id: s for s in models.busiest}
     assert (busiest["b"].cost, busiest["b"].unpriced_calls) == (None, 1)
-    assert busiest["a"].cost is not None and busiest["a"].cost > 0
+    assert busiest["a"].cost is not None
+    assert busiest["a"].cost > 0
     runner = CliRunner()
     done = runner.invoke(main, ["--url", database_url, "insights", "--by", "model", "--json"])
     assert done.exit_code == 0, done.output
     printed = {row["key"]: row for row in json.loads(done.output)["rows"]}
     assert printed["claude-sonnet-4"]["cost"] is None
     assert printed["gpt-4.1"]["cost"] == pytest.approx(models.rows[1].cost)
-    assert [b["cost"] for b in json.loads(done.output)["busiest"]][0] is None  # b first
+    assert next(b["cost"] for b in json.loads(done.output)["busiest"]) is None  # b first
     table = runner.invoke(main, ["--url", database_url, "insights", "--by", "model"])
     assert table.exit_code == 0, table.output
     lines = {line.split()[0]: line for line in table.output.splitlines()}
@@ -185,3 +186,28 @@ def test_an_unpriced_model_says_no_price_never_zero(database_url: str) -> None:
     assert day_lines["2026-11-02"].split()[7] == f"{day2.cost:.4f}*"
     assert day_lines["2026-11-01"].split()[7].endswith("*") is False
     assert "1 calls have no price" in by_day.output
+
+
+def test_the_console_page_says_no_price_for_an_unpriced_model(database_url: str) -> None:
+    """The /insights page as served (no browser: tests/web draws it in Chromium): the
+    unpriced model's cost bar says "no price", draws no bar, and never shows $0."""
+    from starlette.testclient import TestClient
+
+    from sessionrepo.web import create_app
+
+    _fill(database_url)
+    with open_repository(database_url) as repo:
+        with TestClient(create_app(repo, url=database_url), base_url="http://127.0.0.1") as client:
+            page = client.get("/insights")
+    assert page.status_code == 200
+    html = page.text
+    claude = html.split('id="chart-cost-model"')[1].split('data-label="claude-sonnet-4"')[1]
+    bar = claude.split("</g>")[0]
+    assert 'data-value=""' in bar
+    assert 'width="0"' in bar
+    assert 'class="value">no price</text>' in bar
+    assert "$0.0000" not in html.split('id="chart-cost-model"')[1].split("</svg>")[0]
+    assert "(priced calls only)" in html
+    assert '<span id="total-unpriced">1</span>' in html
+    busiest = html.split('id="busiest"')[1]
+    assert busiest.count("no price") == 1  # session b, claude's only call

@@ -363,7 +363,9 @@ class HermesSource:
         order = [name for name in USAGE_KEY_COLUMNS if name in self._usage_columns]
         by = f" ORDER BY {', '.join(order)}" if order else ""
         return list(
-            self._query(f"SELECT * FROM session_model_usage WHERE session_id = ?{by}", (session_id,))
+            self._query(
+                f"SELECT * FROM session_model_usage WHERE session_id = ?{by}", (session_id,)
+            )
         )
 
     def system_prompt(self, prompt_hash: Any) -> str | None:

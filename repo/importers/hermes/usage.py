@@ -28,6 +28,7 @@ else its ``first_seen``, else the session's end, else its start.
 from __future__ import annotations
 
 import json
+import math
 import uuid
 from collections.abc import Iterable, Mapping
 from datetime import UTC, datetime
@@ -46,9 +47,11 @@ _KEPT: Final = ("billing_base_url", "billing_mode", "task", "cost_status", "cost
 
 
 def _number(value: Any) -> float:
+    """A count or an amount as Hermes keeps it; anything else (text, a negative, an
+    infinity: the session row keeps it aside) counts nothing."""
     if isinstance(value, bool) or not isinstance(value, int | float):
         return 0
-    return value if value > 0 else 0
+    return value if value > 0 and math.isfinite(value) else 0
 
 
 def _text(value: Any) -> str:
@@ -94,14 +97,15 @@ def records(
     its totals shrank, or a value the ledger cannot hold (e.g. a model name too long)."""
     have: dict[str, dict[str, float]] = {}
     for record in stored:
-        hermes = (record.extra or {}).get("hermes")
-        if not isinstance(hermes, dict) or not isinstance(hermes.get("row"), dict):
+        kept = (record.extra or {}).get("hermes")
+        if not isinstance(kept, dict) or not isinstance(kept.get("row"), dict):
             continue
-        known = have.setdefault(_canonical(hermes["row"]), dict.fromkeys(totals({}), 0))
+        known = have.setdefault(_canonical(kept["row"]), dict.fromkeys(totals({}), 0))
         for kind in TOKEN_KINDS:
             known[kind] += getattr(record, kind)
-        for name in _COUNTED:
-            known[name] += _number(hermes.get(name))
+        known["api_call_count"] += _number(kept.get("api_call_count"))
+        known["estimated_cost_usd"] += _number(kept.get("estimated_cost_usd"))
+        known["actual_cost_usd"] += record.reported_cost or 0.0
     made: list[Usage] = []
     problems: list[str] = []
     for key, now, values in _grouped(rows):
