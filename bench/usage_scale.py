@@ -34,11 +34,9 @@ from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import bindparam, create_engine, text
+from sqlalchemy import MetaData, Table, create_engine, text
 
 from sessionrepo import open_repository
-from sessionrepo.models.tables import messages_table, sessions_table
-from sessionrepo.models.usage import prices_table, usage_table
 from sessionrepo.ops.insights import GROUPINGS, insights
 
 RESULTS = Path(__file__).parent / "results"
@@ -75,7 +73,7 @@ def _messages(sessions: int) -> Iterator[dict[str, Any]]:
             yield {
                 "session_id": f"s{index:06d}",
                 "seq": seq,
-                "client_msg_uuid": uuid.uuid5(uuid.NAMESPACE_OID, f"{index}/{seq}"),
+                "client_msg_uuid": _key(f"{index}/{seq}"),
                 "role": "user" if seq % 2 else "assistant",
                 "content": content,
                 # Sessions run up to ~3 hours, so some cross midnight (UTC).
@@ -91,7 +89,7 @@ def _usage(sessions: int, count: int) -> Iterator[dict[str, Any]]:
         started = START + timedelta(seconds=session * DAYS * 86400 // sessions)
         yield {
             "session_id": f"s{session:06d}",
-            "usage_id": uuid.uuid5(uuid.NAMESPACE_OID, f"usage/{index}"),
+            "usage_id": _key(f"usage/{index}"),
             "message_uuid": None,
             "model": MODELS[(index // sessions + session) % len(MODELS)],
             "provider": "bench",
@@ -106,6 +104,23 @@ def _usage(sessions: int, count: int) -> Iterator[dict[str, Any]]:
             "occurred_at": started + timedelta(seconds=(index // sessions) * 600 + 5),
             "extra": None,
         }
+
+
+def _key(name: str) -> uuid.UUID:
+    return uuid.uuid5(uuid.NAMESPACE_OID, name)
+
+
+def _tables(engine: Any) -> dict[str, Table]:
+    """The migrated tables, as the database has them."""
+    metadata = MetaData()
+    names = ["sessions", "messages", "usage_records", "usage_prices"]
+    metadata.reflect(engine, only=names)
+    return {name: metadata.tables[name] for name in names}
+
+
+def _utc_text(postgres: bool, value: datetime) -> Any:
+    """A time as the store keeps it: UTC text on SQLite (``YYYY-MM-DD HH:MM:SS.ffffff``)."""
+    return value if postgres else value.strftime("%Y-%m-%d %H:%M:%S.%f")
 
 
 def _insert(conn: Any, table: Any, rows: Iterator[dict[str, Any]]) -> None:
@@ -123,14 +138,30 @@ def seed(url: str, messages: int, usage: int) -> float:
     sessions = messages // PER_SESSION
     engine = create_engine(url)
     started = time.perf_counter()
+    tables = _tables(engine)
+    postgres = engine.dialect.name == "postgresql"
+
+    def timed(rows: Iterator[dict[str, Any]], *names: str) -> Iterator[dict[str, Any]]:
+        # The tables are reflected (bench/ uses only the library's public names): a uuid
+        # as SQLite's CHAR(32) holds it, hex; times as datetimes (UTC, as stored).
+        del names
+        for row in rows:
+            yield {
+                k: v.hex if isinstance(v, uuid.UUID) and not postgres else v for k, v in row.items()
+            }
+
     try:
         with engine.begin() as conn:
-            _insert(conn, sessions_table, _sessions(sessions))
-            _insert(conn, messages_table, _messages(sessions))
-            _insert(conn, usage_table, _usage(sessions, usage))
             _insert(
                 conn,
-                prices_table,
+                tables["sessions"],
+                timed(_sessions(sessions), "started_at", "last_active_at"),
+            )
+            _insert(conn, tables["messages"], timed(_messages(sessions), "timestamp"))
+            _insert(conn, tables["usage_records"], timed(_usage(sessions, usage), "occurred_at"))
+            _insert(
+                conn,
+                tables["usage_prices"],
                 (
                     {
                         "model": model,
@@ -181,15 +212,11 @@ def _sql_counts(
         params = {"since": bounds[0], "until": bounds[1]}
         m_where += " AND m.timestamp >= :since AND m.timestamp < :until"
         u_where += " AND u.occurred_at >= :since AND u.occurred_at < :until"
-    time_type = messages_table.c.timestamp.type  # as the tables store it (UTC text on SQLite)
+    if bounds is not None:
+        params = {name: _utc_text(postgres, value) for name, value in params.items()}
 
     def query(statement: str) -> Any:
-        made = text(statement)
-        if bounds is not None:
-            made = made.bindparams(
-                bindparam("since", type_=time_type), bindparam("until", type_=time_type)
-            )
-        return made
+        return text(statement)
 
     found: dict[Any, list[int]] = {}
     try:

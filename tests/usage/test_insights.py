@@ -196,9 +196,11 @@ def test_the_console_page_says_no_price_for_an_unpriced_model(database_url: str)
     from sessionrepo.web import create_app
 
     _fill(database_url)
-    with open_repository(database_url) as repo:
-        with TestClient(create_app(repo, url=database_url), base_url="http://127.0.0.1") as client:
-            page = client.get("/insights")
+    with (
+        open_repository(database_url) as repo,
+        TestClient(create_app(repo, url=database_url), base_url="http://127.0.0.1") as client,
+    ):
+        page = client.get("/insights")
     assert page.status_code == 200
     html = page.text
     claude = html.split('id="chart-cost-model"')[1].split('data-label="claude-sonnet-4"')[1]
