@@ -39,7 +39,7 @@ from datetime import UTC, datetime, timedelta
 from functools import partial
 from typing import Any, Final
 
-from sqlalchemy import Connection, and_, bindparam, delete, func, or_, select, text, tuple_
+from sqlalchemy import Connection, and_, bindparam, delete, func, or_, select, text
 
 from sessionrepo.errors import SemanticSearchUnavailable
 from sessionrepo.models.message import utcnow
@@ -123,9 +123,11 @@ def embedded_text(role: str | None, superseded: str | None, searched: Any) -> st
 Candidate = tuple[tuple[str, int], float, bytes]
 #: Candidates read beyond the page, so that a hit found gone costs no second round.
 CANDIDATE_MARGIN: Final = 8
-#: Rows scored at a time (their int8 vectors widened to float32 in a buffer of
-#: ``SCORE_CHUNK`` x dimension x 4 bytes, then one matrix-vector product).
-SCORE_CHUNK: Final = 8192
+#: Rows scored at a time: their int8 vectors widened into a float32 buffer of
+#: ``SCORE_CHUNK`` x dimension x 4 bytes (512 KiB at 512 dimensions: it stays in the CPU's
+#: cache), then one matrix-vector product, small enough that OpenBLAS runs it on the
+#: calling thread (its threads, on a busy machine, made a larger product 5-20x slower).
+SCORE_CHUNK: Final = 256
 
 
 def _scores(matrix: Any, target: Any) -> Any:
@@ -134,10 +136,14 @@ def _scores(matrix: Any, target: Any) -> Any:
     dimensions models have)."""
     import numpy as np
 
-    out = np.empty(matrix.shape[0], dtype=np.float32)
-    for start in range(0, matrix.shape[0], SCORE_CHUNK):
+    rows = matrix.shape[0]
+    out = np.empty(rows, dtype=np.float32)
+    buffer = np.empty((min(rows, SCORE_CHUNK), matrix.shape[1]), dtype=np.float32)
+    for start in range(0, rows, SCORE_CHUNK):
         chunk = matrix[start : start + SCORE_CHUNK]
-        np.matmul(chunk.astype(np.float32), target, out=out[start : start + chunk.shape[0]])
+        widened = buffer[: chunk.shape[0]]
+        widened[...] = chunk
+        np.matmul(widened, target, out=out[start : start + chunk.shape[0]])
     return out
 
 
@@ -613,7 +619,7 @@ class SemanticIndex:
         embedder = self.embedder
         if embedder is None or self.database.read_only:
             return CatchUp(0, False)
-        model, dimension, _ = self.state()
+        model, dimension, watermark = self.state()
         if model is not None and (model, dimension) != (embedder.name, embedder.dimension):
             return CatchUp(0, False)
         if model is None and not self.database.write(
@@ -621,9 +627,12 @@ class SemanticIndex:
         ):
             return CatchUp(0, False)  # read first: an idle catch-up takes no write lock
         batch = _Batch(self.database, embedder, progress)
+        again = model is None  # the watermark read above serves the first round
         while True:
             started = utcnow()
-            _, _, watermark = self.state()
+            if again:
+                _, _, watermark = self.state()
+            again = True
             sessions = self.database.read(partial(_sessions_behind, watermark=watermark))
             for session_id, _active in sessions:
                 while True:
@@ -995,6 +1004,9 @@ def _hit_rows(
     ``filters``, with what a hit shows, in one statement."""
     if not keys:
         return {}
+    groups: dict[str, list[int]] = {}
+    for session_id, seq in keys:
+        groups.setdefault(session_id, []).append(seq)
     join = messages_table.join(sessions_table, S.id == M.session_id).join(
         embeddings_table, and_(E.session_id == M.session_id, E.seq == M.seq)
     )
@@ -1015,7 +1027,14 @@ def _hit_rows(
         )
         .select_from(join)
         .where(
-            tuple_(M.session_id, M.seq).in_(keys),
+            # Per session, its seqs: an index search each on both backends (SQLite
+            # scans the table for a row-value IN list).
+            or_(
+                *(
+                    and_(M.session_id == session_id, M.seq.in_(seqs))
+                    for session_id, seqs in groups.items()
+                )
+            ),
             M.superseded.is_(None),
             M.content_hash == E.content_hash,
             E.vector.is_not(None),
