@@ -640,6 +640,17 @@ class SessionRepository(SessionStore, TranscriptEditor, SessionOperations):
             since=bounds["since"],
             until=bounds["until"],
         )
+        with self._semantic.answering():  # one read of the semantic index's state
+            return self._search_by_meaning(query, filters, mode, limit, offset)
+
+    def _search_by_meaning(
+        self,
+        query: str,
+        filters: SearchFilters,
+        mode: Literal["semantic", "hybrid"],
+        limit: int,
+        offset: int,
+    ) -> SearchResults:
         reason = self._semantic.unavailable()
         if mode == "semantic" and reason is not None:
             raise SemanticSearchUnavailable(f"semantic search is unavailable: {reason}")
@@ -660,12 +671,12 @@ class SessionRepository(SessionStore, TranscriptEditor, SessionOperations):
             return SearchResults(hits, mode=mode, complete=complete, notice=notice)
         keyword = self._search.search(
             query,
-            session_id=session_id,
-            source=source,
-            role=role,
-            user_id=user_id,
-            since=bounds["since"],
-            until=bounds["until"],
+            session_id=filters.session_id,
+            source=filters.source,
+            role=filters.role,
+            user_id=filters.user_id,
+            since=filters.since,
+            until=filters.until,
             order="rank",
             limit=FUSION_DEPTH,
             offset=0,

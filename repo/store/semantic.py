@@ -33,13 +33,14 @@ from __future__ import annotations
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from functools import partial
 from typing import Any, Final
 
-from sqlalchemy import Connection, and_, bindparam, delete, func, or_, select, text
+from sqlalchemy import Connection, and_, bindparam, column, delete, func, or_, select, text
 
 from sessionrepo.errors import SemanticSearchUnavailable
 from sessionrepo.models.message import utcnow
@@ -62,6 +63,7 @@ S = sessions_table.c
 ST = semantic_state_table.c
 
 _STATE_NAME: Final = "messages"
+_UNREAD: Final = object()
 #: The roles whose messages are embedded (``None``: a Responses item). System and
 #: developer prompts repeat across sessions and are not what is looked for.
 EMBEDDED_ROLES: Final = ("user", "assistant", "tool", "function")
@@ -515,6 +517,7 @@ class SemanticIndex:
         #: The store's vectors kept in memory between queries (bounded by ``memory``
         #: bytes; ``0``: every query reads them from the database).
         self.vectors = VectorCache(memory)
+        self._local = threading.local()
         #: The newest queries' vectors (a page after the first, a hybrid's both halves
         #: and a repeated search embed nothing).
         self._queries: OrderedDict[str, bytes] = OrderedDict()
@@ -534,7 +537,29 @@ class SemanticIndex:
 
     # -- state --------------------------------------------------------------------------
 
+    @contextmanager
+    def answering(self) -> Iterator[None]:
+        """Within it, this thread reads the state row once (until a catch-up writes):
+        one search's availability check, catch-up and query share the read."""
+        local = self._local
+        local.memo, local.row = True, _UNREAD
+        try:
+            yield
+        finally:
+            local.memo, local.row = False, _UNREAD
+
+    def _forget_state(self) -> None:
+        self._local.row = _UNREAD
+
     def _state_row(self) -> Any:
+        local = self._local
+        if getattr(local, "memo", False):
+            if local.row is _UNREAD:
+                local.row = self._read_state()
+            return local.row
+        return self._read_state()
+
+    def _read_state(self) -> Any:
         return self.database.read(
             lambda conn: conn.execute(
                 select(ST.model, ST.dimension, ST.watermark, ST.generation, ST.cleared).where(
@@ -606,6 +631,20 @@ class SemanticIndex:
         *,
         progress: Callable[[int], None] | None = None,
     ) -> CatchUp:
+        """See :meth:`_catch_up`."""
+        self._local.idle = True
+        try:
+            return self._catch_up(limit, progress=progress)
+        finally:
+            if not self._local.idle:
+                self._forget_state()  # vectors written or the model claimed: read again
+
+    def _catch_up(
+        self,
+        limit: int | None = None,
+        *,
+        progress: Callable[[int], None] | None = None,
+    ) -> CatchUp:
         """Embed what the sessions active since the watermark lack, up to ``limit``
         messages (``None``: all); returns how many were embedded and whether any were
         left. A no-op without an embedder or when the store's vectors are of another
@@ -622,6 +661,7 @@ class SemanticIndex:
         model, dimension, watermark = self.state()
         if model is not None and (model, dimension) != (embedder.name, embedder.dimension):
             return CatchUp(0, False)
+        self._local.idle = model is not None
         if model is None and not self.database.write(
             lambda conn: self._claim_model(conn, embedder, reset=False)
         ):
@@ -634,6 +674,8 @@ class SemanticIndex:
                 _, _, watermark = self.state()
             again = True
             sessions = self.database.read(partial(_sessions_behind, watermark=watermark))
+            if sessions:
+                self._local.idle = False
             for session_id, _active in sessions:
                 while True:
                     left = batch.limit_left(limit)
@@ -937,7 +979,7 @@ def next_generation(conn: Connection) -> int:
 def _filter_sql(filters: SearchFilters, params: dict[str, Any]) -> str:
     """The ``AND ...`` conditions of ``filters`` on ``m`` (messages) and ``s`` (sessions)."""
     sql = []
-    for column, name, value in (
+    for condition, name, value in (
         ("m.session_id =", "f_session", filters.session_id),
         ("m.role =", "f_role", filters.role),
         ("s.source =", "f_source", filters.source),
@@ -946,7 +988,7 @@ def _filter_sql(filters: SearchFilters, params: dict[str, Any]) -> str:
         ("m.timestamp <", "f_until", filters.until),
     ):
         if value is not None:
-            sql.append(f" AND {column} :{name}")
+            sql.append(f" AND {condition} :{name}")
             params[name] = value
     return "".join(sql)
 
@@ -997,6 +1039,25 @@ def _sessions_of(conn: Connection, filters: SearchFilters) -> set[str]:
     return {row[0] for row in conn.execute(query)}
 
 
+#: What a hit's row holds, typed as the columns are (the statement is SQL text: built
+#: from SQLAlchemy constructs, its compilation cost more than its run, each query's
+#: shape being new).
+_HIT_COLUMNS: Final = (
+    M.session_id,
+    M.seq,
+    M.client_msg_uuid,
+    M.role,
+    M.timestamp,
+    S.source,
+    S.user_id,
+    M.content,
+    M.extra,
+    M.tool_calls,
+    M.tool_name,
+    column("embedded_hash", E.content_hash.type),
+)
+
+
 def _hit_rows(
     conn: Connection, keys: list[tuple[str, int]], filters: SearchFilters
 ) -> dict[tuple[str, int], Any]:
@@ -1006,53 +1067,26 @@ def _hit_rows(
         return {}
     groups: dict[str, list[int]] = {}
     for session_id, seq in keys:
-        groups.setdefault(session_id, []).append(seq)
-    join = messages_table.join(sessions_table, S.id == M.session_id).join(
-        embeddings_table, and_(E.session_id == M.session_id, E.seq == M.seq)
+        groups.setdefault(session_id, []).append(int(seq))
+    params: dict[str, Any] = {}
+    # Per session, its seqs: an index search each on both backends (SQLite scans the
+    # table for a row-value IN list). Seqs are ints, written as they are.
+    wheres = []
+    for number, (session_id, seqs) in enumerate(groups.items()):
+        params[f"k{number}"] = session_id
+        wheres.append(f"(m.session_id = :k{number} AND m.seq IN ({', '.join(map(str, seqs))}))")
+    sql = (
+        "SELECT m.session_id, m.seq, m.client_msg_uuid, m.role, m.timestamp, s.source, "
+        "s.user_id, m.content, m.extra, m.tool_calls, m.tool_name, "
+        "e.content_hash AS embedded_hash "
+        "FROM messages m JOIN sessions s ON s.id = m.session_id "
+        "JOIN message_embeddings e ON e.session_id = m.session_id AND e.seq = m.seq "
+        f"WHERE ({' OR '.join(wheres)}) AND m.superseded IS NULL "
+        "AND m.content_hash = e.content_hash AND e.vector IS NOT NULL"
     )
-    query = (
-        select(
-            M.session_id,
-            M.seq,
-            M.client_msg_uuid,
-            M.role,
-            M.timestamp,
-            S.source,
-            S.user_id,
-            M.content,
-            M.extra,
-            M.tool_calls,
-            M.tool_name,
-            E.content_hash.label("embedded_hash"),
-        )
-        .select_from(join)
-        .where(
-            # Per session, its seqs: an index search each on both backends (SQLite
-            # scans the table for a row-value IN list).
-            or_(
-                *(
-                    and_(M.session_id == session_id, M.seq.in_(seqs))
-                    for session_id, seqs in groups.items()
-                )
-            ),
-            M.superseded.is_(None),
-            M.content_hash == E.content_hash,
-            E.vector.is_not(None),
-        )
-    )
-    for column, value in (
-        (M.session_id, filters.session_id),
-        (M.role, filters.role),
-        (S.source, filters.source),
-        (S.user_id, filters.user_id),
-    ):
-        if value is not None:
-            query = query.where(column == value)
-    if filters.since is not None:
-        query = query.where(M.timestamp >= filters.since)
-    if filters.until is not None:
-        query = query.where(M.timestamp < filters.until)
-    return {(row.session_id, row.seq): row for row in conn.execute(query)}
+    sql += _filter_sql(filters, params)
+    statement = _typed(text(sql), params).columns(*_HIT_COLUMNS)
+    return {(row.session_id, row.seq): row for row in conn.execute(statement, params)}
 
 
 def _hit(row: Any, parsed: Query, score: float) -> SearchHit:
