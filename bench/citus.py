@@ -153,11 +153,12 @@ def _timed(action: Callable[[], object], repeat: int) -> float:
     return statistics.median(times)
 
 
-def hot_path(url: str, sessions: int, flushes: int, batch: int) -> dict[str, Any]:
-    """Appends and loads of a gateway's shape: rates, and the routing of what they sent."""
+def hot_path(url: str, sessions: int, flushes: int, batch: int, prefix: str) -> dict[str, Any]:
+    """Appends and loads of a gateway's shape (new sessions named ``prefix-N``): rates,
+    and the routing of what they sent."""
     with open_repository(url) as repository:
         recorder = Recorder(repository.database.engine)
-        ids = [f"hot-{index:05d}" for index in range(sessions)]
+        ids = [f"{prefix}-{index:05d}" for index in range(sessions)]
         recorder.on = True
         started = time.perf_counter()
         for flush in range(flushes):
@@ -207,13 +208,14 @@ class RemoteCommands:
         if found and message.startswith("issuing "):
             self.commands.append((found.group(1), message))
 
-    def call(self, action: Callable[[], object]) -> tuple[int, bool]:
-        """``action()``; the workers it contacted, and whether it committed in two phases."""
+    def call(self, action: Callable[[], object]) -> tuple[int, bool, int]:
+        """``action()``; the workers it contacted, whether it committed in two phases,
+        and how many commands it sent them (one: the append delegated whole)."""
         start = len(self.commands)
         action()
         seen = self.commands[start:]
         two_phase = any("PREPARE TRANSACTION" in command for _, command in seen)
-        return len({worker for worker, _ in seen}), two_phase
+        return len({worker for worker, _ in seen}), two_phase, len(seen)
 
 
 def single_appends(url: str, sessions: int, calls: int, citus: bool) -> dict[str, Any]:
@@ -245,8 +247,9 @@ def single_appends(url: str, sessions: int, calls: int, citus: bool) -> dict[str
                     for index in range(min(calls, 50))
                 ]
                 routed = {
-                    "max_workers_per_append": max(workers for workers, _ in contacted),
-                    "two_phase_appends": sum(1 for _, two in contacted if two),
+                    "max_workers_per_append": max(workers for workers, _, _ in contacted),
+                    "two_phase_appends": sum(1 for _, two, _ in contacted if two),
+                    "max_commands_per_append": max(sent for _, _, sent in contacted),
                     "appends_checked": len(contacted),
                 }
             return {"append_1_ms": statistics.median(times), **routed}
@@ -307,9 +310,21 @@ def fan_out(url: str, repeat: int) -> dict[str, Any]:
         return {**figures, "statements": recorder.seen}
 
 
+def _median_of_rounds(rounds: list[dict[str, Any]]) -> dict[str, Any]:
+    """Each numeric figure of the rounds, their median (and the rounds' values)."""
+    figures: dict[str, Any] = {}
+    for key, value in rounds[0].items():
+        if isinstance(value, int | float):
+            values = [found[key] for found in rounds]
+            figures[key] = statistics.median(values)
+            figures[f"{key}_rounds"] = [round(v, 3) for v in values]
+    return figures
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     results: dict[str, Any] = {
         "when": datetime.now(UTC).isoformat(timespec="seconds"),
+        "load_average": " ".join(f"{v:.2f}" for v in os.getloadavg()),
         "sessions": args.sessions,
         "hot_path": {"sessions": args.hot_sessions, "flushes": args.flushes, "batch": args.batch},
     }
@@ -333,21 +348,42 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             if name == "citus":
                 figures["max_workers_per_append"] = max(r["max_workers_per_append"] for r in found)
                 figures["two_phase_appends"] = sum(r["two_phase_appends"] for r in found)
+                figures["max_commands_per_append"] = max(
+                    r["max_commands_per_append"] for r in found
+                )
                 figures["appends_checked"] = sum(r["appends_checked"] for r in found)
             results.setdefault(name, {})["single"] = figures
+        # Appends and loads, then (both stores filled) the reads across sessions: in
+        # rounds that alternate which store goes first; each figure the median of rounds.
+        hot_rounds: dict[str, list[dict[str, Any]]] = {name: [] for name in urls}
+        for number in range(args.rounds):
+            order = list(urls) if number % 2 == 0 else list(reversed(urls))
+            for name in order:
+                print(f"{name}: appends and loads, round {number + 1}", file=sys.stderr)
+                hot_rounds[name].append(
+                    hot_path(
+                        urls[name], args.hot_sessions, args.flushes, args.batch, f"hot{number}"
+                    )
+                )
         for name, url in urls.items():
-            print(f"{name}: appends and loads", file=sys.stderr)
-            hot = hot_path(url, args.hot_sessions, args.flushes, args.batch)
-            seen = hot.pop("statements")
-            if name == "citus":
-                hot["routing"] = classify(url, seen)
             print(f"{name}: filling to {args.sessions} sessions", file=sys.stderr)
-            hot["fill_seconds"] = fill(url, args.sessions)
-            wide = fan_out(url, args.repeat)
-            seen = wide.pop("statements")
+            fill_seconds = fill(url, args.sessions)
+            hot = _median_of_rounds(hot_rounds[name])
+            hot["fill_seconds"] = fill_seconds
             if name == "citus":
-                wide["routing"] = classify(url, seen)
-            results[name] |= {"hot_path": hot, "across_sessions": wide}
+                hot["routing"] = classify(url, hot_rounds[name][0]["statements"])
+            results[name] |= {"hot_path": hot}
+        wide_rounds: dict[str, list[dict[str, Any]]] = {name: [] for name in urls}
+        for number in range(args.rounds):
+            order = list(urls) if number % 2 == 0 else list(reversed(urls))
+            for name in order:
+                print(f"{name}: reads across sessions, round {number + 1}", file=sys.stderr)
+                wide_rounds[name].append(fan_out(urls[name], args.repeat))
+        for name, url in urls.items():
+            wide = _median_of_rounds(wide_rounds[name])
+            if name == "citus":
+                wide["routing"] = classify(url, wide_rounds[name][0]["statements"])
+            results[name]["across_sessions"] = wide
     return results
 
 
@@ -368,20 +404,29 @@ def markdown(results: dict[str, Any]) -> str:
     lines = [
         f"# sessionrepo on Citus ({results['when']})",
         "",
+        f"Load average at the start: {results.get('load_average', '?')}. Every figure the "
+        "median of interleaved rounds (the stores alternate which goes first).",
+        "",
         f"Hot path: {hot['sessions']} sessions x {hot['flushes']} flushes of {hot['batch']} "
         f"messages, one writer. Reads across sessions at {results['sessions']:,} sessions.",
         "",
-        "| | " + " | ".join(names) + " |",
-        "|---|" + "---|" * len(names),
+        "| | " + " | ".join(names) + (" | citus / postgresql |" if len(names) == 2 else " |"),
+        "|---|" + "---|" * (len(names) + (len(names) == 2)),
     ]
     for label, part, key, form in rows:
-        cells = [form.format(results[name][part][key]) for name in names]
+        values = [results[name][part][key] for name in names]
+        cells = [form.format(value) for value in values]
+        if len(names) == 2:
+            # A rate's ratio inverted, so that every ratio reads as "times slower".
+            slower = values[1] / values[0] if "/s" in label else values[0] / values[1]
+            cells.append(f"{slower:.2f}x")
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
     single = results["citus"]["single"]
     lines += [
         "",
         f"One-message appends on Citus, read from the coordinator's remote commands: at most "
         f"{single['max_workers_per_append']} worker per append, "
+        f"at most {single['max_commands_per_append']} command sent per append, "
         f"{single['two_phase_appends']} of {single['appends_checked']} committed in two phases."
         + (
             f" Ratio to plain PostgreSQL: "

@@ -1,14 +1,29 @@
 """Search by meaning at scale (issue 29): brute-force query latency and the catch-up's
 rate over many messages, on SQLite and PostgreSQL.
 
-``python -m bench.semantic_scale [--messages 100000] [--postgres-url URL]``. Loads
-``--messages`` messages (200 per session) through ``append``, then fills the vectors with
-``catch_up_semantic_index()`` using a stand-in embedder (512 dimensions like the
-default model, vectors derived from a hash of the text, so that the database's part is
-what is timed, not a model's), then times ``search(mode="semantic")``: 5 queries, each
-warmed up once (its vector remembered, so the scan is what is timed), 3 runs each, with
-no filter and with ``session_id=``. Prints p50/p95 and writes
-``bench/results/semantic-scale.json``.
+``python -m bench.semantic_scale [--messages 100000] [--postgres-url URL]``. Per backend:
+loads ``--messages`` messages (200 per session, 10 users) through ``append``, indexes
+them for keyword search, then fills the vectors with ``catch_up_semantic_index()``
+using a stand-in embedder (512 dimensions like the default model, vectors derived from
+a hash of the text: the scale run skips the model, so that what is timed is the
+store's part, the catch-up's reads and writes and the queries' scan; the model's own
+rate is measured apart, below). Then times ``search(mode="semantic")``:
+
+- ``cold``: the first query of a new repository (it loads the vectors into memory);
+- ``all``: the whole store, 10 queries, each warmed up once (its vector remembered, so
+  the scan is what is timed), 5 runs each: p50/p95;
+- ``one_session`` (``session_id=``), ``one_user`` (``user_id=``), ``hybrid``;
+- ``no_cache``: the whole store with ``semantic_memory=0`` (every query reads every
+  vector from the database: what a query cost before the vectors were kept).
+
+Also: ``numpy_scan_ms``, the matrix-vector product alone over a matrix of that size,
+and, when the ``semantic`` extra is installed, ``model_rate_per_s``: the default
+model's catch-up rate over ``--model-messages`` messages (on SQLite). The load average
+is recorded before and after. Writes ``bench/results/semantic-scale.json``.
+
+Index extensions: Python's ``sqlite3`` here cannot load extensions (built without
+``enable_load_extension``), so ``sqlite-vec`` cannot be used; the result records what
+was found (``extensions``).
 """
 
 from __future__ import annotations
@@ -16,22 +31,39 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import os
+import sqlite3
 import statistics
 import subprocess
 import tempfile
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from sessionrepo import CallableEmbedder, open_repository
+from sessionrepo.search.embedders import default_embedder
 
 RESULTS = Path(__file__).parent / "results"
 DIMENSION = 512
 PER_SESSION = 200
+QUERIES = 10
+RUNS = 5
+TOPICS = (
+    "planning a trip to tokyo with a rail pass",
+    "the cat is sick and needs the vet",
+    "a slow postgres query without an index",
+    "baking bread in a hot oven",
+    "renewing a passport at the consulate",
+    "the football match last night",
+    "a python traceback in the deploy script",
+    "choosing a mortgage with a fixed rate",
+    "learning to play the piano",
+    "a birthday present for my sister",
+)
 
 
 def _vectors(texts: Sequence[str]) -> Sequence[Sequence[float]]:
@@ -42,77 +74,209 @@ def _vectors(texts: Sequence[str]) -> Sequence[Sequence[float]]:
     return out
 
 
+def _ms(call: Callable[[], object]) -> float:
+    began = time.perf_counter()
+    call()
+    return (time.perf_counter() - began) * 1000
+
+
+def _summary(times: list[float]) -> dict[str, float]:
+    times = sorted(times)
+    return {
+        "p50_ms": round(statistics.median(times), 1),
+        "p95_ms": round(times[max(0, int(len(times) * 0.95) - 1)], 1),
+        "samples": len(times),
+    }
+
+
+def _timed(search: Callable[[str], object], queries: Sequence[str], runs: int) -> dict[str, float]:
+    times: list[float] = []
+    for query in queries:
+        search(query)  # its vector remembered
+        times += [_ms(lambda q=query: search(q)) for _ in range(runs)]  # type: ignore[misc]
+    return _summary(times)
+
+
 def run(url: str, messages: int) -> dict[str, Any]:
     embedder = CallableEmbedder("bench-hash-512", DIMENSION, _vectors)
-    repository = open_repository(url, embedder=embedder, search_index=False)
+    repository = open_repository(url, embedder=embedder)
     try:
         started = time.perf_counter()
         for start in range(0, messages, PER_SESSION):
+            session = start // PER_SESSION
             repository.append(
-                f"s{start // PER_SESSION}",
+                f"s{session}",
                 [
-                    {"role": "user", "content": f"message {i} about topic {i % 97} and {i % 13}"}
+                    {
+                        "role": "user" if i % 2 == 0 else "assistant",
+                        "content": f"message {i}: {TOPICS[i % len(TOPICS)]}, part {i % 97}",
+                    }
                     for i in range(start, min(messages, start + PER_SESSION))
                 ],
+                user_id=f"user{session % 10}",
             )
         load = time.perf_counter() - started
         started = time.perf_counter()
-        repository.catch_up_semantic_index()
+        repository.catch_up_search_index()
+        keyword_index = time.perf_counter() - started
+        started = time.perf_counter()
+        embedded = repository.catch_up_semantic_index()
         fill = time.perf_counter() - started
         report: dict[str, Any] = {
             "messages": messages,
+            "vectors": embedded,
             "load_s": round(load, 1),
+            "keyword_index_s": round(keyword_index, 1),
             "catch_up_s": round(fill, 1),
-            "catch_up_rate_per_s": round(messages / fill),
+            "catch_up_rate_per_s": round(embedded / fill),
         }
-        for name, session_id in (("all", None), ("one_session", "s7")):
-            times: list[float] = []
-            for q in range(5):
-                query = f"what did we say about topic {q}"
-                repository.search(query, mode="semantic", session_id=session_id)
-                for _ in range(3):
-                    began = time.perf_counter()
-                    repository.search(query, mode="semantic", session_id=session_id)
-                    times.append((time.perf_counter() - began) * 1000)
-            times.sort()
-            report[name] = {
-                "p50_ms": round(statistics.median(times), 1),
-                "p95_ms": round(times[int(len(times) * 0.95) - 1], 1),
-            }
-        return report
     finally:
         repository.close()
+    queries = [f"what did we say about {topic}" for topic in TOPICS[:QUERIES]]
+    repository = open_repository(url, embedder=embedder)
+    try:
+        repository.search(queries[0], mode="keyword")  # the connection pool warm
+        report["cold_ms"] = round(_ms(lambda: repository.search(queries[0], mode="semantic")), 1)
+        report["all"] = _timed(lambda q: repository.search(q, mode="semantic"), queries, RUNS)
+        report["one_session"] = _timed(
+            lambda q: repository.search(q, mode="semantic", session_id="s7"), queries, RUNS
+        )
+        report["one_user"] = _timed(
+            lambda q: repository.search(q, mode="semantic", user_id="user3"), queries, RUNS
+        )
+        report["hybrid"] = _timed(lambda q: repository.search(q, mode="hybrid"), queries, RUNS)
+        report["keyword"] = _timed(lambda q: repository.search(q, mode="keyword"), queries, RUNS)
+    finally:
+        repository.close()
+    uncached = open_repository(url, embedder=embedder, semantic_memory=0)
+    try:
+        report["no_cache"] = _timed(lambda q: uncached.search(q, mode="semantic"), queries[:3], 1)
+    finally:
+        uncached.close()
+    return report
+
+
+def numpy_scan(messages: int) -> float:
+    """p50 of the scan's arithmetic alone: an int8 matrix widened and multiplied, a chunk
+    at a time, as the kept vectors are (over random vectors of the store's size)."""
+    rng = np.random.default_rng(1)
+    matrix = rng.integers(-127, 128, size=(messages, DIMENSION), dtype=np.int8)
+    target = rng.standard_normal(DIMENSION).astype(np.float32)
+
+    def scan() -> None:  # as sessionrepo.store.semantic scores: 256 rows at a time
+        out = np.empty(messages, dtype=np.float32)
+        buffer = np.empty((256, DIMENSION), dtype=np.float32)
+        for start in range(0, messages, 256):
+            chunk = matrix[start : start + 256]
+            widened = buffer[: chunk.shape[0]]
+            widened[...] = chunk
+            np.matmul(widened, target, out=out[start : start + chunk.shape[0]])
+
+    return round(statistics.median(_ms(scan) for _ in range(20)), 1)
+
+
+def model_rate(messages: int) -> dict[str, Any]:
+    """The default model's catch-up rate, on SQLite (``None``: not installed)."""
+    embedder = default_embedder()
+    if embedder is None:
+        return {"model": None, "why": "the semantic extra is not installed"}
+    with tempfile.TemporaryDirectory() as folder:
+        repository = open_repository(f"sqlite:///{folder}/model.db", embedder=embedder)
+        try:
+            repository.append("warm", [{"role": "user", "content": "a first text loads the model"}])
+            repository.catch_up_semantic_index()
+            for start in range(0, messages, PER_SESSION):
+                repository.append(
+                    f"m{start}",
+                    [
+                        {"role": "user", "content": f"{TOPICS[i % len(TOPICS)]} ({i})"}
+                        for i in range(start, min(messages, start + PER_SESSION))
+                    ],
+                )
+            started = time.perf_counter()
+            embedded = repository.catch_up_semantic_index()
+            took = time.perf_counter() - started
+        finally:
+            repository.close()
+    return {"model": embedder.name, "messages": embedded, "rate_per_s": round(embedded / took, 1)}
+
+
+def extensions() -> dict[str, str]:
+    found = {}
+    loadable = hasattr(sqlite3.connect(":memory:"), "enable_load_extension")
+    found["sqlite-vec"] = (
+        "Python's sqlite3 can load extensions"
+        if loadable
+        else "not usable: Python's sqlite3 is built without enable_load_extension"
+    )
+    return found
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--messages", type=int, default=100_000)
+    parser.add_argument("--model-messages", type=int, default=1_000)
+    parser.add_argument("--backends", default="sqlite,postgresql")
     parser.add_argument("--postgres-url", default="postgresql://postgres@127.0.0.1:5432/postgres")
+    parser.add_argument("--out", type=Path, default=RESULTS / "semantic-scale.json")
     args = parser.parse_args(argv)
-    results: dict[str, Any] = {"when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
-    with tempfile.TemporaryDirectory() as folder:
-        results["sqlite"] = run(f"sqlite:///{folder}/scale.db", args.messages)
-    print("sqlite", results["sqlite"], flush=True)
-    name = f"sessionrepo_semscale_{uuid.uuid4().hex[:8]}"
-    base = args.postgres_url.rsplit("/", 1)[0]
-    subprocess.run(["createdb", "-h", "127.0.0.1", "-U", "postgres", name], check=True)
-    try:
-        url = f"{base}/{name}"
-        subprocess.run(
-            ["sessionrepo", "migrate"],
-            check=True,
-            env={
-                "SESSIONREPO_DATABASE_URL": url,
-                "PATH": str(Path(__file__).resolve().parents[1] / ".venv" / "bin")
-                + ":/usr/bin:/bin",
-            },
-        )
-        results["postgresql"] = run(url, args.messages)
-    finally:
-        subprocess.run(["dropdb", "-h", "127.0.0.1", "-U", "postgres", name], check=True)
-    print("postgresql", results["postgresql"], flush=True)
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "semantic-scale.json").write_text(json.dumps(results, indent=2) + "\n")
+    results: dict[str, Any] = {
+        "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "cpus": os.cpu_count(),
+        "load_average_before": [round(x, 1) for x in os.getloadavg()],
+        "vectors": "stand-in embedder (512 dimensions, from a hash of each text): "
+        "the model is skipped for the scale run; its rate is model_rate",
+        "extensions": extensions(),
+    }
+    backends = args.backends.split(",")
+    if "sqlite" in backends:
+        with tempfile.TemporaryDirectory() as folder:
+            results["sqlite"] = run(f"sqlite:///{folder}/scale.db", args.messages)
+        print("sqlite", results["sqlite"], flush=True)
+    if "postgresql" in backends:
+        name = f"sessionrepo_semscale_{uuid.uuid4().hex[:8]}"
+        base = args.postgres_url.rsplit("/", 1)[0]
+        subprocess.run(["createdb", "-h", "127.0.0.1", "-U", "postgres", name], check=True)
+        try:
+            url = f"{base}/{name}"
+            subprocess.run(
+                ["sessionrepo", "migrate"],
+                check=True,
+                env={
+                    "SESSIONREPO_DATABASE_URL": url,
+                    "PATH": str(Path(__file__).resolve().parents[1] / ".venv" / "bin")
+                    + ":/usr/bin:/bin",
+                },
+            )
+            results["postgresql"] = run(url, args.messages)
+            extension = subprocess.run(
+                [
+                    "psql",
+                    "-h",
+                    "127.0.0.1",
+                    "-U",
+                    "postgres",
+                    "-Atc",
+                    "SELECT count(*) FROM pg_available_extensions WHERE name = 'vector'",
+                    name,
+                ],
+                capture_output=True,
+                text=True,
+                check=False,
+            ).stdout.strip()
+            results["extensions"]["pgvector"] = (
+                "available on the server" if extension == "1" else "not installed on the server"
+            )
+        finally:
+            subprocess.run(["dropdb", "-h", "127.0.0.1", "-U", "postgres", name], check=True)
+        print("postgresql", results["postgresql"], flush=True)
+    results["numpy_scan_ms"] = numpy_scan(args.messages)
+    if args.model_messages:
+        results["model_rate"] = model_rate(args.model_messages)
+    results["load_average_after"] = [round(x, 1) for x in os.getloadavg()]
+    print(json.dumps({k: v for k, v in results.items() if k not in backends}), flush=True)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(results, indent=2) + "\n")
 
 
 if __name__ == "__main__":

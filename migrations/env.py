@@ -40,6 +40,12 @@ def _include_name(name: str | None, type_: str, parent_names: object) -> bool:
 
 def _migrate(connection: Connection) -> None:
     dialect_for(connection.dialect.name).lock_for_migration(connection)
+    if connection.dialect.name == "postgresql":
+        # Citus: the migration's distributed commands over one connection per worker,
+        # from the transaction's start (a distributed function's DDL, migration 0014,
+        # is refused after a parallel command in the same transaction). On plain
+        # PostgreSQL a placeholder setting, without effect.
+        connection.exec_driver_sql("SET LOCAL citus.multi_shard_modify_mode TO 'sequential'")
     context.configure(
         connection=connection,
         target_metadata=target_metadata,

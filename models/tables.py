@@ -341,13 +341,19 @@ class MessageEmbeddingRow(Base):
     message's when it was embedded (a vector whose hash is not the message's is stale)."""
 
     __tablename__ = "message_embeddings"
-    __table_args__ = (PrimaryKeyConstraint("session_id", "seq"),)
+    __table_args__ = (
+        PrimaryKeyConstraint("session_id", "seq"),
+        Index("ix_message_embeddings_generation", "generation"),
+    )
 
     # Goes with its session; erasing single messages deletes the same (session_id, seq).
     session_id: Mapped[str] = mapped_column(ForeignKey("sessions.id", ondelete="CASCADE"))
     seq: Mapped[int]
     content_hash: Mapped[bytes] = mapped_column(LargeBinary(16))
     vector: Mapped[bytes | None] = mapped_column(LargeBinary())
+    #: The catch-up transaction that wrote the row (``semantic_index_state.generation``;
+    #: NULL: written before revision 0015).
+    generation: Mapped[int | None]
 
 
 class SemanticIndexStateRow(Base):
@@ -362,6 +368,10 @@ class SemanticIndexStateRow(Base):
     dimension: Mapped[int | None]
     watermark: Mapped[datetime | None]
     updated_at: Mapped[datetime]
+    #: Incremented by every transaction that writes vectors; ``cleared``: the generation
+    #: at which all were last dropped (see :mod:`sessionrepo.store.semantic`).
+    generation: Mapped[int] = mapped_column(server_default=text("0"))
+    cleared: Mapped[int] = mapped_column(server_default=text("0"))
 
 
 sessions_table: Table = SessionRow.__table__  # type: ignore[assignment]

@@ -29,7 +29,7 @@ from sessionrepo.errors import ArgumentTypeError
 from sessionrepo.models import AppendResult, Message
 from sessionrepo.outbox.writer import TranscriptWriter
 from sessionrepo.search.embedders import Embedder
-from sessionrepo.store.arguments import check_choice, check_instance, check_seconds
+from sessionrepo.store.arguments import check_choice, check_instance, check_int, check_seconds
 from sessionrepo.store.bridge import AsyncFacade, TaskPool, awaited
 from sessionrepo.store.database import Database
 from sessionrepo.store.memory import DEFAULT_MEMORY_BYTES
@@ -40,6 +40,7 @@ from sessionrepo.store.repository import (
     choose_embedder,
 )
 from sessionrepo.store.schema import check_schema
+from sessionrepo.store.semantic import DEFAULT_VECTOR_MEMORY
 
 log = logging.getLogger("sessionrepo")
 
@@ -74,6 +75,7 @@ async def open_async_repository(
     read_only: bool = False,
     append_memory: int = DEFAULT_MEMORY_BYTES,
     embedder: Embedder | bool | None = None,
+    semantic_memory: int = DEFAULT_VECTOR_MEMORY,
     **options: Any,
 ) -> AsyncSessionRepository:
     """:func:`sessionrepo.open_repository` for asyncio: the same arguments and checks.
@@ -88,6 +90,7 @@ async def open_async_repository(
     """
     # Checked here, before a task is started: Database() checks the options too.
     check_open_arguments(auto_migrate, require_connection, search_index, read_only, append_memory)
+    check_int(semantic_memory, "semantic_memory", minimum=0)
     embedder = choose_embedder(embedder) or False  # checked before anything is opened
     calls = TaskPool()
 
@@ -99,7 +102,11 @@ async def open_async_repository(
             require_connection=require_connection,
         )
         return SessionRepository(
-            database, search_index=search_index, append_memory=append_memory, embedder=embedder
+            database,
+            search_index=search_index,
+            append_memory=append_memory,
+            embedder=embedder,
+            semantic_memory=semantic_memory,
         )
 
     return AsyncSessionRepository(await calls.call(open_), calls)

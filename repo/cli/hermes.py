@@ -291,6 +291,12 @@ def _print_summary(summary: HermesImportSummary) -> None:
         )
         + f", {summary.messages_changed:,} changed, {summary.messages_rejected:,} rejected"
     )
+    if summary.usage_rows_read or summary.usage_records_inserted:
+        echo(
+            f"  usage            {summary.usage_rows_read:,} session_model_usage rows read: "
+            f"{summary.usage_records_inserted:,} usage records added (what Hermes counted "
+            "since the last import)"
+        )
     if summary.set_aside_rows:
         kept = ", ".join(f"{count:,} {state}" for state, count in summary.set_aside_rows.items())
         echo(f"  not conversation {kept}: stored in their sessions, retracted")

@@ -44,7 +44,9 @@ def insights_(
 
     Cost is computed from the prices in the usage_prices table (per model and token
     kind, valid from a day on); "reported" is what the providers said. Calls of a model
-    without a price are counted as unpriced, never guessed.
+    without a price are counted as unpriced, never guessed: "no price" (null in --json)
+    where no call of a group has a price, "*" beside the priced calls' cost where some
+    have none.
 
     \b
     Example:
@@ -73,10 +75,18 @@ _COLUMNS = (
 )
 
 
+#: The cost cell of a group none of whose calls has a price: unknown, not zero.
+NO_PRICE = "no price"
+
+
 def _cell(row: InsightsRow, name: str) -> str:
     value = getattr(row, name)
+    if name == "cost" and value is None:
+        return NO_PRICE
     if value is None:
         return "-"
+    if name == "cost" and row.unpriced_calls:
+        return f"{value:.4f}*"  # the priced calls' part (the footnote says)
     if name in ("cost", "reported_cost"):
         return f"{value:.4f}"
     if isinstance(value, float):
@@ -103,5 +113,8 @@ def table(report: Insights) -> str:
     ]
     unpriced = report.total.unpriced_calls
     if unpriced:
-        out.append(f"{unpriced:,} calls have no price (see usage_prices): not in cost")
+        out.append(
+            f'{unpriced:,} calls have no price (see usage_prices): "{NO_PRICE}" where no call'
+            ' of the group has one, "*" where the cost is the priced calls\' alone'
+        )
     return "\n".join(out)

@@ -16,8 +16,10 @@ readers must split on ``"\\n"`` only, not on U+2028 and friends). Every record h
      "client_msg_uuid": "0193…", "role": "user", "content": "hi", ..., "timestamp": "…Z",
      ..., "extra": {...}, "openai_keys": ["role", "content"]}}
     {"type": "message", "session_id": "discord:42", "seq": 2, "message": {...}}
+    {"type": "usage", "session_id": "discord:42", "usage": {"usage_id": "…",
+     "message_uuid": "0193…", "model": "gpt-4.1", "input_tokens": 1200, ...}}
     {"type": "session", ...}                     (the next session, then its messages)
-    {"type": "end", "sessions": 1, "messages": 2}
+    {"type": "end", "sessions": 1, "messages": 2, "usage": 1}
 
 - ``session`` is :class:`models.Session` dumped with ``model_dump(mode="json",
   by_alias=True)``: every field, the counters, ``ended_at``/``end_reason`` and
@@ -31,6 +33,11 @@ readers must split on ``"\\n"`` only, not on U+2028 and friends). Every record h
   ``openai_keys`` (the key order ``to_openai()`` gives back), beside its ``seq``, and
   ``superseded`` (``null``, or why an edit took it out of the live transcript: every
   stored message is exported, history included, and imported as it was).
+- ``usage`` (version 2 on) is one record of the session's usage ledger
+  (:class:`models.usage.Usage` dumped with ``model_dump(mode="json")``: its key, the
+  message it produced, model, provider, tokens, latency, reported cost, time, ``extra``),
+  after the session's messages, oldest first. Version 1 files have none, and no
+  ``usage`` count in ``end``; they import as they are.
 - ``end`` closes the file with its totals. A file without it was cut short (a full disk,
   a killed process); :func:`sessionrepo.ops.import_sessions` imports what it holds and
   says so.
@@ -53,7 +60,9 @@ from sessionrepo.models.tables import dump_json
 from sessionrepo.store.repository import SessionFilter, SessionRepository, SessionSnapshot
 
 EXPORT_FORMAT: Final = "sessionrepo-export"
-EXPORT_VERSION: Final = 1
+EXPORT_VERSION: Final = 2
+#: The versions :func:`sessionrepo.ops.import_sessions` reads (1: no usage records).
+READABLE_VERSIONS: Final = (1, 2)
 #: Sessions read per page while exporting; messages read per page of a transcript.
 PAGE: Final = 500
 
@@ -122,6 +131,8 @@ class ExportReport(BaseModel):
 
     sessions: int = 0
     messages: int = 0
+    #: Usage records (model calls) written with their sessions.
+    usage: int = 0
     #: Sessions deleted between being listed and being read (not in the file).
     vanished: int = 0
 
@@ -134,6 +145,7 @@ class ExportWriter:
         self._out = out
         self.sessions = 0
         self.messages = 0
+        self.usage = 0
         self.vanished = 0
 
     def _write(self, record: dict[str, Any]) -> None:
@@ -185,11 +197,27 @@ class ExportWriter:
             if len(page) < PAGE:
                 break
             after = page[-1].seq
+        for record in self._repository.list_usage(session.id):
+            self._write(
+                {
+                    "type": "usage",
+                    "session_id": session.id,
+                    "usage": record.model_dump(mode="json"),
+                }
+            )
+            self.usage += 1
         self.sessions += 1
         return session
 
     def trailer(self) -> None:
-        self._write({"type": "end", "sessions": self.sessions, "messages": self.messages})
+        self._write(
+            {
+                "type": "end",
+                "sessions": self.sessions,
+                "messages": self.messages,
+                "usage": self.usage,
+            }
+        )
 
     def sync(self) -> None:
         """Make what was written durable (a file), or at least handed on (a pipe)."""
@@ -199,7 +227,12 @@ class ExportWriter:
             os.fsync(self._out.fileno())
 
     def report(self) -> ExportReport:
-        return ExportReport(sessions=self.sessions, messages=self.messages, vanished=self.vanished)
+        return ExportReport(
+            sessions=self.sessions,
+            messages=self.messages,
+            usage=self.usage,
+            vanished=self.vanished,
+        )
 
 
 def _message_record(message: StoredMessage) -> dict[str, Any]:

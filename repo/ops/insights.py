@@ -14,7 +14,9 @@ Cost, per call, from the price of its model valid on its UTC day (the latest
 cache-read price (else the input price), ``cache_write_tokens`` at the cache-write price
 (none: free), ``output_tokens`` minus the reasoning part at the output price, and
 ``reasoning_tokens`` at the reasoning price (else the output price). A call whose
-model has no price counts in ``unpriced_calls``; its cost is not guessed.
+model has no price counts in ``unpriced_calls``; its cost is not guessed: a group whose
+calls all lack a price has ``cost`` ``None`` ("no price", never ``0``), one with some
+priced calls has their cost, beside the count of the others.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from datetime import date, datetime
 from typing import Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError
-from sqlalchemy import ColumnElement, Connection, distinct, func, select
+from sqlalchemy import ColumnElement, Connection, Select, func, select
 
 from sessionrepo.errors import InvalidArgument
 from sessionrepo.models.tables import messages_table, sessions_table
@@ -59,7 +61,10 @@ class InsightsRow(BaseModel):
     cache_read_tokens: int = 0
     cache_write_tokens: int = 0
     reasoning_tokens: int = 0
-    cost: float = 0.0
+    #: The calls' cost from the prices; ``None``: the group has calls and none of them
+    #: has a price (the cost is unknown, not zero). With ``unpriced_calls`` above zero
+    #: and a number here, it is the priced calls' cost alone.
+    cost: float | None = 0.0
     reported_cost: float = 0.0
     unpriced_calls: int = 0
     latency_p50: float | None = None
@@ -75,7 +80,9 @@ class SessionCost(BaseModel):
     source: str
     calls: int
     tokens: int
-    cost: float
+    #: As :attr:`InsightsRow.cost`: ``None`` when none of its calls has a price.
+    cost: float | None
+    unpriced_calls: int = 0
 
 
 class Insights(BaseModel):
@@ -155,18 +162,15 @@ def insights(
         price_list = [dict(row._mapping) for row in conn.execute(select(prices_table))]
         book = _PriceBook(price_list)
         groups: dict[str | None, dict[str, Any]] = defaultdict(dict)
-        # Messages and sessions, by the message's time.
-        message_key = _message_key(by, day_of)
-        counted = select(
-            message_key.label("key"),
-            func.count().label("messages"),
-            func.count(distinct(M.session_id)).label("sessions"),
-        ).where(M.superseded.is_(None))
-        if by != "day":
-            counted = counted.join_from(messages_table, sessions_table, S.id == M.session_id)
-        counted = _bounded(counted, M.timestamp, since, until).group_by(message_key)
-        for row in conn.execute(counted):
-            groups[row.key].update(messages=row.messages, sessions=row.sessions)
+        # Messages and sessions, by the message's time: one pass over the messages,
+        # counted per session (and day) by the database; the groups and the distinct
+        # sessions are summed here from those rows (a session per group at most once).
+        seen: set[str] = set()
+        for key, sid, count in conn.execute(_per_session(by, day_of, since, until)):
+            group = groups[key]
+            group["messages"] = group.get("messages", 0) + int(count)
+            group["sessions"] = group.get("sessions", 0) + 1
+            seen.add(sid)
         # Calls, by the call's own day and model (the price's), then the group.
         usage_key = _usage_key(by, day_of)
         day, model = day_of(U.occurred_at), U.model
@@ -204,15 +208,13 @@ def insights(
             latencies[key].append(float(latency))
             every.append(float(latency))
         rows = [
-            InsightsRow(key=key, **values, **_percentiles(latencies.get(key, [])))
+            InsightsRow(key=key, **_unknown_cost(values), **_percentiles(latencies.get(key, [])))
             for key, values in sorted(
                 groups.items(), key=lambda item: (item[0] is None, item[0] or "")
             )
         ]
-        # Sessions are not additive across groups (one spans days and models).
-        distinct_sessions = select(func.count(distinct(M.session_id))).where(M.superseded.is_(None))
-        sessions = conn.execute(_bounded(distinct_sessions, M.timestamp, since, until)).scalar_one()
-        total = _total(rows, every, int(sessions))
+        # Sessions are not additive across groups (one spans days).
+        total = _total(rows, every, len(seen))
         return Insights(
             by=by,
             since=since,
@@ -225,15 +227,43 @@ def insights(
     return database.read(work)
 
 
-def _by_key(item: tuple[str | None, Any]) -> tuple[bool, str]:
-    return item[0] is None, item[0] or ""
+def _unknown_cost(values: dict[str, Any]) -> dict[str, Any]:
+    """``values`` with ``cost`` ``None`` when it has calls and none has a price."""
+    calls = values.get("calls", 0)
+    if calls and values.get("unpriced_calls", 0) == calls:
+        return {**values, "cost": None}
+    return values
 
 
-def _message_key(by: str, day_of: Any) -> ColumnElement[Any]:
+def _per_session(
+    by: str, day_of: Any, since: datetime | None, until: datetime | None
+) -> Select[Any]:
+    """``(key, session id, live messages)`` per session of the range (and per day of
+    it, by day): the messages grouped by session first, so the session's model, source
+    or user is joined to one row per session, not to every message."""
     if by == "day":
-        key: ColumnElement[Any] = day_of(M.timestamp)
-        return key
-    return {"model": S.model, "source": S.source, "user": S.user_id}[by]
+        day = day_of(M.timestamp)
+        query = select(day.label("key"), M.session_id, func.count()).where(M.superseded.is_(None))
+        grouped: Select[Any] = _bounded(query, M.timestamp, since, until).group_by(
+            M.session_id, day
+        )
+        return grouped
+    per_session = (
+        _bounded(
+            select(M.session_id.label("sid"), func.count().label("n")).where(
+                M.superseded.is_(None)
+            ),
+            M.timestamp,
+            since,
+            until,
+        )
+        .group_by(M.session_id)
+        .subquery()
+    )
+    key = {"model": S.model, "source": S.source, "user": S.user_id}[by]
+    return select(key, per_session.c.sid, per_session.c.n).join_from(
+        per_session, sessions_table, S.id == per_session.c.sid
+    )
 
 
 def _usage_key(by: str, day_of: Any) -> ColumnElement[Any]:
@@ -308,10 +338,10 @@ def _rank(ordered: list[float], share: float) -> float:
 def _total(rows: list[InsightsRow], latencies: list[float], sessions: int) -> InsightsRow:
     summed = ("calls", *TOKEN_KINDS, "unpriced_calls", "messages")
     values: dict[str, Any] = {name: sum(getattr(row, name) for row in rows) for name in summed}
-    values["cost"] = sum(row.cost for row in rows)
+    values["cost"] = sum(row.cost or 0.0 for row in rows)
     values["reported_cost"] = sum(row.reported_cost for row in rows)
     values["sessions"] = sessions
-    return InsightsRow(key=None, **values, **_percentiles(latencies))
+    return InsightsRow(key=None, **_unknown_cost(values), **_percentiles(latencies))
 
 
 def _busiest(
@@ -345,6 +375,7 @@ def _busiest(
     ).where(U.session_id.in_(ids))
     detail = _bounded(detail, U.occurred_at, since, until).group_by(U.session_id, day, U.model)
     calls: dict[str, int] = defaultdict(int)
+    unpriced: dict[str, int] = defaultdict(int)
     costs: dict[str, float] = defaultdict(float)
     for row in conn.execute(detail):
         calls[row.session_id] += row.calls
@@ -353,7 +384,10 @@ def _busiest(
             date.fromisoformat(row.day),
             {kind: int(getattr(row, kind) or 0) for kind in TOKEN_KINDS},
         )
-        costs[row.session_id] += spent or 0.0
+        if spent is None:
+            unpriced[row.session_id] += row.calls
+        else:
+            costs[row.session_id] += spent
     sources = dict(conn.execute(select(S.id, S.source).where(S.id.in_(ids))).all())
     return [
         SessionCost(
@@ -361,7 +395,8 @@ def _busiest(
             source=str(sources.get(sid, "")),
             calls=calls[sid],
             tokens=count,
-            cost=costs[sid],
+            cost=None if calls[sid] and unpriced[sid] == calls[sid] else costs[sid],
+            unpriced_calls=unpriced[sid],
         )
         for sid, count in ranked
     ]

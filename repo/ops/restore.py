@@ -18,6 +18,12 @@ key stored with different content is counted as a conflict, never overwritten. E
 of at most :data:`MAX_BATCH` messages is one transaction, so an interrupted import keeps
 what it committed and a re-run completes it. A damaged line stops the import after what
 came before it is committed (the messages of the session being read included).
+
+A session's usage records (version 2 files) follow its messages and are written after
+them, keyed like messages (``usage_id``): a record the target has is skipped, so a second
+import adds none. A session restored as exported keeps its token totals as exported
+(they count its records already); a merged session's totals move by the records it did
+not have. A version 1 file has no usage records and imports as before.
 """
 
 from __future__ import annotations
@@ -30,10 +36,12 @@ from typing import IO, Any, Final, Literal
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from sessionrepo.models import Session, StoredMessage
-from sessionrepo.ops.export import EXPORT_FORMAT, EXPORT_VERSION, BadExportFile
+from sessionrepo.models.usage import Usage
+from sessionrepo.ops.export import EXPORT_FORMAT, EXPORT_VERSION, READABLE_VERSIONS, BadExportFile
 from sessionrepo.store.arguments import check_limit
 from sessionrepo.store.codec import invalid_from_validation
 from sessionrepo.store.repository import SessionRepository, SessionSnapshot
+from sessionrepo.store.usage import restore_usage
 
 #: Most messages written in one import transaction.
 MAX_BATCH: Final = 500
@@ -59,6 +67,10 @@ class ImportReport(BaseModel):
     messages_conflicting: int = 0
     #: Messages an erasure removed from the target (its tombstones): not restored.
     messages_erased: int = 0
+    #: Usage records (model calls) the target did not have: inserted.
+    usage_inserted: int = 0
+    #: Usage records whose key the target already had: skipped.
+    usage_present: int = 0
     #: Whether the file ended with its ``end`` record (``False``: it was cut short).
     complete: bool = False
 
@@ -76,6 +88,8 @@ class _Pending:
     outcome: Literal["restored", "present", "merged"] | None = None
     last_seq: int = 0
     batch: list[StoredMessage] = field(default_factory=list)
+    #: Its usage records read and not written yet (they follow its messages).
+    usage: list[Usage] = field(default_factory=list)
 
 
 class _Importer:
@@ -97,6 +111,19 @@ class _Importer:
             self._on_written(ImportReport(**self.counts))
 
     def _flush(self, pending: _Pending) -> None:
+        self._flush_messages(pending)
+        usage, pending.usage = pending.usage, []
+        if not usage:
+            return
+        sid = pending.snapshot.session.id
+        if pending.outcome == "merged":  # the target's totals do not count them yet
+            recorded = self._repository.record_usage(sid, usage)
+        else:  # the row as exported counts them already
+            recorded = restore_usage(self._repository.database, sid, usage)
+        self._add("usage_inserted", len(recorded.inserted))
+        self._add("usage_present", len(recorded.duplicates))
+
+    def _flush_messages(self, pending: _Pending) -> None:
         batch, pending.batch = pending.batch, []
         if pending.outcome != "merged":
             restored = self._repository.restore_session(pending.snapshot, batch)
@@ -149,7 +176,7 @@ def import_sessions(
     check_limit(batch_size, "batch_size", maximum=MAX_BATCH)
     importer = _Importer(repository, on_written)
     pending: _Pending | None = None
-    seen_sessions = seen_messages = 0
+    seen_sessions = seen_messages = seen_usage = 0
     complete = False
     number = 0
     try:
@@ -174,6 +201,11 @@ def import_sessions(
                 seen_messages += 1
                 if len(pending.batch) >= batch_size:
                     importer.flush(pending)
+            elif kind == "usage":
+                if pending is None:
+                    raise BadExportFile(f"line {number}: a usage record before any session")
+                pending.usage.append(_usage_from_record(record, number, pending))
+                seen_usage += 1
             elif kind == "end":
                 if pending is not None:
                     importer.flush(pending)
@@ -185,13 +217,18 @@ def import_sessions(
                         f"{counted[1]} messages, the file holds {seen_sessions} and "
                         f"{seen_messages}"
                     )
+                if "usage" in record and record["usage"] != seen_usage:  # version 1: none
+                    raise BadExportFile(
+                        f"line {number}: the end record counts {record['usage']!r} usage "
+                        f"records, the file holds {seen_usage}"
+                    )
                 complete = True
             else:
                 raise BadExportFile(f"line {number}: unknown record type {kind!r}")
     except BadExportFile:
         # What came before the damaged line is kept, the open session's unwritten
         # messages too: a re-run of the mended file then only adds what follows.
-        if pending is not None and (pending.batch or pending.outcome is None):
+        if pending is not None and (pending.batch or pending.usage or pending.outcome is None):
             importer.flush(pending)
         raise
     if number == 0:
@@ -228,10 +265,11 @@ def _check_header(record: dict[str, Any]) -> None:
             f'{{"type": "header", "format": "{EXPORT_FORMAT}"}} record)'
         )
     version = record.get("version")
-    if version != EXPORT_VERSION:
+    if version not in READABLE_VERSIONS:
         raise BadExportFile(
-            f"line 1: export format version {version!r}; this sessionrepo reads version "
-            f"{EXPORT_VERSION} (a newer sessionrepo wrote it: upgrade sessionrepo)"
+            f"line 1: export format version {version!r}; this sessionrepo reads versions "
+            f"{READABLE_VERSIONS[0]} to {EXPORT_VERSION} (a newer sessionrepo wrote it: "
+            "upgrade sessionrepo)"
         )
 
 
@@ -269,3 +307,23 @@ def _message_from_record(record: dict[str, Any], number: int, pending: _Pending)
     except ValidationError as exc:
         problem = invalid_from_validation(exc, "message")
         raise BadExportFile(f"line {number}: {problem}") from None
+
+
+def _usage_from_record(record: dict[str, Any], number: int, pending: _Pending) -> Usage:
+    sid = pending.snapshot.session.id
+    if record.get("session_id") != sid:
+        raise BadExportFile(
+            f"line {number}: a usage record of session {record.get('session_id')!r} among "
+            f"those of {sid!r}"
+        )
+    body = record.get("usage")
+    if not isinstance(body, dict):
+        raise BadExportFile(f"line {number}: the usage record has no usage object")
+    try:
+        usage = Usage.model_validate(body)
+    except ValidationError as exc:
+        problem = invalid_from_validation(exc, "usage")
+        raise BadExportFile(f"line {number}: {problem}") from None
+    if usage.usage_id is None:
+        raise BadExportFile(f"line {number}: usage.usage_id: a usage record needs its key")
+    return usage

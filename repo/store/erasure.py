@@ -50,6 +50,7 @@ from sessionrepo.models.privacy import (
     retention_policies_table,
 )
 from sessionrepo.models.tables import (
+    embeddings_table,
     messages_table,
     outbox_table,
     search_backlog_table,
@@ -307,6 +308,13 @@ class Eraser:
                 keys = [row[0] for row in conn.execute(select(M.client_msg_uuid).where(old))]
                 if not keys:
                     return 0
+                # Their vectors too (the text's meaning): rows keyed like the messages.
+                conn.execute(
+                    delete(embeddings_table).where(
+                        embeddings_table.c.session_id == sid,
+                        embeddings_table.c.seq.in_(select(M.seq).where(old)),
+                    )
+                )
                 conn.execute(delete(messages_table).where(old))
                 _tombstones.record(conn, self._db, sid, keys, when=utcnow(), audit_id=audit_id)
                 return len(keys)

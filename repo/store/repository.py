@@ -98,7 +98,13 @@ from sessionrepo.store.listing import MAX_PAGE, SessionListing
 from sessionrepo.store.memory import DEFAULT_MEMORY_BYTES, SentMemory
 from sessionrepo.store.operations import SessionOperator
 from sessionrepo.store.search_index import SearchIndex
-from sessionrepo.store.semantic import FUSION_DEPTH, SEARCH_CATCH_UP, SemanticIndex, fuse
+from sessionrepo.store.semantic import (
+    DEFAULT_VECTOR_MEMORY,
+    FUSION_DEPTH,
+    SEARCH_CATCH_UP,
+    SemanticIndex,
+    fuse,
+)
 from sessionrepo.store.transaction import SessionTransaction, fetch_session
 from sessionrepo.store.usage import UsageInput, UsageLedger, check_usage
 from sessionrepo.store.wire import wire_dicts
@@ -139,14 +145,16 @@ class SessionRepository(SessionStore, TranscriptEditor, SessionOperations):
         search_index: bool | Literal["immediate"] = True,
         append_memory: int = DEFAULT_MEMORY_BYTES,
         embedder: Embedder | bool | None = None,
+        semantic_memory: int = DEFAULT_VECTOR_MEMORY,
     ) -> None:
         check_instance(database, "database", Database)
         check_choice(search_index, "search_index", _SEARCH_INDEX_MODES)
         check_int(append_memory, "append_memory", minimum=0)
+        check_int(semantic_memory, "semantic_memory", minimum=0)
         self._db = database
         self._search = SearchIndex(database)
         self._listing = SessionListing(database)
-        self._semantic = SemanticIndex(database, choose_embedder(embedder))
+        self._semantic = SemanticIndex(database, choose_embedder(embedder), semantic_memory)
         self._index_appends = search_index
         self._appender = Appender(database, self._search, search_index, SentMemory(append_memory))
         self._editor = SessionEditor(database, self._search, search_index)
@@ -521,6 +529,17 @@ class SessionRepository(SessionStore, TranscriptEditor, SessionOperations):
             since=bounds["since"],
             until=bounds["until"],
         )
+        with self._semantic.answering():  # one read of the semantic index's state
+            return self._search_by_meaning(query, filters, mode, limit, offset)
+
+    def _search_by_meaning(
+        self,
+        query: str,
+        filters: SearchFilters,
+        mode: Literal["semantic", "hybrid"],
+        limit: int,
+        offset: int,
+    ) -> SearchResults:
         reason = self._semantic.unavailable()
         if mode == "semantic" and reason is not None:
             raise SemanticSearchUnavailable(f"semantic search is unavailable: {reason}")
@@ -541,12 +560,12 @@ class SessionRepository(SessionStore, TranscriptEditor, SessionOperations):
             return SearchResults(hits, mode=mode, complete=complete, notice=notice)
         keyword = self._search.search(
             query,
-            session_id=session_id,
-            source=source,
-            role=role,
-            user_id=user_id,
-            since=bounds["since"],
-            until=bounds["until"],
+            session_id=filters.session_id,
+            source=filters.source,
+            role=filters.role,
+            user_id=filters.user_id,
+            since=filters.since,
+            until=filters.until,
             order="rank",
             limit=FUSION_DEPTH,
             offset=0,
@@ -921,6 +940,7 @@ def open_repository(
     read_only: bool = False,
     append_memory: int = DEFAULT_MEMORY_BYTES,
     embedder: Embedder | bool | None = None,
+    semantic_memory: int = DEFAULT_VECTOR_MEMORY,
     **options: Any,
 ) -> SessionRepository:
     """Open the store at ``url``.
@@ -962,6 +982,12 @@ def open_repository(
             (the default: Universal Sentence Encoder multilingual, when the
             ``semantic`` extra is installed; else semantic search is unavailable),
             ``False`` (none), or any :class:`~sessionrepo.search.embedders.Embedder`.
+        semantic_memory: bytes this repository may hold to keep the store's vectors in
+            memory between semantic searches (default 128 MiB, about 200,000 vectors of
+            512 dimensions; ``0``: none): a query then costs a matrix-vector product and
+            a read of its best rows, not a read of every vector. A store whose vectors
+            do not fit is not kept (each query reads them). See
+            :class:`sessionrepo.store.semantic.VectorCache`.
         **options: engine options: ``pool_size``, ``max_overflow``, ``busy_timeout``
             (SQLite, seconds), ``sqlite_synchronous`` (default ``"FULL"``),
             ``connect_timeout`` (PostgreSQL, seconds), ``search_config`` (PostgreSQL
@@ -977,6 +1003,7 @@ def open_repository(
             opened; :class:`~sessionrepo.errors.ArgumentTypeError`: of the wrong type).
     """
     check_open_arguments(auto_migrate, require_connection, search_index, read_only, append_memory)
+    check_int(semantic_memory, "semantic_memory", minimum=0)
     embedder = choose_embedder(embedder) or False  # checked before anything is opened
     database = Database(url, read_only=read_only, **options)
     schema.check_schema(
@@ -985,7 +1012,11 @@ def open_repository(
         require_connection=require_connection,
     )
     return SessionRepository(
-        database, search_index=search_index, append_memory=append_memory, embedder=embedder
+        database,
+        search_index=search_index,
+        append_memory=append_memory,
+        embedder=embedder,
+        semantic_memory=semantic_memory,
     )
 
 

@@ -17,23 +17,30 @@ transactions of their own. An edit that changes a message (compaction moves seqs
 a row whose hash is not the message's: searches ignore it, and the session's next
 catch-up embeds it again. Superseded messages get a NULL vector.
 
-A search reads the vectors that pass the filters and are current (the message live, its
-hash the row's), scores them by int8 dot product (brute force, numpy), and returns the
-best with a snippet. Hybrid fuses the keyword and semantic rankings by reciprocal rank
-fusion.
+Every transaction that writes vectors increments ``semantic_index_state.generation`` and
+stamps its rows with it (the state row's lock orders those commits), so a process that
+keeps the vectors in memory (:class:`VectorCache`, bounded in bytes) reads them whole
+once and then only the rows written since. A search scores every current vector that
+passes the filters by int8 dot product (brute force, numpy) from that cache (or, when it
+is off or the vectors do not fit, from the database), then reads only its best rows,
+each checked against the database (live, its text the one embedded, the filters met;
+those found gone are dropped from the cache), and returns them with a snippet. Hybrid
+fuses the keyword and semantic rankings by reciprocal rank fusion.
 """
 
 from __future__ import annotations
 
 import threading
+import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from functools import partial
 from typing import Any, Final
 
-from sqlalchemy import Connection, and_, bindparam, delete, func, or_, select, text
+from sqlalchemy import Connection, and_, bindparam, column, delete, func, or_, select, text
 
 from sessionrepo.errors import SemanticSearchUnavailable
 from sessionrepo.models.message import utcnow
@@ -56,6 +63,7 @@ S = sessions_table.c
 ST = semantic_state_table.c
 
 _STATE_NAME: Final = "messages"
+_UNREAD: Final = object()
 #: The roles whose messages are embedded (``None``: a Responses item). System and
 #: developer prompts repeat across sessions and are not what is looked for.
 EMBEDDED_ROLES: Final = ("user", "assistant", "tool", "function")
@@ -80,10 +88,11 @@ QUERY_CACHE: Final = 128
 
 # The same statement on SQLite (3.24+) and PostgreSQL: a row per (session_id, seq).
 _UPSERT: Final = text(
-    "INSERT INTO message_embeddings (session_id, seq, content_hash, vector) "
-    "VALUES (:session_id, :seq, :content_hash, :vector) "
+    "INSERT INTO message_embeddings (session_id, seq, content_hash, vector, generation) "
+    "VALUES (:session_id, :seq, :content_hash, :vector, :generation) "
     "ON CONFLICT (session_id, seq) DO UPDATE SET "
-    "content_hash = excluded.content_hash, vector = excluded.vector"
+    "content_hash = excluded.content_hash, vector = excluded.vector, "
+    "generation = excluded.generation"
 )
 
 
@@ -112,6 +121,380 @@ def embedded_text(role: str | None, superseded: str | None, searched: Any) -> st
     return body if len(body) >= 2 else None
 
 
+#: A candidate: its key, its score (the int8 dot product), the content hash its vector is of.
+Candidate = tuple[tuple[str, int], float, bytes]
+#: Candidates read beyond the page, so that a hit found gone costs no second round.
+CANDIDATE_MARGIN: Final = 8
+#: Rows scored at a time: their int8 vectors widened into a float32 buffer of
+#: ``SCORE_CHUNK`` x dimension x 4 bytes (512 KiB at 512 dimensions: it stays in the CPU's
+#: cache), then one matrix-vector product, small enough that OpenBLAS runs it on the
+#: calling thread (its threads, on a busy machine, made a larger product 5-20x slower).
+SCORE_CHUNK: Final = 256
+
+
+def _scores(matrix: Any, target: Any) -> Any:
+    """``matrix @ target`` for an int8 matrix and a float32 vector, a chunk at a time
+    (the int8 products are exact in float32: at most 127² x dimension < 2²⁴ for the
+    dimensions models have)."""
+    import numpy as np
+
+    rows = matrix.shape[0]
+    out = np.empty(rows, dtype=np.float32)
+    buffer = np.empty((min(rows, SCORE_CHUNK), matrix.shape[1]), dtype=np.float32)
+    for start in range(0, rows, SCORE_CHUNK):
+        chunk = matrix[start : start + SCORE_CHUNK]
+        widened = buffer[: chunk.shape[0]]
+        widened[...] = chunk
+        np.matmul(widened, target, out=out[start : start + chunk.shape[0]])
+    return out
+
+
+def _top(scores: Any, depth: int) -> Any:
+    """The positions of the ``depth`` best finite scores, and of every score tied with
+    the last of them (so that the order among ties is the keys', whatever the depth)."""
+    import numpy as np
+
+    finite = int(np.count_nonzero(scores > -np.inf))
+    if finite == 0:
+        return np.empty(0, dtype=np.int64)
+    if finite <= depth:
+        return np.flatnonzero(scores > -np.inf)
+    threshold = np.partition(scores, scores.shape[0] - depth)[scores.shape[0] - depth]
+    return np.flatnonzero(scores >= threshold)
+
+
+#: The default bound of the vectors a repository keeps in memory, in bytes
+#: (``open_repository(semantic_memory=...)``): 128 MiB hold about 200,000 vectors of the
+#: default model's 512 dimensions.
+DEFAULT_VECTOR_MEMORY: Final = 128 * 1024 * 1024
+#: Bytes a kept vector costs besides its ``dimension`` bytes: its session's number, seq,
+#: content hash, role, timestamp and liveness in arrays (38), and its entry in the
+#: table from key to place (an int key and an int value in a dict: about 100), rounded
+#: up. ``tests/search/test_semantic_cache.py`` checks the estimate from above.
+VECTOR_OVERHEAD: Final = 160
+#: Bytes a kept session id costs (its str, its list slot and its dict entry), rounded up.
+SESSION_OVERHEAD: Final = 160
+#: A kept store is read again whole after this long, or once more than a quarter of
+#: its vectors were found gone (what an incremental refresh cannot see: rows deleted
+#: with their message, a message restored to the text its vector is of).
+RELOAD_EVERY: Final = 600.0
+_SEQ_BITS: Final = 40
+_EPOCH: Final = datetime(1970, 1, 1, tzinfo=UTC)
+_MICROSECOND: Final = timedelta(microseconds=1)
+
+
+def _micros(moment: datetime) -> int:
+    return (moment - _EPOCH) // _MICROSECOND
+
+
+class VectorCache:
+    """The store's current vectors in memory, one int8 matrix (a row per message) with
+    its keys, so that a query costs a matrix-vector product, not a read of every vector.
+
+    Loaded whole at the first query, then brought up to date at each query from the
+    rows written since (``message_embeddings.generation`` above the one it has seen: a
+    re-embedded message replaces its row, a NULL or stale one takes it out). Rows deleted
+    with their message (erasure, a deleted session) are not seen that way: a query
+    checks its best rows against the database, and those found gone are forgotten here
+    (:meth:`forget`). Bounded by :attr:`limit` bytes (vectors and their keys, as
+    :data:`VECTOR_OVERHEAD` and :data:`SESSION_OVERHEAD` count them): a store whose
+    vectors do not fit is not kept, and every query reads them (slower, never wrong);
+    ``0`` turns it off. Thread-safe: a lock around every read and change.
+    """
+
+    def __init__(self, limit: int = DEFAULT_VECTOR_MEMORY) -> None:
+        #: The bound, in bytes (``0``: nothing is kept).
+        self.limit = limit
+        self._lock = threading.Lock()
+        self._clear()
+
+    def _clear(self) -> None:
+        import numpy as np
+
+        #: The ``(generation, cleared)`` of ``semantic_index_state`` it is up to date
+        #: with (``None``: nothing kept).
+        self.seen: tuple[int, int] | None = None
+        self.dimension = 0
+        self.count = 0  # rows in use, live or not
+        self.dead = 0
+        self.loaded_at = 0.0
+        self.sessions: list[str] = []
+        self.session_numbers: dict[str, int] = {}
+        self.roles: dict[str | None, int] = {}
+        self.places: dict[int, int] = {}
+        self.matrix = np.empty((0, 0), dtype=np.int8)
+        self.session = np.empty(0, dtype=np.int32)
+        self.seq = np.empty(0, dtype=np.int64)
+        self.hash = np.empty((0, 16), dtype=np.uint8)
+        self.role = np.empty(0, dtype=np.int16)
+        self.stamp = np.empty(0, dtype=np.int64)
+        self.live = np.empty(0, dtype=np.bool_)
+
+    @property
+    def size(self) -> int:
+        """Bytes held now (see :data:`VECTOR_OVERHEAD`)."""
+        return (
+            self.matrix.shape[0] * (self.dimension + 38)
+            + len(self.places) * (VECTOR_OVERHEAD - 38)
+            + len(self.sessions) * SESSION_OVERHEAD
+        )
+
+    @property
+    def vectors(self) -> int:
+        """Live vectors kept."""
+        return self.count - self.dead
+
+    def clear(self) -> None:
+        with self._lock:
+            self._clear()
+
+    # -- keeping up -----------------------------------------------------------------------
+
+    def refresh(self, database: Database, dimension: int, generation: int, cleared: int) -> bool:
+        """Bring the kept vectors up to the store's ``generation`` (loading them whole
+        when nothing is kept, after a ``reindex --semantic`` or :data:`RELOAD_EVERY`);
+        ``False`` when they are not kept (off, or past the bound)."""
+        if not self.limit:
+            return False
+        with self._lock:
+            seen = self.seen
+            if seen is not None and (
+                dimension != self.dimension
+                or cleared != seen[1]
+                or time.monotonic() - self.loaded_at > RELOAD_EVERY
+                or self.dead * 4 > max(self.count, 64)
+            ):
+                self._clear()
+                seen = None
+            if seen is None:
+                return self._load(database, dimension, generation, cleared)
+            if generation > seen[0]:
+                rows = database.read(partial(_changed_rows, after=seen[0], through=generation))
+                self._apply(rows)
+                self.seen = (generation, cleared)
+                if self.size > self.limit:
+                    self._clear()
+                    return False
+            return True
+
+    def _load(self, database: Database, dimension: int, generation: int, cleared: int) -> bool:
+        count = int(
+            database.read(
+                lambda conn: conn.execute(
+                    select(func.count()).select_from(embeddings_table).where(E.vector.is_not(None))
+                ).scalar_one()
+            )
+        )
+        if count * (dimension + VECTOR_OVERHEAD) > self.limit:
+            return False
+        self.dimension = dimension
+        self.loaded_at = time.monotonic()
+        rows = database.read(_current_rows)
+        self._append(rows)
+        self.seen = (generation, cleared)
+        if self.size > self.limit:
+            self._clear()
+            return False
+        return True
+
+    def _reserve(self, rows: int) -> None:
+        import numpy as np
+
+        capacity = self.matrix.shape[0]
+        if self.count + rows <= capacity:
+            return
+        size = max(self.count + rows, capacity * 3 // 2, 1024)
+
+        def grown(array: Any, shape: tuple[int, ...]) -> Any:
+            new = np.zeros(shape, dtype=array.dtype)
+            new[: self.count] = array[: self.count]
+            return new
+
+        self.matrix = grown(self.matrix.reshape(-1, self.dimension), (size, self.dimension))
+        self.session = grown(self.session, (size,))
+        self.seq = grown(self.seq, (size,))
+        self.hash = grown(self.hash, (size, 16))
+        self.role = grown(self.role, (size,))
+        self.stamp = grown(self.stamp, (size,))
+        self.live = grown(self.live, (size,))
+
+    def _number(self, session_id: str) -> int:
+        number = self.session_numbers.get(session_id)
+        if number is None:
+            number = self.session_numbers[session_id] = len(self.sessions)
+            self.sessions.append(session_id)
+        return number
+
+    def _role(self, role: str | None) -> int:
+        code = self.roles.get(role)
+        if code is None:
+            code = self.roles[role] = len(self.roles)
+        return code
+
+    def _append(self, rows: Sequence[Any]) -> None:
+        """Rows of :func:`_current_rows` (every one live and current)."""
+        import numpy as np
+
+        if not rows:
+            return
+        self._reserve(len(rows))
+        start, end = self.count, self.count + len(rows)
+        numbers = [self._number(row[0]) for row in rows]
+        seqs = [int(row[1]) for row in rows]
+        self.session[start:end] = numbers
+        self.seq[start:end] = seqs
+        self.hash[start:end] = np.frombuffer(
+            b"".join(bytes(row[2]) for row in rows), dtype=np.uint8
+        ).reshape(-1, 16)
+        self.matrix[start:end] = np.frombuffer(
+            b"".join(bytes(row[3]) for row in rows), dtype=np.int8
+        ).reshape(-1, self.dimension)
+        self.role[start:end] = [self._role(row[4]) for row in rows]
+        self.stamp[start:end] = [_micros(row[5]) for row in rows]
+        self.live[start:end] = True
+        places = self.places
+        for offset, (number, seq) in enumerate(zip(numbers, seqs, strict=True)):
+            places[number << _SEQ_BITS | seq] = start + offset
+        self.count = end
+
+    def _apply(self, rows: Sequence[Any]) -> None:
+        """Rows of :func:`_changed_rows`: each replaces what is kept of its message."""
+        import numpy as np
+
+        fresh = []
+        for row in rows:
+            number = self._number(row[0])
+            place = self.places.get(number << _SEQ_BITS | int(row[1]))
+            current = (
+                row[3] is not None
+                and row.current_hash is not None
+                and row.superseded is None
+                and bytes(row.current_hash) == bytes(row[2])
+            )
+            if place is None:
+                if current:
+                    fresh.append(row)
+                continue
+            if current:
+                if not self.live[place]:
+                    self.dead -= 1
+                self.live[place] = True
+                self.hash[place] = np.frombuffer(bytes(row[2]), dtype=np.uint8)
+                self.matrix[place] = np.frombuffer(bytes(row[3]), dtype=np.int8)
+                self.role[place] = self._role(row[4])
+                self.stamp[place] = _micros(row[5])
+            elif self.live[place]:
+                self.live[place] = False
+                self.dead += 1
+        # A message written twice in the run (re-embedded again): its last row counts.
+        latest = {(row[0], int(row[1])): row for row in fresh}
+        self._append(list(latest.values()))
+
+    def forget(self, gone: Iterable[tuple[tuple[str, int], bytes]]) -> None:
+        """Take out the vectors of these ``(key, content hash)``, found no longer current
+        (one re-embedded since is kept)."""
+        with self._lock:
+            for (session_id, seq), content_hash in gone:
+                number = self.session_numbers.get(session_id)
+                place = None if number is None else self.places.get(number << _SEQ_BITS | seq)
+                if (
+                    place is not None
+                    and self.live[place]
+                    and self.hash[place].tobytes() == content_hash
+                ):
+                    self.live[place] = False
+                    self.dead += 1
+
+    # -- queries --------------------------------------------------------------------------
+
+    def best(
+        self,
+        target: Any,
+        filters: SearchFilters,
+        sessions: set[str] | None,
+        depth: int,
+        excluded: set[tuple[str, int]],
+    ) -> list[Candidate]:
+        """The ``depth`` best kept vectors for ``target`` that pass ``filters`` (of
+        ``sessions``, when the filters name a source or user), best first, ties in key
+        order; none of ``excluded``."""
+        import numpy as np
+
+        with self._lock:
+            count = self.count
+            mask = self.live[:count].copy()
+            if filters.session_id is not None:
+                number = self.session_numbers.get(filters.session_id)
+                if number is None:
+                    return []
+                mask &= self.session[:count] == number
+            if sessions is not None:
+                numbers = [self.session_numbers[s] for s in sessions if s in self.session_numbers]
+                mask &= np.isin(self.session[:count], np.asarray(numbers, dtype=np.int32))
+            if filters.role is not None:
+                if filters.role not in self.roles:
+                    return []
+                mask &= self.role[:count] == self.roles[filters.role]
+            if filters.since is not None:
+                mask &= self.stamp[:count] >= _micros(filters.since)
+            if filters.until is not None:
+                mask &= self.stamp[:count] < _micros(filters.until)
+            if filters == SearchFilters() and not self.dead:
+                positions = None
+                scores = _scores(self.matrix[:count], target)
+            else:
+                positions = np.flatnonzero(mask)
+                scores = _scores(self.matrix[positions], target)
+            for session_id, seq in excluded:
+                number = self.session_numbers.get(session_id)
+                place = None if number is None else self.places.get(number << _SEQ_BITS | seq)
+                if place is None:
+                    continue
+                if positions is None:
+                    scores[place] = -np.inf
+                else:
+                    found = np.searchsorted(positions, place)
+                    if found < positions.shape[0] and positions[found] == place:
+                        scores[found] = -np.inf
+            top = _top(scores, depth)
+            places = top if positions is None else positions[top]
+            keyed = [
+                (
+                    -float(scores[t]),
+                    (self.sessions[int(self.session[p])], int(self.seq[p])),
+                    self.hash[p].tobytes(),
+                )
+                for t, p in zip(top.tolist(), places.tolist(), strict=True)
+            ]
+        keyed.sort(key=lambda item: (item[0], item[1]))
+        return [(key, -negative, content_hash) for negative, key, content_hash in keyed[:depth]]
+
+
+def _current_rows(conn: Connection) -> list[Any]:
+    """Every current vector: its key, hash, vector, its message's role and timestamp."""
+    statement = text(
+        "SELECT e.session_id, e.seq, e.content_hash, e.vector, m.role, m.timestamp AS ts "
+        "FROM message_embeddings e "
+        "JOIN messages m ON m.session_id = e.session_id AND m.seq = e.seq "
+        "WHERE e.vector IS NOT NULL AND m.superseded IS NULL "
+        "AND m.content_hash = e.content_hash"
+    ).columns(ts=M.timestamp.type)
+    return list(conn.execute(statement))
+
+
+def _changed_rows(conn: Connection, after: int, through: int) -> list[Any]:
+    """The rows written in generations ``after`` (excluded) to ``through``, with their
+    message's state now (``current_hash`` NULL: no such message)."""
+    statement = text(
+        "SELECT e.session_id, e.seq, e.content_hash, e.vector, m.role, m.timestamp AS ts, "
+        "m.superseded, m.content_hash AS current_hash "
+        "FROM message_embeddings e "
+        "LEFT JOIN messages m ON m.session_id = e.session_id AND m.seq = e.seq "
+        "WHERE e.generation > :after AND e.generation <= :through"
+    ).columns(ts=M.timestamp.type)
+    return list(conn.execute(statement, {"after": after, "through": through}))
+
+
 @dataclass(frozen=True)
 class CatchUp:
     """What one catch-up did: messages embedded, and whether work was left."""
@@ -123,9 +506,18 @@ class CatchUp:
 class SemanticIndex:
     """The vectors of one database, for one embedder (``None``: none installed)."""
 
-    def __init__(self, database: Database, embedder: Embedder | None) -> None:
+    def __init__(
+        self,
+        database: Database,
+        embedder: Embedder | None,
+        memory: int = DEFAULT_VECTOR_MEMORY,
+    ) -> None:
         self.database = database
         self.embedder = embedder
+        #: The store's vectors kept in memory between queries (bounded by ``memory``
+        #: bytes; ``0``: every query reads them from the database).
+        self.vectors = VectorCache(memory)
+        self._local = threading.local()
         #: The newest queries' vectors (a page after the first, a hybrid's both halves
         #: and a repeated search embed nothing).
         self._queries: OrderedDict[str, bytes] = OrderedDict()
@@ -145,32 +537,60 @@ class SemanticIndex:
 
     # -- state --------------------------------------------------------------------------
 
-    def state(self) -> tuple[str | None, int | None, datetime | None]:
-        """``(model, dimension, watermark)`` of the store (all ``None`` before any)."""
-        row = self.database.read(
+    @contextmanager
+    def answering(self) -> Iterator[None]:
+        """Within it, this thread reads the state row once (until a catch-up writes):
+        one search's availability check, catch-up and query share the read."""
+        local = self._local
+        local.memo, local.row = True, _UNREAD
+        try:
+            yield
+        finally:
+            local.memo, local.row = False, _UNREAD
+
+    def _forget_state(self) -> None:
+        self._local.row = _UNREAD
+
+    def _state_row(self) -> Any:
+        local = self._local
+        if getattr(local, "memo", False):
+            if local.row is _UNREAD:
+                local.row = self._read_state()
+            return local.row
+        return self._read_state()
+
+    def _read_state(self) -> Any:
+        return self.database.read(
             lambda conn: conn.execute(
-                select(ST.model, ST.dimension, ST.watermark).where(ST.name == _STATE_NAME)
+                select(ST.model, ST.dimension, ST.watermark, ST.generation, ST.cleared).where(
+                    ST.name == _STATE_NAME
+                )
             ).first()
         )
+
+    def state(self) -> tuple[str | None, int | None, datetime | None]:
+        """``(model, dimension, watermark)`` of the store (all ``None`` before any)."""
+        row = self._state_row()
         return (None, None, None) if row is None else (row.model, row.dimension, row.watermark)
 
     def unavailable(self) -> str | None:
         """Why semantic search cannot answer now, or ``None``."""
+        return self._unavailable(self._state_row() if self.embedder is not None else None)
+
+    def _unavailable(self, row: Any) -> str | None:
         if self.embedder is None:
             return (
                 "no embedder: install the semantic extra (pip install 'sessionrepo[semantic]') "
                 "or open the repository with embedder=..."
             )
-        model, dimension, _ = self.state()
-        if model is not None and (model, dimension) != (
-            self.embedder.name,
-            self.embedder.dimension,
-        ):
-            return (
-                f"the store's vectors are of {model!r} ({dimension} dimensions), the embedder "
-                f"is {self.embedder.name!r} ({self.embedder.dimension}); run "
-                "`sessionrepo reindex --semantic`"
-            )
+        if row is not None and row.model is not None:
+            model, dimension = row.model, row.dimension
+            if (model, dimension) != (self.embedder.name, self.embedder.dimension):
+                return (
+                    f"the store's vectors are of {model!r} ({dimension} dimensions), the "
+                    f"embedder is {self.embedder.name!r} ({self.embedder.dimension}); run "
+                    "`sessionrepo reindex --semantic`"
+                )
         return None
 
     def _claim_model(self, conn: Connection, embedder: Embedder, *, reset: bool) -> bool:
@@ -188,11 +608,12 @@ class SemanticIndex:
             )
             return True
         if reset:
+            generation = next_generation(conn)
             conn.execute(delete(embeddings_table))
             conn.execute(
                 semantic_state_table.update()
                 .where(ST.name == _STATE_NAME)
-                .values(watermark=None, **values)
+                .values(watermark=None, cleared=generation, **values)
             )
             return True
         if row.model is None:
@@ -205,6 +626,20 @@ class SemanticIndex:
     # -- the catch-up -------------------------------------------------------------------
 
     def catch_up(
+        self,
+        limit: int | None = None,
+        *,
+        progress: Callable[[int], None] | None = None,
+    ) -> CatchUp:
+        """See :meth:`_catch_up`."""
+        self._local.idle = True
+        try:
+            return self._catch_up(limit, progress=progress)
+        finally:
+            if not self._local.idle:
+                self._forget_state()  # vectors written or the model claimed: read again
+
+    def _catch_up(
         self,
         limit: int | None = None,
         *,
@@ -223,18 +658,24 @@ class SemanticIndex:
         embedder = self.embedder
         if embedder is None or self.database.read_only:
             return CatchUp(0, False)
-        model, dimension, _ = self.state()
+        model, dimension, watermark = self.state()
         if model is not None and (model, dimension) != (embedder.name, embedder.dimension):
             return CatchUp(0, False)
+        self._local.idle = model is not None
         if model is None and not self.database.write(
             lambda conn: self._claim_model(conn, embedder, reset=False)
         ):
             return CatchUp(0, False)  # read first: an idle catch-up takes no write lock
         batch = _Batch(self.database, embedder, progress)
+        again = model is None  # the watermark read above serves the first round
         while True:
             started = utcnow()
-            _, _, watermark = self.state()
+            if again:
+                _, _, watermark = self.state()
+            again = True
             sessions = self.database.read(partial(_sessions_behind, watermark=watermark))
+            if sessions:
+                self._local.idle = False
             for session_id, _active in sessions:
                 while True:
                     left = batch.limit_left(limit)
@@ -293,12 +734,20 @@ class SemanticIndex:
     ) -> list[SearchHit]:
         """The live messages nearest in meaning to ``query``, best first.
 
+        Scores every current vector that passes the filters (brute force): those kept in
+        memory (:class:`VectorCache`, brought up to date from the rows written since it
+        last looked), or, when that is off or the store's vectors do not fit its bound,
+        read from the database for this query. Then reads only the best rows, checking
+        each against the database (the message live, its text the one embedded, the
+        filters met): a message erased, retracted or edited since is never a hit.
+
         Raises:
             SemanticSearchUnavailable: see :meth:`unavailable`.
         """
         import numpy as np
 
-        reason = self.unavailable()
+        row = self._state_row()
+        reason = self._unavailable(row)
         if reason is not None:
             raise SemanticSearchUnavailable(f"semantic search is unavailable: {reason}")
         embedder = self.embedder
@@ -306,24 +755,76 @@ class SemanticIndex:
         wanted = offset + limit
         if not query.strip() or wanted == 0:
             return []
-        target = np.frombuffer(self._query_vector(embedder, query), dtype=np.int8).astype(np.int32)
-        keys, blob = self.database.read(lambda conn: _vectors(conn, filters))
-        if not keys:
-            return []
-        matrix = np.frombuffer(blob, dtype=np.int8).reshape(len(keys), embedder.dimension)
-        scores = matrix.astype(np.int32) @ target
-        count = min(wanted, len(keys))
-        top = np.argpartition(-scores, count - 1)[:count]
-        ranked = sorted(top.tolist(), key=lambda i: (-int(scores[i]), keys[i]))[offset:]
-        chosen = [(keys[i], float(scores[i]) / (SCALE * SCALE)) for i in ranked]
+        target = np.frombuffer(self._query_vector(embedder, query), dtype=np.int8).astype(
+            np.float32
+        )
+        dimension = embedder.dimension
+        generation = (0, 0) if row is None else (int(row.generation), int(row.cleared))
+        cache = self.vectors
+        cached = cache.refresh(self.database, dimension, *generation)
+        sessions = None
+        if cached and (filters.source is not None or filters.user_id is not None):
+            sessions = self.database.read(partial(_sessions_of, filters=filters))
+        excluded: set[tuple[str, int]] = set()
+        depth = wanted + CANDIDATE_MARGIN
+        while True:
+            if cached:
+                candidates = cache.best(target, filters, sessions, depth, excluded)
+            else:
+                candidates = _best(
+                    self.database.read(lambda conn: _vectors(conn, filters)),
+                    dimension,
+                    target,
+                    depth,
+                    excluded,
+                )
+            if not candidates:
+                return []
+            rows = self.database.read(
+                partial(_hit_rows, keys=[c[0] for c in candidates], filters=filters)
+            )
+            good = [c for c in candidates if _current(rows.get(c[0]), c[2])]
+            bad = [c for c in candidates if not _current(rows.get(c[0]), c[2])]
+            if bad:
+                excluded.update(c[0] for c in bad)
+                if cached:
+                    cache.forget([(c[0], c[2]) for c in bad])
+            if len(good) >= wanted or len(candidates) < depth:
+                break
+            depth = wanted + len(excluded) + CANDIDATE_MARGIN  # deeper, past what went
         parsed = parse_query(query)
-        rows = self.database.read(lambda conn: _hit_rows(conn, [key for key, _ in chosen]))
-        hits = []
-        for key, score in chosen:
-            row = rows.get(key)
-            if row is not None:  # erased or edited since: not an answer any more
-                hits.append(_hit(row, parsed, score))
-        return hits
+        return [
+            _hit(rows[key], parsed, score / (SCALE * SCALE))
+            for key, score, _ in good[offset:wanted]
+        ]
+
+
+def _best(
+    read: tuple[list[tuple[str, int]], list[bytes], bytes],
+    dimension: int,
+    target: Any,
+    depth: int,
+    excluded: set[tuple[str, int]],
+) -> list[Candidate]:
+    """The best ``depth`` candidates of vectors read for one query (no cache)."""
+    import numpy as np
+
+    keys, hashes, blob = read
+    if not keys:
+        return []
+    scores = _scores(np.frombuffer(blob, dtype=np.int8).reshape(len(keys), dimension), target)
+    if excluded:
+        for i, key in enumerate(keys):
+            if key in excluded:
+                scores[i] = -np.inf
+    chosen = sorted(_top(scores, depth).tolist(), key=lambda i: (-float(scores[i]), keys[i]))
+    return [(keys[i], float(scores[i]), hashes[i]) for i in chosen[:depth]]
+
+
+def _current(row: Any, embedded: bytes) -> bool:
+    """Whether a hit's row (``None``: not found live, or not passing the filters) is
+    still the message whose vector was scored."""
+    return row is not None and bytes(row.embedded_hash) == embedded
 
 
 class _Batch:
@@ -379,7 +880,14 @@ class _Batch:
                 )
             for target, vector in zip(chunk, vectors, strict=True):
                 values[target]["vector"] = quantize(vector, dimension)
-        self.database.write(lambda conn: conn.execute(_UPSERT, values))
+
+        def write(conn: Connection) -> None:
+            generation = next_generation(conn)
+            for value in values:
+                value["generation"] = generation
+            conn.execute(_UPSERT, values)
+
+        self.database.write(write)
         self.looked += len(values)
         self.embedded += len(texts)
         if self.progress is not None:
@@ -454,21 +962,24 @@ def _advance(conn: Connection, mark: datetime) -> None:
     )
 
 
-def _vectors(conn: Connection, filters: SearchFilters) -> tuple[list[tuple[str, int]], bytes]:
-    """The current vectors that pass ``filters``: their keys, and the vectors as one
-    run of bytes (a row per key). Plain SQL text: without SQLAlchemy's per-row type
-    processing, this read (the whole cost of a brute-force query) takes about half."""
-    sql = [
-        "SELECT e.session_id, e.seq, e.vector FROM message_embeddings e "
-        "JOIN messages m ON m.session_id = e.session_id AND m.seq = e.seq"
-    ]
-    if filters.source is not None or filters.user_id is not None:
-        sql.append(" JOIN sessions s ON s.id = m.session_id")
-    sql.append(
-        " WHERE e.vector IS NOT NULL AND m.superseded IS NULL AND m.content_hash = e.content_hash"
-    )
-    params: dict[str, Any] = {}
-    for column, name, value in (
+def next_generation(conn: Connection) -> int:
+    """Increment the store's generation in ``conn``'s transaction and return it. The
+    state row stays locked until the transaction ends, so the transactions that write
+    vectors commit in generation order: a reader that sees generation G can see every
+    row written with a generation up to G (:meth:`VectorCache.refresh` relies on it)."""
+    row = conn.execute(
+        semantic_state_table.update()
+        .where(ST.name == _STATE_NAME)
+        .values(generation=ST.generation + 1)
+        .returning(ST.generation)
+    ).first()
+    return 0 if row is None else int(row[0])
+
+
+def _filter_sql(filters: SearchFilters, params: dict[str, Any]) -> str:
+    """The ``AND ...`` conditions of ``filters`` on ``m`` (messages) and ``s`` (sessions)."""
+    sql = []
+    for condition, name, value in (
         ("m.session_id =", "f_session", filters.session_id),
         ("m.role =", "f_role", filters.role),
         ("s.source =", "f_source", filters.source),
@@ -477,50 +988,105 @@ def _vectors(conn: Connection, filters: SearchFilters) -> tuple[list[tuple[str, 
         ("m.timestamp <", "f_until", filters.until),
     ):
         if value is not None:
-            sql.append(f" AND {column} :{name}")
+            sql.append(f" AND {condition} :{name}")
             params[name] = value
-    statement = text("".join(sql))
+    return "".join(sql)
+
+
+def _typed(statement: Any, params: dict[str, Any]) -> Any:
     for name in ("f_since", "f_until"):
         if name in params:  # bound as the column's type (SQLite stores its own text form)
             statement = statement.bindparams(bindparam(name, type_=M.timestamp.type))
-    rows = conn.execute(statement, params).all()
-    return [(row[0], row[1]) for row in rows], b"".join(bytes(row[2]) for row in rows)
+    return statement
 
 
-def _hit_rows(conn: Connection, keys: list[tuple[str, int]]) -> dict[tuple[str, int], Any]:
+def _vectors(
+    conn: Connection, filters: SearchFilters
+) -> tuple[list[tuple[str, int]], list[bytes], bytes]:
+    """The current vectors that pass ``filters`` (read for one query, when they are not
+    kept in memory): their keys, content hashes, and the vectors as one run of bytes (a
+    row per key). Plain SQL text: without SQLAlchemy's per-row type processing, this
+    read (the whole cost of a brute-force query without the cache) takes about half."""
+    sql = (
+        "SELECT e.session_id, e.seq, e.content_hash, e.vector FROM message_embeddings e "
+        "JOIN messages m ON m.session_id = e.session_id AND m.seq = e.seq"
+    )
+    if filters.source is not None or filters.user_id is not None:
+        sql += " JOIN sessions s ON s.id = m.session_id"
+    sql += (
+        " WHERE e.vector IS NOT NULL AND m.superseded IS NULL AND m.content_hash = e.content_hash"
+    )
+    params: dict[str, Any] = {}
+    sql += _filter_sql(filters, params)
+    rows = conn.execute(_typed(text(sql), params), params).all()
+    return (
+        [(row[0], row[1]) for row in rows],
+        [bytes(row[2]) for row in rows],
+        b"".join(bytes(row[3]) for row in rows),
+    )
+
+
+def _sessions_of(conn: Connection, filters: SearchFilters) -> set[str]:
+    """The sessions of ``filters``' source and user (read at each query: a session's
+    user may be filled in later)."""
+    query = select(S.id)
+    if filters.source is not None:
+        query = query.where(S.source == filters.source)
+    if filters.user_id is not None:
+        query = query.where(S.user_id == filters.user_id)
+    if filters.session_id is not None:
+        query = query.where(S.id == filters.session_id)
+    return {row[0] for row in conn.execute(query)}
+
+
+#: What a hit's row holds, typed as the columns are (the statement is SQL text: built
+#: from SQLAlchemy constructs, its compilation cost more than its run, each query's
+#: shape being new).
+_HIT_COLUMNS: Final = (
+    M.session_id,
+    M.seq,
+    M.client_msg_uuid,
+    M.role,
+    M.timestamp,
+    S.source,
+    S.user_id,
+    M.content,
+    M.extra,
+    M.tool_calls,
+    M.tool_name,
+    column("embedded_hash", E.content_hash.type),
+)
+
+
+def _hit_rows(
+    conn: Connection, keys: list[tuple[str, int]], filters: SearchFilters
+) -> dict[tuple[str, int], Any]:
+    """The rows of the live messages of ``keys`` whose vector is current and that pass
+    ``filters``, with what a hit shows, in one statement."""
     if not keys:
         return {}
-    join = messages_table.join(sessions_table, S.id == M.session_id).join(
-        embeddings_table, and_(E.session_id == M.session_id, E.seq == M.seq)
+    groups: dict[str, list[int]] = {}
+    for session_id, seq in keys:
+        groups.setdefault(session_id, []).append(int(seq))
+    params: dict[str, Any] = {}
+    # Per session, its seqs: an index search each on both backends (SQLite scans the
+    # table for a row-value IN list). Seqs are ints, written as they are.
+    wheres = []
+    for number, (session_id, seqs) in enumerate(groups.items()):
+        params[f"k{number}"] = session_id
+        wheres.append(f"(m.session_id = :k{number} AND m.seq IN ({', '.join(map(str, seqs))}))")
+    sql = (
+        "SELECT m.session_id, m.seq, m.client_msg_uuid, m.role, m.timestamp, s.source, "
+        "s.user_id, m.content, m.extra, m.tool_calls, m.tool_name, "
+        "e.content_hash AS embedded_hash "
+        "FROM messages m JOIN sessions s ON s.id = m.session_id "
+        "JOIN message_embeddings e ON e.session_id = m.session_id AND e.seq = m.seq "
+        f"WHERE ({' OR '.join(wheres)}) AND m.superseded IS NULL "
+        "AND m.content_hash = e.content_hash AND e.vector IS NOT NULL"
     )
-    found: dict[tuple[str, int], Any] = {}
-    for session_id in sorted({sid for sid, _ in keys}):
-        seqs = [seq for sid, seq in keys if sid == session_id]
-        query = (
-            select(
-                M.session_id,
-                M.seq,
-                M.client_msg_uuid,
-                M.role,
-                M.timestamp,
-                S.source,
-                S.user_id,
-                M.content,
-                M.extra,
-                M.tool_calls,
-                M.tool_name,
-            )
-            .select_from(join)
-            .where(
-                M.session_id == session_id,
-                M.seq.in_(seqs),
-                M.superseded.is_(None),
-                M.content_hash == E.content_hash,
-            )
-        )
-        for row in conn.execute(query):
-            found[(row.session_id, row.seq)] = row
-    return found
+    sql += _filter_sql(filters, params)
+    statement = _typed(text(sql), params).columns(*_HIT_COLUMNS)
+    return {(row.session_id, row.seq): row for row in conn.execute(statement, params)}
 
 
 def _hit(row: Any, parsed: Query, score: float) -> SearchHit:

@@ -23,7 +23,7 @@ from pydantic import ValidationError
 from sqlalchemy import Connection, Insert, bindparam, select, update
 
 import sessionrepo.observability as _observe
-from sessionrepo.errors import ArgumentTypeError, InvalidMessage, QueuedBehindOutbox
+from sessionrepo.errors import ArgumentTypeError, InvalidMessage, NotFound, QueuedBehindOutbox
 from sessionrepo.models import AppendResult, Message
 from sessionrepo.models.outbox_protocol import holds_fifo
 from sessionrepo.models.tables import outbox_table, sessions_table
@@ -190,6 +190,36 @@ class UsageLedger:
             ]
 
         return self._db.read(work)
+
+
+def restore_usage(database: Database, session_id: str, records: Sequence[Usage]) -> UsageResult:
+    """Put back the usage records of a session restored as exported (an import of an
+    export): the records it lacks are inserted, one already stored (the same key) is
+    skipped, and its token totals stay as they are: the session row restored with them
+    already counts them. (A session that took writes of its own since, merged rather
+    than restored, takes its records through :meth:`UsageLedger.record`.)
+
+    Raises:
+        InvalidMessage: a record is invalid or has no key (nothing was written).
+        NotFound: no such session.
+    """
+    checked = check_usage(list(records), [])
+    if not checked:
+        return UsageResult(session_id=session_id)
+    statement = database.dialect.insert_ignoring(usage_table, ["session_id", "usage_id"])
+
+    def work(conn: Connection) -> UsageResult:
+        if conn.execute(select(S.id).where(S.id == session_id)).first() is None:
+            raise NotFound(f"no session {session_id!r}")
+        inserted: list[UUID] = []
+        duplicates: list[UUID] = []
+        for record in checked:
+            row = usage_row(session_id, record)
+            new = conn.execute(statement.returning(U.usage_id), row).first() is not None
+            (inserted if new else duplicates).append(row["usage_id"])
+        return UsageResult(session_id=session_id, inserted=inserted, duplicates=duplicates)
+
+    return database.write(work)
 
 
 #: Whether the session has parked messages (an outbox in this database).

@@ -18,15 +18,18 @@ VALUE = 110
 def bar_chart(
     chart_id: str,
     title: str,
-    items: Sequence[tuple[str, float]],
+    items: Sequence[tuple[str, float | None]],
     shown: Callable[[float], str] = lambda value: f"{value:,.0f}",
+    unknown: str = "unknown",
 ) -> Markup:
-    """A chart of ``items`` (label, value), one bar each, longest = largest value."""
+    """A chart of ``items`` (label, value), one bar each, longest = largest value; a
+    value ``None`` (not known, e.g. a cost without a price) draws no bar and says
+    ``unknown`` in words, never a zero."""
     if not items:
         return Markup('<p class="empty" id="{}">{}: nothing in this range.</p>').format(
             chart_id, title
         )
-    top = max(value for _, value in items) or 1.0
+    top = max((value for _, value in items if value is not None), default=0.0) or 1.0
     span = WIDTH - LABEL - VALUE
     height = ROW * len(items) + 8
     parts = [
@@ -38,8 +41,8 @@ def bar_chart(
     ]
     for index, (label, value) in enumerate(items):
         y = 4 + index * ROW
-        length = max(round(span * value / top), 1 if value else 0)
-        text = shown(value)
+        length = 0 if value is None else max(round(span * value / top), 1 if value else 0)
+        text = unknown if value is None else shown(value)
         parts.append(
             Markup(
                 '<g class="bar" data-label="{}" data-value="{}"><title>{}: {}</title>'
@@ -48,7 +51,7 @@ def bar_chart(
                 '<text x="{}" y="{}" class="value">{}</text></g>'
             ).format(
                 label,
-                value,
+                "" if value is None else value,
                 label,
                 text,
                 LABEL - 6,

@@ -605,6 +605,10 @@ def search_health(
 # -- the insights page (sessionrepo.ops.insights, drawn by sessionrepo.web.charts) -------
 
 
+#: A cost none of whose calls has a price: unknown, never shown as $0.
+NO_PRICE = "no price"
+
+
 def _money(value: float) -> str:
     return f"${value:,.4f}"
 
@@ -627,12 +631,12 @@ def insights_page(
     def tokens(rows: Sequence[InsightsRow]) -> list[tuple[str, float]]:
         return [(named(r.key), float(r.input_tokens + r.output_tokens)) for r in rows]
 
-    def cost(rows: Sequence[InsightsRow]) -> list[tuple[str, float]]:
+    def cost(rows: Sequence[InsightsRow]) -> list[tuple[str, float | None]]:
         return [(named(r.key), r.cost) for r in rows]
 
     charts = [
         bar_chart("chart-tokens-day", "Tokens per day (input + output)", tokens(days.rows)),
-        bar_chart("chart-cost-day", "Cost per day", cost(days.rows), _money),
+        bar_chart("chart-cost-day", "Cost per day", cost(days.rows), _money, NO_PRICE),
         bar_chart(
             "chart-sessions-day",
             "Sessions per day",
@@ -644,9 +648,9 @@ def insights_page(
             [(named(r.key), float(r.messages)) for r in days.rows],
         ),
         bar_chart("chart-tokens-model", "Tokens per model", tokens(models.rows)),
-        bar_chart("chart-cost-model", "Cost per model", cost(models.rows), _money),
+        bar_chart("chart-cost-model", "Cost per model", cost(models.rows), _money, NO_PRICE),
         bar_chart("chart-tokens-source", "Tokens per source", tokens(sources.rows)),
-        bar_chart("chart-cost-source", "Cost per source", cost(sources.rows), _money),
+        bar_chart("chart-cost-source", "Cost per source", cost(sources.rows), _money, NO_PRICE),
     ]
     timed = [r for r in models.rows if r.latency_p50 is not None]
     latency = bar_chart(

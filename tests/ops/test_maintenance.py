@@ -105,7 +105,7 @@ def test_the_file_is_the_documented_format(repo: SessionRepository) -> None:
 
     assert records[0]["type"] == "header"
     assert (records[0]["format"], records[0]["version"]) == ("sessionrepo-export", EXPORT_VERSION)
-    assert records[-1] == {"type": "end", "sessions": 4, "messages": 7 + 2 + BIG}
+    assert records[-1] == {"type": "end", "sessions": 4, "messages": 7 + 2 + BIG, "usage": 0}
     current = None
     seqs: list[int] = []
     for record in records[1:-1]:

@@ -9,7 +9,6 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
-from conftest import BlockingAsync, EventLoopThread
 from sqlalchemy import func, select
 
 from sessionrepo import (
@@ -21,6 +20,7 @@ from sessionrepo import (
 )
 from sessionrepo.models.tables import embeddings_table
 from sessionrepo.store import semantic as semantic_module
+from tests.conftest import BlockingAsync, EventLoopThread
 
 from support.embedders import ConceptEmbedder
 

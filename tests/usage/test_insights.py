@@ -94,7 +94,7 @@ def test_by_model_agrees_with_sql_and_prices_by_day(database_url: str) -> None:
     cost = ((2500 * 2 + 500 * 0.5 + 300 * 8) + (10 * 1 + 5 * 4)) / 1e6
     assert gpt.cost == pytest.approx(cost)
     claude = next(r for r in report.rows if r.key == "claude-sonnet-4")
-    assert (claude.cost, claude.unpriced_calls) == (0.0, 1)  # no price: not guessed
+    assert (claude.cost, claude.unpriced_calls) == (None, 1)  # no price: unknown, not 0
     assert report.total.reported_cost == pytest.approx(0.04)
     assert gpt.latency_p50 == 1.0
     assert gpt.latency_p95 == 3.0
@@ -149,3 +149,67 @@ def test_a_bad_price_is_refused(database_url: str) -> None:
                 },
             )
         assert prices(repo) == []
+
+
+def test_an_unpriced_model_says_no_price_never_zero(database_url: str) -> None:
+    """claude-sonnet-4 has no price: its cost is unknown (null in JSON, "no price" in the
+    table), and a day mixing it with a priced model shows the priced part, marked."""
+    _fill(database_url)
+    with open_repository(database_url) as repo:
+        models = insights(repo, by="model")
+        days = insights(repo, by="day")
+    claude = next(r for r in models.rows if r.key == "claude-sonnet-4")
+    assert claude.cost is None
+    day2 = next(r for r in days.rows if r.key == "2026-11-02")
+    assert (day2.unpriced_calls, day2.calls) == (1, 2)
+    assert day2.cost == pytest.approx((10 * 1 + 5 * 4) / 1e6)  # session c's call alone
+    busiest = {s.session_id: s for s in models.busiest}
+    assert (busiest["b"].cost, busiest["b"].unpriced_calls) == (None, 1)
+    assert busiest["a"].cost is not None
+    assert busiest["a"].cost > 0
+    runner = CliRunner()
+    done = runner.invoke(main, ["--url", database_url, "insights", "--by", "model", "--json"])
+    assert done.exit_code == 0, done.output
+    printed = {row["key"]: row for row in json.loads(done.output)["rows"]}
+    assert printed["claude-sonnet-4"]["cost"] is None
+    assert printed["gpt-4.1"]["cost"] == pytest.approx(models.rows[1].cost)
+    assert next(b["cost"] for b in json.loads(done.output)["busiest"]) is None  # b first
+    table = runner.invoke(main, ["--url", database_url, "insights", "--by", "model"])
+    assert table.exit_code == 0, table.output
+    lines = {line.split()[0]: line for line in table.output.splitlines()}
+    assert "no price" in lines["claude-sonnet-4"]
+    assert "0.0000" not in lines["claude-sonnet-4"]
+    assert "no price" not in lines["gpt-4.1"]
+    assert lines["total"].split()[7].endswith("*")  # the total is the priced part
+    by_day = runner.invoke(main, ["--url", database_url, "insights"])
+    day_lines = {line.split()[0]: line for line in by_day.output.splitlines()}
+    assert day_lines["2026-11-02"].split()[7] == f"{day2.cost:.4f}*"
+    assert day_lines["2026-11-01"].split()[7].endswith("*") is False
+    assert "1 calls have no price" in by_day.output
+
+
+def test_the_console_page_says_no_price_for_an_unpriced_model(database_url: str) -> None:
+    """The /insights page as served (no browser: tests/web draws it in Chromium): the
+    unpriced model's cost bar says "no price", draws no bar, and never shows $0."""
+    from starlette.testclient import TestClient
+
+    from sessionrepo.web import create_app
+
+    _fill(database_url)
+    with (
+        open_repository(database_url) as repo,
+        TestClient(create_app(repo, url=database_url), base_url="http://127.0.0.1") as client,
+    ):
+        page = client.get("/insights")
+    assert page.status_code == 200
+    html = page.text
+    claude = html.split('id="chart-cost-model"')[1].split('data-label="claude-sonnet-4"')[1]
+    bar = claude.split("</g>")[0]
+    assert 'data-value=""' in bar
+    assert 'width="0"' in bar
+    assert 'class="value">no price</text>' in bar
+    assert "$0.0000" not in html.split('id="chart-cost-model"')[1].split("</svg>")[0]
+    assert "(priced calls only)" in html
+    assert '<span id="total-unpriced">1</span>' in html
+    busiest = html.split('id="busiest"')[1]
+    assert busiest.count("no price") == 1  # session b, claude's only call

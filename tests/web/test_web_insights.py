@@ -71,7 +71,18 @@ def test_the_insights_page_charts_what_the_report_says(
         r.key: f"{r.input_tokens + r.output_tokens:,}" for r in days.rows
     }
     assert _bars(tab, "chart-messages-day") == {r.key: f"{r.messages:,}" for r in days.rows}
-    assert _bars(tab, "chart-cost-model") == {r.key: f"${r.cost:,.4f}" for r in models.rows}
+    # gemini-2.5-flash has no price: its cost is unknown, said in words with no bar.
+    assert _bars(tab, "chart-cost-model") == {
+        r.key: "no price" if r.cost is None else f"${r.cost:,.4f}" for r in models.rows
+    }
+    assert _bars(tab, "chart-cost-model")["gemini-2.5-flash"] == "no price"
+    gemini = tab.locator('#chart-cost-model g.bar[data-label="gemini-2.5-flash"] rect')
+    assert gemini.get_attribute("width") == "0"
+    assert "$0.0000" not in (tab.locator("#chart-cost-model").text_content() or "")
+    costs = tab.locator("#busiest tbody tr td:nth-child(5)").all_text_contents()
+    assert costs.count("no price") == 3  # the three gemini sessions
+    assert "(priced calls only)" in (tab.locator("#total-cost").text_content() or "")
+    assert tab.locator("#total-unpriced").text_content() == "3"
     assert set(_bars(tab, "chart-tokens-source")) == {"discord", "slack"}
     assert tab.locator("#total-messages").text_content() == "12"
     assert tab.locator("#busiest tbody tr").count() == 6

@@ -1,27 +1,48 @@
-"""The append on Citus: the locked path, each of its statements one that Citus routes to
-the session's shard whole (a filter or a ``VALUES`` row naming one session id), so an
-append contacts one worker and commits there in one phase.
+"""The append on Citus: one call of ``sessionrepo_append`` (migration 0014), a PL/pgSQL
+function distributed by its session id argument and co-located with ``sessions``, so the
+coordinator delegates the call whole to the worker holding the session's shard group:
+one round trip to one worker, committed there in one phase. The locked path (each of its
+statements one Citus routes to the session's shard: a filter or a ``VALUES`` row naming
+one session id) stays for when the caller's transaction does more, and as the fallback.
 
 What PostgreSQL's append does in one statement (a data-modifying CTE fed by ``unnest``)
 Citus cannot route: it plans ``INSERT … SELECT`` and CTEs as subplans run through the
 coordinator, sends their intermediate results to every worker and commits on all of them
-with two-phase commit. Here the lookup of stored keys, the insert of the new rows
-(``INSERT … VALUES``) and the session's counters are three routed statements instead.
+with two-phase commit. The function does the same work as statements that are local on
+the worker; the locked path does it as three routed statements (the lookup of stored
+keys, ``INSERT … VALUES``, the session's counters).
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import uuid
 from collections.abc import Sequence
 from datetime import datetime
 from typing import Any, Final
 
-from sqlalchemy import Connection
+import psycopg
+import psycopg.errors
+from sqlalchemy import Column, Connection
+from sqlalchemy.dialects.postgresql.base import PGDialect
+from sqlalchemy.dialects.postgresql.psycopg import dialect as psycopg_dialect
+from sqlalchemy.util import await_
 
-from sessionrepo.dialects.base import DirectAppend, DirectLoad, DirectResult, lock_bypassed
+from sessionrepo.dialects.base import (
+    NEW_SESSION_COLUMNS,
+    DirectAppend,
+    DirectLoad,
+    DirectResult,
+    lock_bypassed,
+)
 from sessionrepo.dialects.postgresql.append import PG_ACTIVITY, PostgresAppend
-from sessionrepo.models.tables import ACTIVITY_GRANULARITY, MESSAGE_COLUMNS
+from sessionrepo.models.tables import (
+    ACTIVITY_GRANULARITY,
+    MESSAGE_COLUMNS,
+    messages_table,
+    sessions_table,
+)
 
 #: Rows per ``INSERT … VALUES`` statement (PostgreSQL takes at most 65,535 parameters).
 _ROWS_PER_INSERT: Final = 1000
@@ -43,6 +64,65 @@ _CITUS_COUNT: Final = (
 )
 
 
+def _array_type(column: Column[Any]) -> str:
+    """The type a column's values travel in: its PostgreSQL type, any text as ``text``
+    (as PostgreSQL's append sends them: the insert refuses a value too long for a
+    ``varchar(n)`` column rather than cutting it)."""
+    dialect = PGDialect()  # type: ignore[no-untyped-call]  # SQLAlchemy leaves it untyped
+    name = column.type.compile(dialect=dialect).lower()
+    if name.startswith(("varchar", "text")):
+        return "text"
+    return {"timestamp with time zone": "timestamptz"}.get(name, name)
+
+
+#: The function migration 0014 makes, and its arguments in order: the session id, one
+#: array per message column and the rows' tool calls, a new session's columns (but its
+#: id), then the append's options. ``tests/citus`` checks them against the function the
+#: migration made.
+APPEND_FUNCTION: Final = "sessionrepo_append"
+_ARRAY_COLUMNS: Final = (*MESSAGE_COLUMNS, "tool_call_total")
+_ARRAY_TYPES: Final = {
+    **{name: _array_type(messages_table.c[name]) for name in MESSAGE_COLUMNS},
+    "tool_call_total": "bigint",
+}
+_SESSION_COLUMNS: Final = tuple(name for name in NEW_SESSION_COLUMNS if name != "id")
+_OPTIONS: Final = (
+    ("now", "timestamptz"),
+    ("granularity", "interval"),
+    ("enqueue", "boolean"),
+    ("refuse_conflicts", "boolean"),
+    ("behind_outbox", "boolean"),
+    ("verify_seq", "bigint"),
+    ("verify_key", "uuid"),
+)
+#: ``(argument name, type)`` of the function, in order, as the dialect calls it.
+APPEND_ARGUMENTS: Final = (
+    ("p_session_id", "character varying"),
+    *((f"p_{name}", f"{_ARRAY_TYPES[name]}[]") for name in _ARRAY_COLUMNS),
+    *((f"p_s_{name}", _array_type(sessions_table.c[name])) for name in _SESSION_COLUMNS),
+    *((f"p_{name}", kind) for name, kind in _OPTIONS),
+)
+# Alone in its statement, no FROM: what Citus delegates. The session id untyped (its
+# type is the argument's), the arrays binary, the rest cast to the argument's type.
+_CALL: Final = (
+    f"SELECT {APPEND_FUNCTION}(%(sid)s, "
+    + ", ".join(
+        [
+            *(f"%({name})b::{_ARRAY_TYPES[name]}[]" for name in _ARRAY_COLUMNS),
+            *(f"%(s_{name})s::{_array_type(sessions_table.c[name])}" for name in _SESSION_COLUMNS),
+            *(f"%({name})s::{kind}" for name, kind in _OPTIONS),
+        ]
+    )
+    + ")"
+)
+_PSYCOPG = psycopg_dialect()  # type: ignore[no-untyped-call]  # untyped in SQLAlchemy
+#: The sessions columns' own conversions (JSON as text, times in UTC), as SQLAlchemy
+#: would bind them.
+_SESSION_BINDS: Final = {
+    name: sessions_table.c[name].type.bind_processor(_PSYCOPG) for name in _SESSION_COLUMNS
+}
+
+
 @functools.lru_cache(maxsize=64)
 def _insert_values(rows: int) -> str:
     """``INSERT … VALUES`` of ``rows`` rows of one session (the same text for the same
@@ -62,7 +142,7 @@ def _insert_values(rows: int) -> str:
 
 
 class CitusAppend(PostgresAppend):
-    """The locked path, as routed statements; no driver-level statement."""
+    """The direct path, one delegated call; the locked path, as routed statements."""
 
     def insert_new_messages(
         self,
@@ -104,11 +184,71 @@ class CitusAppend(PostgresAppend):
         )
         return stored
 
+    #: Whether the schema has the function (a database migrated before 0014 has not:
+    #: the locked path then does every append).
+    has_append_function = True
+
     def append_direct(self, driver: Any, append: DirectAppend) -> DirectResult | None:
-        # PostgreSQL's one statement is a data-modifying CTE: not routable (see the
-        # module's note). The locked path's statements are.
-        return None
+        if not self.has_append_function:
+            return None
+        rows = append.rows
+        params: dict[str, Any] = {name: [row[name] for row in rows] for name in _ARRAY_COLUMNS}
+        params |= {
+            f"s_{name}": value if (bind := _SESSION_BINDS[name]) is None else bind(value)
+            for name in _SESSION_COLUMNS
+            for value in (append.new_session.get(name),)
+        }
+        params |= {
+            "sid": append.session_id,
+            "now": append.now,
+            "granularity": ACTIVITY_GRANULARITY,
+            "enqueue": append.enqueue,
+            "refuse_conflicts": append.refuse_conflicts,
+            "behind_outbox": append.behind_outbox,
+            "verify_seq": None if append.verify is None else append.verify[0],
+            "verify_key": None if append.verify is None else append.verify[1],
+        }
+        try:
+            ((kind, keys, hashes, first_seq, inserted),) = _call_alone(driver, _CALL, params)
+        except psycopg.errors.UndefinedFunction:
+            self.has_append_function = False  # not migrated to 0014 yet
+            return None
+        except psycopg.errors.UniqueViolation:  # pragma: no cover - only past the lock
+            return None
+        if kind == "q":
+            return DirectResult(stored={}, first_seq=None, queued=True)
+        if kind == "m":
+            return DirectResult(stored={}, first_seq=None, lost=True)
+        stored: dict[uuid.UUID, bytes] = dict(zip(keys or (), hashes or (), strict=True))
+        refused = append.refuse_conflicts and any(
+            stored.get(row["client_msg_uuid"], row["content_hash"]) != row["content_hash"]
+            for row in rows
+        )
+        fresh = 0 if refused else len(rows) - len(stored)
+        if inserted != fresh:  # pragma: no cover - the function inserts all or fails
+            raise lock_bypassed(append.session_id, fresh - inserted)
+        return DirectResult(stored=stored, first_seq=first_seq)
 
     def load_direct(self, driver: Any, load: DirectLoad) -> list[Sequence[Any]] | None:
         # Through SQLAlchemy, as every other statement here (a routed read either way).
         return None
+
+
+def _call_alone(driver: Any, statement: str, params: dict[str, Any]) -> list[Any]:
+    """Run one statement in autocommit on a psycopg connection (sync, or async from the
+    greenlet of sessionrepo's async API), its result in binary: a call's record comes
+    back with its fields typed (``uuid[]`` as a list of UUIDs), not as one text."""
+    if isinstance(driver, psycopg.AsyncConnection):
+        await_(driver.set_autocommit(True))
+        try:
+            cursor = await_(driver.execute(statement, params, prepare=True, binary=True))
+            return [row[0] for row in await_(cursor.fetchall())]
+        finally:
+            with contextlib.suppress(psycopg.Error):  # a broken connection is discarded
+                await_(driver.set_autocommit(False))
+    driver.autocommit = True
+    try:
+        return [row[0] for row in driver.execute(statement, params, prepare=True, binary=True)]
+    finally:
+        with contextlib.suppress(psycopg.Error):
+            driver.autocommit = False

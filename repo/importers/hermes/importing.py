@@ -19,6 +19,7 @@ from typing import Any, Final, Literal
 
 from sessionrepo.errors import InvalidMessage, NotFound, RepoError
 from sessionrepo.importers.hermes import mapping
+from sessionrepo.importers.hermes import usage as hermes_usage
 from sessionrepo.importers.hermes.keys import KeyKind, SessionKeys, fingerprint
 from sessionrepo.importers.hermes.mapping import Record
 from sessionrepo.importers.hermes.source import (
@@ -40,6 +41,8 @@ from sessionrepo.store.repository import SessionRepository
 
 #: ``metadata["hermes"]["profile"]`` of the sessions of a root Hermes home.
 DEFAULT_PROFILE: Final = "default"
+#: Session fields the usage ledger keeps (the sum of the session's usage records).
+_LEDGER_TOTALS: Final = frozenset({"input_tokens", "output_tokens"})
 #: Most messages written per transaction.
 BATCH_SIZE: Final = 500
 _BATCH_INDEX: Final = re.compile(r"^messages\[(\d+)\]")
@@ -125,6 +128,8 @@ class _Importer:
             "messages_rejected": len(spool.rejected),
             "inbound_messages": len(spool.inbound),
             "inbound_inserted": 0,
+            "usage_rows_read": 0,
+            "usage_records_inserted": 0,
         }
         self.set_aside: collections.Counter[str] = collections.Counter()
         self.lists: dict[str, list[Problem]] = {
@@ -267,8 +272,40 @@ class _Importer:
         else:
             self.counts["sessions_new"] += 1
         if origin != "no-row":
-            self.repo.create_session(sid, **fields)
+            # The token totals follow from the usage records (below), not from the row.
+            self.repo.create_session(
+                sid, **{k: v for k, v in fields.items() if k not in _LEDGER_TOTALS}
+            )
         self._import_messages(raw, sid, fields, existed, spooled, create=origin == "no-row")
+        if row is not None:
+            self._import_usage(raw, sid, row, fields)
+
+    def _import_usage(
+        self, raw: Any, sid: str, row: Mapping[str, Any], fields: Mapping[str, Any]
+    ) -> None:
+        """The session's ``session_model_usage`` rows (else its ``sessions`` totals) as
+        usage records, each total counted once (:mod:`.usage`)."""
+        rows = self.source.model_usage(raw)
+        self.counts["usage_rows_read"] += len(rows)
+        if not rows:
+            seeded = hermes_usage.from_session(row)
+            rows = [] if seeded is None else [seeded]
+        if not rows:
+            return
+        when = fields.get("ended_at") or fields.get("started_at")
+        made, problems = hermes_usage.records(
+            raw,
+            rows,
+            self.repo.list_usage(sid) if sid in self._existed else [],
+            session_time=when if isinstance(when, int | float) else None,
+        )
+        for problem in problems:
+            self.lists["notes"].append(
+                Problem(where=f"state.db sessions.id={raw!r}", session_id=sid, problem=problem)
+            )
+        if made:
+            recorded = self.repo.record_usage(sid, made)
+            self.counts["usage_records_inserted"] += len(recorded.inserted)
 
     def _exists(self, sid: str) -> bool:
         try:

@@ -41,6 +41,9 @@ _DATA_SIDE_FILES: Final = ("-wal", "-journal")
 _COPY_ATTEMPTS: Final = 8
 #: ``uid IN (...)`` values per query.
 _UIDS_PER_QUERY: Final = 500
+#: The columns that tell one ``session_model_usage`` row of a session from another
+#: (its primary key in version 22 and later; older versions have a prefix of them).
+USAGE_KEY_COLUMNS: Final = ("model", "billing_provider", "billing_base_url", "billing_mode", "task")
 #: How far a compression chain is followed.
 _MAX_CHAIN: Final = 10_000
 #: ``async_delegations`` columns, by what they hold: the name version 31 gives it first,
@@ -203,6 +206,7 @@ class HermesSource:
         self._conn: sqlite3.Connection | None = None
         self._snapshot: tempfile.TemporaryDirectory[str] | None = None
         self._prompts = False
+        self._usage_columns: list[str] | None = None
         self.spool = _Spool()
 
     @property
@@ -345,6 +349,24 @@ class HermesSource:
         if self._conn is None:
             return iter(())
         return self._query("SELECT * FROM messages WHERE session_id = ? ORDER BY id", (session_id,))
+
+    def model_usage(self, session_id: Any) -> list[dict[str, Any]]:
+        """A session's ``session_model_usage`` rows (one per model, provider and task,
+        each the running total Hermes keeps), with the columns that exist; ``[]`` when
+        the table is not there or lacks ``session_id``."""
+        if self._conn is None or "session_model_usage" not in self.tables:
+            return []
+        if self._usage_columns is None:
+            self._usage_columns = self._columns("session_model_usage")
+        if "session_id" not in self._usage_columns:
+            return []
+        order = [name for name in USAGE_KEY_COLUMNS if name in self._usage_columns]
+        by = f" ORDER BY {', '.join(order)}" if order else ""
+        return list(
+            self._query(
+                f"SELECT * FROM session_model_usage WHERE session_id = ?{by}", (session_id,)
+            )
+        )
 
     def system_prompt(self, prompt_hash: Any) -> str | None:
         if not self._prompts:

@@ -112,6 +112,10 @@ class HermesImportSummary(BaseModel):
     inbound_messages: int = 0
     #: Of those, appended to their session by this run (the rest were already there).
     inbound_inserted: int = 0
+    #: ``session_model_usage`` rows read (a session without any: its ``sessions`` totals).
+    usage_rows_read: int = 0
+    #: Usage records this run added: what Hermes counted since the last import, once.
+    usage_records_inserted: int = 0
     #: Inbound messages no session could be found for (they stay in the spool).
     inbound_undelivered: list[Problem] = Field(default_factory=list)
     #: Kind-4 entries ``state.db`` already holds: skipped.
