@@ -7,7 +7,18 @@ import click
 
 # The modules, not their commands: ``sessionrepo.cli.sessions`` stays the module (a
 # command of the same name imported here would shadow it).
-from sessionrepo.cli import backup, demo, hermes, insights, ops, outbox, privacy, search, serve, sessions
+from sessionrepo.cli import (
+    backup,
+    demo,
+    hermes,
+    insights,
+    ops,
+    outbox,
+    privacy,
+    search,
+    serve,
+    sessions,
+)
 from sessionrepo.cli._common import Group, share_url_options, url_option
 
 

@@ -195,11 +195,11 @@ class EngineRole(ABC):
             asynchronous: build it on the asyncio driver.
         """
 
+    @abstractmethod
     def begin_snapshot(self, connection: Connection) -> None:
-        """Make the read transaction just begun on ``connection`` see the whole database
-        as of one instant, for as long as it lasts (a consistent backup). SQLite's
-        deferred read transaction does already: in WAL mode its first read fixes its
-        snapshot."""
+        """Make the read transaction just begun on ``connection`` (nothing read yet) see
+        the whole database as of one instant, for as long as it lasts (a consistent
+        backup)."""
 
     @abstractmethod
     def translate(self, exc: sa_exc.DBAPIError) -> RepoError:

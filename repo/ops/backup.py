@@ -398,9 +398,7 @@ def _header(record: dict[str, Any]) -> _Header:
     return _Header(taken_at=taken_at, backend=str(record.get("backend")))
 
 
-def _sessions(
-    stream: IO[bytes], page: int
-) -> Iterator[_Header | _Session | _SessionEnd | _End]:
+def _sessions(stream: IO[bytes], page: int) -> Iterator[_Header | _Session | _SessionEnd | _End]:
     """The header; then each session in parts of at most ``page`` messages (each part
     with the same snapshot object; the last may be empty), then its ``_SessionEnd``
     once its checksum record matched; last the ``_End``, once the end record's totals

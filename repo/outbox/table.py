@@ -433,7 +433,7 @@ class Outbox:
         if self._parked is None:
             return True
         database = self.database
-        return database.write_direct(lambda driver: database.dialect.truncate_wal(driver))
+        return database.write_direct(database.dialect.truncate_wal)
 
     def fail(
         self,

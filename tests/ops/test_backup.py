@@ -20,7 +20,6 @@ from sessionrepo.cli import main
 from sessionrepo.errors import InvalidArgument, RepoError
 from sessionrepo.models import Session
 from sessionrepo.ops import export_sessions
-from sessionrepo.ops.erase import verify_erased
 from sessionrepo.ops.backup import (
     BACKUP_FORMAT,
     BadBackupFile,
@@ -29,6 +28,7 @@ from sessionrepo.ops.backup import (
     restore_backup,
     verify_backup_file,
 )
+from sessionrepo.ops.erase import verify_erased
 
 SECRET = "backupmarmot"
 
@@ -140,7 +140,8 @@ def test_a_backup_restores_into_the_other_backend_exactly_and_verified(
 
     restored = restore_backup(target, path)
 
-    assert restored.verified and restored.mismatches == []
+    assert restored.verified
+    assert restored.mismatches == []
     assert (restored.sessions_restored, restored.sessions_verified) == (4, 4)
     assert (restored.messages_inserted, restored.messages_erased) == (12, 0)
     assert restored.source_backend == source.backend
@@ -195,8 +196,10 @@ def test_restore_never_brings_back_what_the_targets_tombstones_erased(
     report = restore_backup(source, path)
 
     assert report.verified
-    assert report.sessions_erased == 2 and report.messages_erased == 11
-    assert report.sessions_present == 2 and report.messages_inserted == 0
+    assert report.sessions_erased == 2
+    assert report.messages_erased == 11
+    assert report.sessions_present == 2
+    assert report.messages_inserted == 0
     for sid in ("a", "a-fork"):
         with pytest.raises(NotFound):
             source.get_session(sid)
@@ -247,7 +250,8 @@ def test_a_backup_is_one_instant_not_each_session_as_it_was_read(
     assert written == ["s1", "s2", "s3"]
     assert (report.sessions, report.messages) == (3, 3)
     data = path.read_bytes()
-    assert b"late" not in data and b"s2-new" not in data
+    assert b"late" not in data
+    assert b"s2-new" not in data
     assert b'"superseded":"retracted"' not in data  # s2 as it was before the edit
     assert [len(source.load_transcript(s)) for s in ("s1", "s2", "s3")] == [2, 0, 2]
 
@@ -323,7 +327,8 @@ def test_the_cli_backs_up_and_restores(
     assert report["taken_at"].endswith("Z")
 
     again = _run("--url", database_url, "backup", str(path))
-    assert again.exit_code == 1 and "already exists" in again.stderr
+    assert again.exit_code == 1
+    assert "already exists" in again.stderr
 
     restored = _run("--url", other_url, "restore-backup", str(path))
     assert restored.exit_code == 0, restored.output
@@ -332,7 +337,8 @@ def test_the_cli_backs_up_and_restores(
 
     path.write_bytes(path.read_bytes().replace(b"bob's", b"bub's"))
     damaged = _run("--url", f"sqlite:///{tmp_path / 'new.db'}", "restore-backup", str(path))
-    assert damaged.exit_code == 1 and "checksum" in damaged.stderr
+    assert damaged.exit_code == 1
+    assert "checksum" in damaged.stderr
     assert not (tmp_path / "new.db").exists()  # refused before the store was opened
 
 

@@ -109,7 +109,8 @@ def test_a_backup_during_a_four_writer_load_restores_into_the_other_backend_equa
     final = {sid: source.load_transcript(sid, include_retracted=True) for sid in held}
     for worker in range(WRITERS):
         a, z = len(held[f"w{worker}-a"]), len(held[f"w{worker}-z"])
-        assert a % BATCH == 0 and z % BATCH == 0, "a batch half in the backup"
+        assert a % BATCH == 0, "a batch half in the backup"
+        assert z % BATCH == 0, "a batch half in the backup"
         assert a - z in (0, BATCH), f"writer {worker}: -a {a}, -z {z}: not one instant"
     for sid, lines in held.items():
         # The backup holds the source's session as of the instant: a prefix of what it

@@ -92,7 +92,8 @@ def test_a_resent_batch_of_erased_messages_with_usage_writes_nothing(
 
     result = repo.append("s", [old], usage=[_usage(old, 100)])
 
-    assert result.erased == [old.client_msg_uuid] and result.inserted == []
+    assert result.erased == [old.client_msg_uuid]
+    assert result.inserted == []
     with pytest.raises(NotFound):
         setup.get_session("s")  # not recreated, not even empty, by its usage
     assert setup.list_usage("s") == []
@@ -114,7 +115,8 @@ def test_screened_carries_the_kept_messages_usage_and_the_sessions_own(
 
     result = tombstones.screened(setup.database, batch, append)
 
-    assert result is not None and result.erased == [old.client_msg_uuid]
+    assert result is not None
+    assert result.erased == [old.client_msg_uuid]
     (kept,) = seen
     assert kept.keys == [new.client_msg_uuid]
     assert [u.usage_id for u in kept.usage] == [batch.usage[1].usage_id, own.usage_id]

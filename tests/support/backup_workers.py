@@ -23,9 +23,7 @@ BATCH = 3
 BARRIER_TIMEOUT = 120.0
 
 
-def write_pairs(
-    *, url: str, worker: int, limit: int, start: Any, stop: Any, results: Any
-) -> None:
+def write_pairs(*, url: str, worker: int, limit: int, start: Any, stop: Any, results: Any) -> None:
     report: dict[str, Any] = {"worker": worker, "pairs": 0, "parked": 0, "errors": []}
     repository: SessionRepository | None = None
     writer: TranscriptWriter | None = None
