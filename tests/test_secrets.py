@@ -99,6 +99,8 @@ def _arguments(path: tuple[str, ...], files: Path, out: Path, n: int) -> list[st
         ("retention", "set"): ["cli", "--idle-days", "30"],
         ("retention", "clear"): ["cli"],
         ("insights",): [],
+        ("backup",): [str(out / f"backup-{n}.backup")],
+        ("restore-backup",): [str(files / "store.backup")],
     }
     assert path in arguments, f"new command {' '.join(path)}: give it arguments here"
     return arguments[path]
@@ -117,6 +119,8 @@ def _store(url: str, files: Path) -> None:
             )
     exported = CliRunner().invoke(main, ["--url", url, "export", str(files / "backup.jsonl")])
     assert exported.exit_code == 0, exported.output
+    backed_up = CliRunner().invoke(main, ["--url", url, "backup", str(files / "store.backup")])
+    assert backed_up.exit_code == 0, backed_up.output
     build_v2_state_db(files / "hermes")
 
 
@@ -201,7 +205,12 @@ def test_no_command_shows_the_password(
         if path == ("prune",):
             args.append("--yes")
         result = _invoke(args)
-        assert result.exit_code in (0, 3), f"{args}: {result.output}"  # 3: hermes notes
+        # 3: hermes notes; 1 for restore-backup: a session another test changed in the
+        # shared store since the backup (a mismatch, listed) is a finding, not an error.
+        allowed = (0, 1, 3) if path == ("restore-backup",) else (0, 3)
+        assert result.exit_code in allowed, f"{args}: {result.output}"
+        if result.exit_code == 1:
+            assert "MISMATCH" in result.stderr or '"mismatches"' in result.stdout, result.output
         _check(result, f"{' '.join(path)} ({form})", caplog)
         if path == ("serve",):
             assert no_server, "serve did not get as far as serving"

@@ -7,7 +7,18 @@ import click
 
 # The modules, not their commands: ``sessionrepo.cli.sessions`` stays the module (a
 # command of the same name imported here would shadow it).
-from sessionrepo.cli import demo, hermes, insights, ops, outbox, privacy, search, serve, sessions
+from sessionrepo.cli import (
+    backup,
+    demo,
+    hermes,
+    insights,
+    ops,
+    outbox,
+    privacy,
+    search,
+    serve,
+    sessions,
+)
 from sessionrepo.cli._common import Group, share_url_options, url_option
 
 
@@ -57,6 +68,8 @@ main.add_command(privacy.erase)
 main.add_command(privacy.verify_erased_)
 main.add_command(privacy.audit)
 main.add_command(privacy.retention)
+main.add_command(backup.backup)
+main.add_command(backup.restore_backup_)
 main.add_command(hermes.import_hermes)
 main.add_command(demo.demo)
 main.add_command(serve.serve)

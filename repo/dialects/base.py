@@ -210,6 +210,12 @@ class EngineRole(ABC):
         """
 
     @abstractmethod
+    def begin_snapshot(self, connection: Connection) -> None:
+        """Make the read transaction just begun on ``connection`` (nothing read yet) see
+        the whole database as of one instant, for as long as it lasts (a consistent
+        backup)."""
+
+    @abstractmethod
     def translate(self, exc: sa_exc.DBAPIError) -> RepoError:
         """Turn a driver error into sessionrepo's error, by error code, not by class:
         ``BackendUnavailable`` for the server's or the file's state, ``WriteRejected``
@@ -590,6 +596,12 @@ class ErasureRole(ABC):
         """On an idle driver connection, after the erasures committed: what removes
         their bytes (search index merge, WAL checkpoint, vacuum); ``compact`` rewrites
         the files too. The steps run, in words, and whether every one completed."""
+
+    def truncate_wal(self, driver: Any) -> bool:
+        """On an idle driver connection: checkpoint a file's write-ahead log into it and
+        truncate the log, so no page as it was before a delete stays in it; whether that
+        completed. Nothing to do on a server (its WAL is its own)."""
+        return True
 
 
 class BackendDialect(EngineRole, AppendRole, SearchRole, ProbeRole, ErasureRole):

@@ -152,6 +152,10 @@ class Drainer:
         with self._renewing(holding):
             while self._drain_one(totals, done, holding, session_id, ignore_backoff):
                 pass
+        if totals["erased"]:
+            # Their rows are deleted: no copy of an erased message may stay in the
+            # outbox file's bytes (its WAL) either.
+            self._outbox.scrub()
         # Of the session, for a drain of one (as when it had nothing due, above): the
         # drain of one session reads its shard alone on Citus.
         remaining = self._outbox.count(session_id)

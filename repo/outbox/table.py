@@ -422,6 +422,19 @@ class Outbox:
             )
         )
 
+    def scrub(self) -> bool:
+        """Take deleted rows out of a SQLite outbox file's bytes: every connection
+        deletes with ``secure_delete`` (the row zeroed in its page, freed pages too),
+        but the WAL keeps the pages as they were before the delete until it is
+        checkpointed and truncated, which this does; whether that completed (a reader
+        holding the WAL defers it to a later checkpoint). For a drain that refused
+        parked copies of erased messages: with their rows deleted, no copy stays in
+        the file. Nothing to do on a server."""
+        if self._parked is None:
+            return True
+        database = self.database
+        return database.write_direct(database.dialect.truncate_wal)
+
     def fail(
         self,
         session_id: str,

@@ -131,7 +131,8 @@ def screened(
 ) -> AppendResult | None:
     """``append(batch)`` without the messages an erasure removed from its session,
     which the result lists in ``erased`` (nothing is written, not even the session,
-    when every message of the batch was erased)."""
+    when every message of the batch was erased), nor their usage records (the kept
+    messages' and the session's own ride on)."""
     # Only what the append will send: a message the memory took as acknowledged in the
     # session (None in pending_rows) is stored under a tip the dialect verifies, and the
     # batch is screened again, whole, when that tip is gone (an erasure removes it). So
@@ -162,6 +163,9 @@ def screened(
         [batch.rows[i] for i in kept],
         batch.session,
     )
+    # The usage of the kept messages rides with them, and the session's own (no
+    # message); that of an erased message goes with it.
+    rest.usage = tuple(u for u in batch.usage if u.message_uuid not in erased)
     result = append(rest)
     return None if result is None else result.model_copy(update={"erased": refused})
 

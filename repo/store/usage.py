@@ -28,6 +28,7 @@ from sessionrepo.models import AppendResult, Message
 from sessionrepo.models.outbox_protocol import holds_fifo
 from sessionrepo.models.tables import outbox_table, sessions_table
 from sessionrepo.models.usage import Usage, UsageResult, usage_table
+from sessionrepo.store import tombstones as _tombstones
 from sessionrepo.store.append import Appender, OnConflict
 from sessionrepo.store.codec import PreparedBatch
 from sessionrepo.store.database import Database
@@ -155,6 +156,26 @@ class UsageLedger:
         Raises:
             QueuedBehindOutbox: as :meth:`Appender.append` (nothing was written).
         """
+        # Screened first, as every append (no session row made for a batch whose every
+        # message was erased); the kept messages' usage rides on.
+        result = _tombstones.screened(
+            database,
+            batch,
+            lambda kept: self._append(
+                kept, database=database, on_conflict=on_conflict, behind_outbox=behind_outbox
+            ),
+        )
+        assert result is not None  # _append raises QueuedBehindOutbox itself
+        return result
+
+    def _append(
+        self,
+        batch: PreparedBatch,
+        *,
+        database: Database,
+        on_conflict: OnConflict,
+        behind_outbox: bool,
+    ) -> AppendResult:
         sid = batch.session_id
         with self._transactions(database, sid, batch.new_session) as tx:
             if behind_outbox and tx.execute(_PARKED, {"sid": sid}).first() is not None:

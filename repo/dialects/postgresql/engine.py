@@ -80,6 +80,11 @@ class PostgresEngine(EngineRole):
 
         return engine
 
+    def begin_snapshot(self, connection: Connection) -> None:
+        # The transaction's first statement: every later one sees its snapshot. (On
+        # Citus, each worker's part: there is no distributed snapshot.)
+        connection.exec_driver_sql("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+
     def insert_ignoring(self, table: Table, conflict_columns: Sequence[str]) -> Insert:
         return postgresql.insert(table).on_conflict_do_nothing(
             index_elements=list(conflict_columns)

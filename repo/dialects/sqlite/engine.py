@@ -165,6 +165,11 @@ class SQLiteEngine(EngineRole):
 
         return engine
 
+    def begin_snapshot(self, connection: Connection) -> None:
+        # Nothing to set: a deferred read transaction is one already (in WAL mode its
+        # first read fixes its snapshot, and writers go on beside it).
+        return
+
     def insert_ignoring(self, table: Table, conflict_columns: Sequence[str]) -> Insert:
         return sqlite.insert(table).on_conflict_do_nothing(index_elements=list(conflict_columns))
 

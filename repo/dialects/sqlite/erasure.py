@@ -44,6 +44,17 @@ class SQLiteErasure:
         done: tuple[list[str], bool] = await_(on_connection_thread(driver, _scrub, compact))
         return done
 
+    def truncate_wal(self, driver: Any) -> bool:
+        if isinstance(driver, sqlite3.Connection):
+            return _truncate_wal(driver)
+        done: bool = await_(on_connection_thread(driver, _truncate_wal))
+        return done
+
+
+def _truncate_wal(connection: sqlite3.Connection) -> bool:
+    busy, frames, copied = connection.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
+    return bool(busy == 0 and frames == copied)
+
 
 def _scrub(connection: sqlite3.Connection, compact: bool) -> tuple[list[str], bool]:
     steps: list[str] = []
