@@ -101,6 +101,7 @@ from sessionrepo.errors import (
     RepoError,
 )
 from sessionrepo.integrations.adk_compat import set_update_marker, update_marker
+from sessionrepo.integrations.reported import reported_usage
 from sessionrepo.models import Message, StoredMessage
 from sessionrepo.models.adk import adk_app_states_table, adk_sessions_table, adk_user_states_table
 from sessionrepo.models.tables import dump_json, messages_table, sessions_table
@@ -806,16 +807,16 @@ def event_usage(event: Event) -> list[Usage] | None:
         return None
     thoughts = reported.thoughts_token_count or 0
     model = getattr(event, "model_version", None)
-    return [
-        Usage(
-            model=model if isinstance(model, str) and model else None,
-            provider="google",
-            input_tokens=reported.prompt_token_count or 0,
-            output_tokens=(reported.candidates_token_count or 0) + thoughts,
-            cache_read_tokens=reported.cached_content_token_count or 0,
-            reasoning_tokens=thoughts,
-        )
-    ]
+    record = reported_usage(
+        f"ADK event {getattr(event, 'id', None)!r}",
+        model=model if isinstance(model, str) and model else None,
+        provider="google",
+        input_tokens=reported.prompt_token_count or 0,
+        output_tokens=(reported.candidates_token_count or 0) + thoughts,
+        cache_read_tokens=reported.cached_content_token_count or 0,
+        reasoning_tokens=thoughts,
+    )
+    return None if record is None else [record]
 
 
 def _stored_hash(sid: str, key: uuid.UUID, conn: Connection) -> bytes | None:

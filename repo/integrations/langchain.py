@@ -87,6 +87,7 @@ from sessionrepo import (
     open_async_repository,
     open_repository,
 )
+from sessionrepo.integrations.reported import reported_usage
 from sessionrepo.models import check_identifier
 from sessionrepo.models.message import KEY_FIELD, ROLES, WIRE_FIELDS
 from sessionrepo.models.usage import Usage
@@ -262,18 +263,20 @@ def message_usage(
         details_out = reported.get("output_token_details") or {}
         meta = message.response_metadata or {}
         model = meta.get("model_name") or meta.get("model")
-        records.append(
-            Usage(
-                message_uuid=uuid.UUID(str(wire[KEY_FIELD])),
-                model=model if isinstance(model, str) and model else None,
-                provider=meta.get("model_provider") or None,
-                input_tokens=reported.get("input_tokens") or 0,
-                output_tokens=reported.get("output_tokens") or 0,
-                cache_read_tokens=details_in.get("cache_read") or 0,
-                cache_write_tokens=details_in.get("cache_creation") or 0,
-                reasoning_tokens=details_out.get("reasoning") or 0,
-            )
+        key = uuid.UUID(str(wire[KEY_FIELD]))
+        record = reported_usage(
+            f"LangChain message {key}",
+            message_uuid=key,
+            model=model if isinstance(model, str) and model else None,
+            provider=meta.get("model_provider") or None,
+            input_tokens=reported.get("input_tokens") or 0,
+            output_tokens=reported.get("output_tokens") or 0,
+            cache_read_tokens=details_in.get("cache_read") or 0,
+            cache_write_tokens=details_in.get("cache_creation") or 0,
+            reasoning_tokens=details_out.get("reasoning") or 0,
         )
+        if record is not None:
+            records.append(record)
     return records or None
 
 

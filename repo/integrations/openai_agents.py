@@ -84,6 +84,7 @@ from sessionrepo import (
     open_repository,
 )
 from sessionrepo.errors import ArgumentTypeError, InvalidArgument, InvalidMessage, RepoError
+from sessionrepo.integrations.reported import reported_usage
 from sessionrepo.models import StoredMessage
 from sessionrepo.models.message import KEY_FIELD, new_key
 from sessionrepo.models.usage import Usage
@@ -629,18 +630,19 @@ def run_usage(
         entry = entries[index]
         details_in = entry.input_tokens_details
         details_out = entry.output_tokens_details
-        records.append(
-            Usage(
-                usage_id=uuid.uuid5(last_key, f"openai-agents-request:{index}"),
-                message_uuid=last_key,
-                model=model,
-                input_tokens=entry.input_tokens or 0,
-                output_tokens=entry.output_tokens or 0,
-                cache_read_tokens=getattr(details_in, "cached_tokens", 0) or 0,
-                cache_write_tokens=getattr(details_in, "cache_write_tokens", 0) or 0,
-                reasoning_tokens=getattr(details_out, "reasoning_tokens", 0) or 0,
-            )
+        record = reported_usage(
+            f"OpenAI Agents request {index} of the run",
+            usage_id=uuid.uuid5(last_key, f"openai-agents-request:{index}"),
+            message_uuid=last_key,
+            model=model,
+            input_tokens=entry.input_tokens or 0,
+            output_tokens=entry.output_tokens or 0,
+            cache_read_tokens=getattr(details_in, "cached_tokens", 0) or 0,
+            cache_write_tokens=getattr(details_in, "cache_write_tokens", 0) or 0,
+            reasoning_tokens=getattr(details_out, "reasoning_tokens", 0) or 0,
         )
+        if record is not None:
+            records.append(record)
     return records, len(entries)
 
 

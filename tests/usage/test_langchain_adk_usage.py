@@ -182,3 +182,29 @@ def test_adk_usage_parked_in_an_outage_is_recorded_once(
 
     asyncio.run(main())
     assert _ledger(database_url, sid[0]) == [ADK_EXPECTED]
+
+
+def test_usage_a_framework_reports_beyond_any_record_is_left_out_and_said(
+    database_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A count past the sanity bound (or a provider that is not text) is the framework's
+    bad data: the messages are stored, that record is not, and one WARNING says so."""
+    history = SessionRepoChatMessageHistory("lc-bad", url=database_url)
+    wild = AIMessage(
+        content="an answer worth keeping",
+        id="ai-wild",
+        response_metadata={"model_name": "m", "model_provider": {"not": "text"}},
+        usage_metadata={"input_tokens": 1, "output_tokens": 2**41, "total_tokens": 2**41 + 1},
+    )
+    try:
+        with caplog.at_level("WARNING", logger="sessionrepo"):
+            history.add_messages([HumanMessage(content="q", id="h-wild"), wild])
+        assert [m.content for m in history.messages] == ["q", "an answer worth keeping"]
+    finally:
+        history.close()
+    assert _ledger(database_url, "lc-bad") == []
+    warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warned) == 1, warned
+    assert "the reported usage was not recorded" in warned[0]
+    assert "output_tokens" in warned[0]
+    assert "provider" in warned[0]
