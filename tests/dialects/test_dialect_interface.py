@@ -63,6 +63,7 @@ def test_a_dialect_missing_a_role_cannot_be_made() -> None:
 def test_the_abstract_interface_lists_what_a_backend_must_write() -> None:
     assert {
         "create_engine",
+        "begin_snapshot",
         "translate",
         "describe",
         "is_broken_object",
