@@ -26,7 +26,6 @@ import psycopg
 import psycopg.errors
 from sqlalchemy import Column, Connection
 from sqlalchemy.dialects.postgresql.base import PGDialect
-from sqlalchemy.dialects.postgresql.psycopg import dialect as psycopg_dialect
 from sqlalchemy.util import await_
 
 from sessionrepo.dialects.base import (
@@ -36,7 +35,7 @@ from sessionrepo.dialects.base import (
     DirectResult,
     lock_bypassed,
 )
-from sessionrepo.dialects.postgresql.append import PG_ACTIVITY, PostgresAppend
+from sessionrepo.dialects.postgresql.append import PG_ACTIVITY, PostgresAppend, direct_parameters
 from sessionrepo.models.tables import (
     ACTIVITY_GRANULARITY,
     MESSAGE_COLUMNS,
@@ -115,12 +114,6 @@ _CALL: Final = (
     )
     + ")"
 )
-_PSYCOPG = psycopg_dialect()  # type: ignore[no-untyped-call]  # untyped in SQLAlchemy
-#: The sessions columns' own conversions (JSON as text, times in UTC), as SQLAlchemy
-#: would bind them.
-_SESSION_BINDS: Final = {
-    name: sessions_table.c[name].type.bind_processor(_PSYCOPG) for name in _SESSION_COLUMNS
-}
 
 
 @functools.lru_cache(maxsize=64)
@@ -192,22 +185,7 @@ class CitusAppend(PostgresAppend):
         if not self.has_append_function:
             return None
         rows = append.rows
-        params: dict[str, Any] = {name: [row[name] for row in rows] for name in _ARRAY_COLUMNS}
-        params |= {
-            f"s_{name}": value if (bind := _SESSION_BINDS[name]) is None else bind(value)
-            for name in _SESSION_COLUMNS
-            for value in (append.new_session.get(name),)
-        }
-        params |= {
-            "sid": append.session_id,
-            "now": append.now,
-            "granularity": ACTIVITY_GRANULARITY,
-            "enqueue": append.enqueue,
-            "refuse_conflicts": append.refuse_conflicts,
-            "behind_outbox": append.behind_outbox,
-            "verify_seq": None if append.verify is None else append.verify[0],
-            "verify_key": None if append.verify is None else append.verify[1],
-        }
+        params = direct_parameters(append, _SESSION_COLUMNS)
         try:
             ((kind, keys, hashes, first_seq, inserted),) = _call_alone(driver, _CALL, params)
         except psycopg.errors.UndefinedFunction:

@@ -289,23 +289,8 @@ class PostgresAppend(AppendRole):
 
     def append_direct(self, driver: Any, append: DirectAppend) -> DirectResult | None:
         rows = append.rows
-        params: dict[str, Any] = {name: [row[name] for row in rows] for name in _INPUT_COLUMNS}
-        params |= {
-            f"s_{name}": value if (bind := _SESSION_BINDS[name]) is None else bind(value)
-            for name in NEW_SESSION_COLUMNS
-            for value in (append.new_session.get(name),)
-        }
-        params |= {
-            "sid": append.session_id,
-            "now": append.now,
-            "granularity": ACTIVITY_GRANULARITY,
-            "enqueue": append.enqueue,
-            "refuse_conflicts": append.refuse_conflicts,
-            "behind_outbox": append.behind_outbox,
-            "verify_seq": None if append.verify is None else append.verify[0],
-            "verify_key": None if append.verify is None else append.verify[1],
-            "erased_probe": append.erased_probe,
-        }
+        params = direct_parameters(append, NEW_SESSION_COLUMNS)
+        params["erased_probe"] = append.erased_probe
         try:
             found = _execute_alone(driver, _PG_APPEND_DIRECT, params)
         except psycopg.errors.UniqueViolation:
@@ -368,3 +353,26 @@ def _execute_alone(driver: Any, statement: str, params: dict[str, Any]) -> list[
     finally:
         with contextlib.suppress(psycopg.Error):
             driver.autocommit = False
+
+
+def direct_parameters(append: DirectAppend, session_columns: Sequence[str]) -> dict[str, Any]:
+    """The parameters of a one-call append (this dialect's statement, Citus's function):
+    the rows as one array per column, the new session's ``session_columns`` (``s_`` and
+    the name) bound as SQLAlchemy would, and the append's options."""
+    params: dict[str, Any] = {name: [row[name] for row in append.rows] for name in _INPUT_COLUMNS}
+    params |= {
+        f"s_{name}": value if (bind := _SESSION_BINDS[name]) is None else bind(value)
+        for name in session_columns
+        for value in (append.new_session.get(name),)
+    }
+    params |= {
+        "sid": append.session_id,
+        "now": append.now,
+        "granularity": ACTIVITY_GRANULARITY,
+        "enqueue": append.enqueue,
+        "refuse_conflicts": append.refuse_conflicts,
+        "behind_outbox": append.behind_outbox,
+        "verify_seq": None if append.verify is None else append.verify[0],
+        "verify_key": None if append.verify is None else append.verify[1],
+    }
+    return params
