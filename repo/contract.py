@@ -288,6 +288,7 @@ class SessionStore(Protocol):
         before_seq: int | None = None,
         limit: int | None = None,
         include_key: bool = False,
+        include_retracted: bool = False,
     ) -> list[dict[str, Any]]:
         """The live transcript as the OpenAI wire dicts a gateway sends to the model, in
         ``seq`` order, decoded straight from the stored columns (no ``StoredMessage`` is
@@ -302,6 +303,8 @@ class SessionStore(Protocol):
             limit: at most this many messages.
             include_key: add ``client_msg_uuid`` (a re-flush of the dicts then stores
                 nothing).
+            include_retracted: the messages an edit superseded too, in their places (as
+                ``load_transcript``'s; a wire dict does not say which they are).
 
         Raises:
             NotFound: no such session.

@@ -702,6 +702,7 @@ class SessionRepository(SessionStore, TranscriptEditor, SessionOperations):
         before_seq: int | None = None,
         limit: int | None = None,
         include_key: bool = False,
+        include_retracted: bool = False,
     ) -> list[dict[str, Any]]:
         sid = check_session_id(session_id)
         after_seq = check_seq(after_seq, "after_seq")
@@ -709,16 +710,25 @@ class SessionRepository(SessionStore, TranscriptEditor, SessionOperations):
         if limit is not None:
             limit = check_limit(limit)
         include_key = check_bool(include_key, "include_key")
+        include_retracted = check_bool(include_retracted, "include_retracted")
         backwards = before_seq is not None and after_seq is None and limit is not None
         load = DirectLoad(
-            sid, _codec.LOAD_COLUMNS, after_seq, before_seq, limit, backwards, live_only=True
+            sid,
+            _codec.LOAD_COLUMNS,
+            after_seq,
+            before_seq,
+            limit,
+            backwards,
+            live_only=not include_retracted,
         )
         rows = self._db.read_direct(lambda driver: self._db.dialect.load_direct(driver, load))
         if rows:
             if backwards:
                 rows.reverse()
             return wire_dicts(rows, include_key=include_key)
-        query = select(*_codec.load_columns).where(M.session_id == sid, M.superseded.is_(None))
+        query = select(*_codec.load_columns).where(M.session_id == sid)
+        if not include_retracted:
+            query = query.where(M.superseded.is_(None))
         if after_seq is not None:
             query = query.where(M.seq > after_seq)
         if before_seq is not None:

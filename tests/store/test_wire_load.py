@@ -79,6 +79,12 @@ def test_pages_backward_as_load_transcript_does(repo: SessionStore) -> None:
         "3",
     ]
     assert repo.load_openai("s", before_seq=1) == []
+    everything = repo.load_transcript("s", include_retracted=True)
+    assert repo.load_openai("s", include_retracted=True) == [m.to_openai() for m in everything]
+    newest = repo.load_transcript("s", before_seq=end, limit=3, include_retracted=True)
+    assert repo.load_openai("s", before_seq=end, limit=3, include_retracted=True) == [
+        m.to_openai() for m in newest
+    ]
 
 
 def test_an_unknown_session_is_not_found(repo: SessionStore) -> None:
