@@ -325,7 +325,8 @@ def test_the_writers_drainer_embeds_only_while_writes_pause(
             time.sleep(0.04)
         assert embedder.texts == 0
         eventually(lambda: _rows(database_url) == 165, "the drainer's semantic catch-up")
-        assert embedder.sizes and max(embedder.sizes) <= 64
+        assert embedder.sizes
+        assert max(embedder.sizes) <= 64
         assert len(embedder.sizes) >= 3  # 165 messages in rounds of at most 64
     finally:
         writer.close()
