@@ -285,19 +285,26 @@ class SessionStore(Protocol):
         session_id: str,
         *,
         after_seq: int | None = None,
+        before_seq: int | None = None,
         limit: int | None = None,
         include_key: bool = False,
+        include_retracted: bool = False,
     ) -> list[dict[str, Any]]:
         """The live transcript as the OpenAI wire dicts a gateway sends to the model, in
         ``seq`` order, decoded straight from the stored columns (no ``StoredMessage`` is
         built): each equals ``to_openai(include_key=include_key)`` of the message
-        ``load_transcript`` returns at its place, and is the caller's to change.
+        ``load_transcript`` returns at its place, and is the caller's to change. The
+        cursors page as ``load_transcript``'s do (``before_seq``/``limit``: the
+        ``limit`` newest before it, still in ascending order).
 
         Args:
             after_seq: only messages after this ``seq``.
+            before_seq: only messages before this ``seq``.
             limit: at most this many messages.
             include_key: add ``client_msg_uuid`` (a re-flush of the dicts then stores
                 nothing).
+            include_retracted: the messages an edit superseded too, in their places (as
+                ``load_transcript``'s; a wire dict does not say which they are).
 
         Raises:
             NotFound: no such session.

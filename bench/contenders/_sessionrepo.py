@@ -265,7 +265,9 @@ class Writer(SessionRepo):
     def settle(self) -> None:
         """With the drainer running: wait until its search catch-up has emptied the backlog
         that this contender's writes left, so that it does not run inside the next
-        contender's timing (its work during this contender's own cells is counted)."""
+        contender's timing (its work during this contender's own cells is counted); then
+        embed what the semantic catch-up has left (the drainer does that only while
+        writes pause: here, untimed, rather than beside the next contender's cells)."""
         if not self.drainer:
             return
         deadline = time.monotonic() + 30
@@ -274,10 +276,13 @@ class Writer(SessionRepo):
             while time.monotonic() < deadline:
                 row = connection.execute("SELECT count(*) FROM search_backlog").fetchone()
                 if not row[0]:
-                    return
+                    break
                 time.sleep(0.05)
         finally:
             connection.close()
+        catch_up = getattr(self.repo, "catch_up_semantic_index", None)  # a baseline may lack it
+        while catch_up is not None and catch_up(limit=2000):
+            pass
 
     def close(self) -> None:
         self.writer.close()

@@ -506,10 +506,16 @@ class SessionRepoSessionService(BaseSessionService):
             return []
         repo = await self._repo()
         if after is None:
-            messages = await repo.load_transcript(
+            # The events straight from the stored columns (each message's wire dict
+            # carries its extra, the event), no StoredMessage built.
+            wires = await repo.load_openai(
                 sid, before_seq=next_seq, limit=limit, include_retracted=True
             )
-            return [event for event in map(stored_event, messages) if event is not None]
+            return [
+                Event.model_validate(wire[EVENT_FIELD])
+                for wire in wires
+                if isinstance(wire.get(EVENT_FIELD), dict)
+            ]
         # Newest first until an event older than after_timestamp: the suffix of events
         # at or after it (as the in-memory service cuts it), read a page at a time.
         newest_first: list[Event] = []

@@ -386,8 +386,20 @@ class SessionRepoSession:
         wanted = resolve_session_limit(limit, self.session_settings)
         if wanted is not None and wanted <= 0:
             return []
-        stored = await self._live(wanted)
-        return [cast("TResponseInputItem", message.to_item()) for message in stored]
+        # The items decoded straight from the stored columns (each what to_item() of
+        # the stored message gives), no StoredMessage built: the call a run makes
+        # before each model turn.
+        await self._caught_up()
+        try:
+            if wanted is None:
+                items = await self._call(SessionRepository.load_openai, self.session_id)
+            else:
+                items = await self._call(
+                    SessionRepository.load_openai, self.session_id, before_seq=_END, limit=wanted
+                )
+        except NotFound:
+            return []
+        return cast("list[TResponseInputItem]", items)
 
     async def add_items(
         self, items: list[TResponseInputItem], *, wrapper: RunContextWrapper[Any] | None = None
@@ -465,6 +477,22 @@ class SessionRepoSession:
 
     async def _live(self, limit: int | None) -> list[StoredMessage]:
         """The newest ``limit`` live messages (``None``: all), oldest first."""
+        await self._caught_up()
+        try:
+            if limit is None:
+                return await self._call(SessionRepository.load_transcript, self.session_id)
+            return await self._call(
+                SessionRepository.load_transcript, self.session_id, before_seq=_END, limit=limit
+            )
+        except NotFound:
+            return []
+
+    async def _caught_up(self) -> None:
+        """Replay this session's parked writes before its history is read.
+
+        Raises:
+            BackendUnavailable: some are still parked (the primary cannot take them).
+        """
         parked = 0
         if self._use_outbox:
             parked = await self._write_call(TranscriptWriter.pending, self.session_id)
@@ -478,14 +506,6 @@ class SessionRepoSession:
                     f"{waiting} writes of this session wait in the outbox: its history "
                     "is read once they are replayed"
                 )
-        try:
-            if limit is None:
-                return await self._call(SessionRepository.load_transcript, self.session_id)
-            return await self._call(
-                SessionRepository.load_transcript, self.session_id, before_seq=_END, limit=limit
-            )
-        except NotFound:
-            return []
 
     async def _retract(self, keys: list[uuid.UUID]) -> list[uuid.UUID] | None:
         """Take ``keys`` out of the live history: the keys this call took out (not those

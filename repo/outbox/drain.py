@@ -50,6 +50,9 @@ from sessionrepo.store.repository import SessionRepository
 #: A write this recent (seconds) means writes are flowing: the drainer's catch-up
 #: then takes one short transaction per round.
 _WRITES_FLOWING: Final = 0.25
+#: Messages the semantic catch-up embeds per drainer round while writes pause (one call
+#: of the embedder; none while they flow).
+_EMBED_PER_ROUND: Final = 64
 
 #: Seconds between a drainer's renewals of its claims (a third of the lease if shorter).
 _RENEW_EVERY: Final = 1.0
@@ -471,21 +474,27 @@ class Drainer:
             return wait
         flowing = now - self.last_write < _WRITES_FLOWING
         limit = 1 if flowing else 2000
+        # The semantic catch-up embeds on this process's CPU (the default model takes
+        # about 0.2 s for one text): never while writes are flowing, and one embedder
+        # call's worth per round when they pause, so that a write arriving meanwhile
+        # competes with one batch at most (see the README's Performance section).
+        embed = 0 if flowing else _EMBED_PER_ROUND
+
+        def catch_up() -> tuple[int, int]:
+            indexed = self._repository.catch_up_search_index(limit=limit)
+            embedded = self._repository.catch_up_semantic_index(limit=embed) if embed else 0
+            return indexed, embedded
+
         try:
-            indexed = self._calls.primary.run(
-                lambda: (
-                    self._repository.catch_up_search_index(limit=limit)
-                    + self._repository.catch_up_semantic_index(limit=limit)
-                ),
-                timeout=self._calls.deadline,
-            )
+            indexed, embedded = self._calls.primary.run(catch_up, timeout=self._calls.deadline)
         except Exception as exc:
             failures = self._index_failures.event(describe(exc), exc)
             backoff = min(self._backoff[1], interval * 2 ** min(failures - 1, 30))
             self._index_retry_at = time.monotonic() + backoff
             return wait
         self._index_failures.end()
-        return min(wait, 0.05) if indexed >= limit and not flowing else wait
+        more = indexed >= limit or (embed and embedded >= embed)
+        return min(wait, 0.05) if more and not flowing else wait
 
     def stop(self, timeout: float | None) -> None:
         """Stop the background loop, waiting up to ``timeout`` seconds for its round."""

@@ -699,27 +699,48 @@ class SessionRepository(SessionStore, TranscriptEditor, SessionOperations):
         session_id: str,
         *,
         after_seq: int | None = None,
+        before_seq: int | None = None,
         limit: int | None = None,
         include_key: bool = False,
+        include_retracted: bool = False,
     ) -> list[dict[str, Any]]:
         sid = check_session_id(session_id)
         after_seq = check_seq(after_seq, "after_seq")
+        before_seq = check_seq(before_seq, "before_seq")
         if limit is not None:
             limit = check_limit(limit)
         include_key = check_bool(include_key, "include_key")
-        load = DirectLoad(sid, _codec.LOAD_COLUMNS, after_seq, None, limit, False, live_only=True)
+        include_retracted = check_bool(include_retracted, "include_retracted")
+        backwards = before_seq is not None and after_seq is None and limit is not None
+        load = DirectLoad(
+            sid,
+            _codec.LOAD_COLUMNS,
+            after_seq,
+            before_seq,
+            limit,
+            backwards,
+            live_only=not include_retracted,
+        )
         rows = self._db.read_direct(lambda driver: self._db.dialect.load_direct(driver, load))
         if rows:
+            if backwards:
+                rows.reverse()
             return wire_dicts(rows, include_key=include_key)
-        query = select(*_codec.load_columns).where(M.session_id == sid, M.superseded.is_(None))
+        query = select(*_codec.load_columns).where(M.session_id == sid)
+        if not include_retracted:
+            query = query.where(M.superseded.is_(None))
         if after_seq is not None:
             query = query.where(M.seq > after_seq)
-        query = query.order_by(M.seq).limit(limit)
+        if before_seq is not None:
+            query = query.where(M.seq < before_seq)
+        query = query.order_by(M.seq.desc() if backwards else M.seq).limit(limit)
 
         def work(conn: Connection) -> list[dict[str, Any]]:
             found = list(conn.execute(query))
             if not found:
                 self._get(conn, sid)  # an empty transcript, or NotFound
+            if backwards:
+                found.reverse()
             return wire_dicts(found, include_key=include_key)
 
         return self._db.read(work)

@@ -228,3 +228,57 @@ def test_sqlite_fts5_out_of_memory_on_a_damaged_record_is_the_index_s_failure(
     assert indexed.search_index_state()[0] == "stale"
     indexed.append("s", [Message(role="user", content="appends go on")])
     assert len(indexed.load_transcript("s")) == 3
+
+
+# -- the async SQLite pool: a rollback on return only when a transaction is open -------
+
+
+def test_an_async_sqlite_connection_is_rolled_back_on_return_only_when_in_a_transaction(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On aiosqlite a rollback is a hop to the connection's thread: the pool does it only
+    for a connection returned with its transaction open (whose writes it undoes), not
+    after a one-call append that committed."""
+    import asyncio
+
+    import aiosqlite
+    from sqlalchemy.util import greenlet_spawn
+
+    from sessionrepo import open_async_repository
+
+    rollbacks: list[bool] = []
+    original = aiosqlite.Connection.rollback
+
+    async def counted(self: aiosqlite.Connection) -> None:
+        rollbacks.append(self.in_transaction)
+        await original(self)
+
+    monkeypatch.setattr(aiosqlite.Connection, "rollback", counted)
+
+    async def main() -> None:
+        repository = await open_async_repository(f"sqlite:///{tmp_path}/x.db")
+        try:
+            await repository.append("s", [{"role": "user", "content": "hello"}])
+            rollbacks.clear()
+            for index in range(3):
+                await repository.append("s", [{"role": "user", "content": f"again {index}"}])
+            assert rollbacks == []  # each committed in its one call: nothing to reset
+            engine = repository.database.engine
+
+            def left_open() -> None:
+                pooled = engine.raw_connection()
+                try:
+                    cursor = pooled.cursor()
+                    cursor.execute("BEGIN IMMEDIATE")
+                    cursor.execute("DELETE FROM messages")
+                    cursor.close()
+                finally:
+                    pooled.close()  # returned with the transaction open: rolled back
+
+            await greenlet_spawn(left_open)
+            assert rollbacks == [True]
+            assert len(await repository.load_transcript("s")) == 4
+        finally:
+            await repository.close()
+
+    asyncio.run(main())

@@ -5,6 +5,8 @@ two models; hybrid says when vectors are missing and still returns the keyword h
 
 from __future__ import annotations
 
+import time
+from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -274,6 +276,58 @@ def test_the_writers_drainer_fills_the_vectors(database_url: str) -> None:
         assert embedder.texts == 0  # the write embedded nothing
         writer.start(interval=0.05)
         eventually(lambda: _rows(database_url) == 1, "the drainer's semantic catch-up")
+    finally:
+        writer.close()
+        repository.close()
+
+
+class _RecordingEmbedder(ConceptEmbedder):
+    """Each call's size, to check how much one drainer round embeds."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.sizes: list[int] = []
+
+    def embed(self, texts: Sequence[str]) -> list[list[float]]:
+        self.sizes.append(len(texts))
+        return super().embed(texts)
+
+
+def test_the_writers_drainer_embeds_only_while_writes_pause(
+    database_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The semantic catch-up embeds on the writer's process: none while writes are
+    flowing (a write less recent than the threshold: 0.25 s, 1 s here so that a slow
+    write on a busy machine still counts), then at most one embedder call of 64 texts
+    per round until every message has its vector."""
+    from sessionrepo import TranscriptWriter
+    from sessionrepo.outbox import drain
+
+    from support.polling import eventually
+
+    monkeypatch.setattr(drain, "_WRITES_FLOWING", 1.0)
+    embedder = _RecordingEmbedder()
+    repository = open_repository(database_url, embedder=embedder)
+    writer = TranscriptWriter(repository)
+    try:
+        # 150 messages stored before the drainer starts: each write is recent when
+        # its first round runs.
+        for index in range(30):
+            batch = [
+                {"role": "user", "content": f"Mochi at the vet, day {index} {n}"} for n in range(5)
+            ]
+            assert writer.write("pet", batch).status == "stored"
+        writer.start(interval=0.05)
+        for index in range(15):  # writes flowing for about 0.6 s: rounds run, embed nothing
+            assert writer.write(
+                "pet", [{"role": "user", "content": f"still sick {index}"}]
+            ).status == ("stored")
+            time.sleep(0.04)
+        assert embedder.texts == 0
+        eventually(lambda: _rows(database_url) == 165, "the drainer's semantic catch-up")
+        assert embedder.sizes
+        assert max(embedder.sizes) <= 64
+        assert len(embedder.sizes) >= 3  # 165 messages in rounds of at most 64
     finally:
         writer.close()
         repository.close()

@@ -61,6 +61,32 @@ def test_pages_and_the_live_transcript_only(repo: SessionStore) -> None:
     assert repo.load_openai("s", after_seq=4) == []
 
 
+def test_pages_backward_as_load_transcript_does(repo: SessionStore) -> None:
+    repo.append("s", [{"role": "user", "content": str(i)} for i in range(8)])
+    repo.retract("s", [repo.load_transcript("s")[6].client_msg_uuid])  # "6" out
+    end = 2**63 - 1
+    for cursor in (
+        {"before_seq": end, "limit": 3},
+        {"before_seq": 5, "limit": 2},
+        {"before_seq": 4},
+    ):
+        stored = repo.load_transcript("s", **cursor)
+        assert repo.load_openai("s", **cursor) == [m.to_openai() for m in stored], cursor
+    assert [d["content"] for d in repo.load_openai("s", before_seq=end, limit=3)] == ["4", "5", "7"]
+    assert [d["content"] for d in repo.load_openai("s", after_seq=1, before_seq=5)] == [
+        "1",
+        "2",
+        "3",
+    ]
+    assert repo.load_openai("s", before_seq=1) == []
+    everything = repo.load_transcript("s", include_retracted=True)
+    assert repo.load_openai("s", include_retracted=True) == [m.to_openai() for m in everything]
+    newest = repo.load_transcript("s", before_seq=end, limit=3, include_retracted=True)
+    assert repo.load_openai("s", before_seq=end, limit=3, include_retracted=True) == [
+        m.to_openai() for m in newest
+    ]
+
+
 def test_an_unknown_session_is_not_found(repo: SessionStore) -> None:
     with pytest.raises(NotFound):
         repo.load_openai("nobody")

@@ -244,7 +244,15 @@ _SQLITE_CREATE = (
 _SQLITE_PARKED = parked_rows_sql("?")
 _SQLITE_AT = "SELECT 1 FROM messages WHERE session_id = ? AND seq = ? AND client_msg_uuid = ?"
 _SQLITE_BACKLOG = "INSERT INTO search_backlog (session_id, first_seq, count) VALUES (?, ?, ?)"
-_SQLITE_ERASED = "SELECT 1 FROM erased_sessions WHERE session_hash = ?"
+#: The erasure probe and the session's row in one statement (always one row: whether
+#: the session's tombstone is there, then ``next_seq`` and ``last_active_at``, NULL for
+#: a session that does not exist).
+_SQLITE_PROBED_SESSION = (
+    "SELECT erased.session_hash IS NOT NULL, sessions.next_seq, sessions.last_active_at "
+    "FROM (SELECT ? AS hash, ? AS id) AS asked "
+    "LEFT JOIN erased_sessions AS erased ON erased.session_hash = asked.hash "
+    "LEFT JOIN sessions ON sessions.id = asked.id"
+)
 
 
 def _sqlite_append(db: sqlite3.Connection, append: DirectAppend) -> DirectResult:
@@ -274,9 +282,14 @@ def _sqlite_append_locked(db: sqlite3.Connection, append: DirectAppend, sid: str
     # Under the write lock: an erasure (its tombstone and its deletions in one
     # transaction) is wholly before this append or wholly after it.
     probe = append.erased_probe
-    if probe is not None and db.execute(_SQLITE_ERASED, (probe,)).fetchone() is not None:
-        return DirectResult(stored={}, first_seq=None, erased=True)
-    session = db.execute(_SQLITE_NEXT_SEQ, (sid,)).fetchone()
+    session: Sequence[Any] | None
+    if probe is None:
+        session = db.execute(_SQLITE_NEXT_SEQ, (sid,)).fetchone()
+    else:
+        erased, *found = db.execute(_SQLITE_PROBED_SESSION, (probe, sid)).fetchone()
+        if erased:
+            return DirectResult(stored={}, first_seq=None, erased=True)
+        session = None if found[0] is None else found
     if append.behind_outbox and db.execute(_SQLITE_PARKED, (sid,)).fetchone() is not None:
         return DirectResult(stored={}, first_seq=None, queued=True)
     rows = append.rows

@@ -14,7 +14,7 @@ from sqlalchemy import Connection, Engine, Insert, Table, event, func
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.dialects import sqlite
 from sqlalchemy.engine import URL
-from sqlalchemy.pool import ConnectionPoolEntry
+from sqlalchemy.pool import ConnectionPoolEntry, PoolResetState
 from sqlalchemy.sql.elements import ColumnElement
 
 from sessionrepo.dialects.base import READ_ONLY, EngineRole, make_engine
@@ -130,12 +130,20 @@ class SQLiteEngine(EngineRole):
                 url = url.update_query_dict({"mode": "ro"})
         elif path is not None:
             url = _read_only_url(url, path) if read_only else _create_private(url, path)
+        # On aiosqlite every call on a connection is a hop to its thread and back: the
+        # pool's rollback on return would be a second hop per append (the append runs
+        # in one, and leaves no transaction open). Rolled back only when one is open.
+        reset_when_open = asynchronous and "pool_reset_on_return" not in options
+        if reset_when_open:
+            options["pool_reset_on_return"] = None
         engine = make_engine(
             url.set(drivername="sqlite+aiosqlite") if asynchronous else url,
             asynchronous,
             connect_args={"timeout": busy_timeout, "check_same_thread": False},
             **options,
         )
+        if reset_when_open:
+            event.listen(engine, "reset", _rollback_when_open)
 
         @event.listens_for(engine, "connect")
         def _configure(dbapi_connection: Any, record: ConnectionPoolEntry) -> None:
@@ -239,3 +247,18 @@ class SQLiteEngine(EngineRole):
     def is_damaged(self, exc: sa_exc.DBAPIError) -> bool:
         # A damaged page or FTS5 record (SQLITE_CORRUPT_VTAB too: the primary code).
         return self._code(exc) == sqlite3.SQLITE_CORRUPT
+
+
+def _rollback_when_open(
+    dbapi_connection: Any, record: ConnectionPoolEntry, reset_state: PoolResetState
+) -> None:
+    """The pool's reset of an aiosqlite connection (``pool_reset_on_return=None``): what
+    the default reset does, a rollback, but only when the connection has a transaction
+    open (its ``sqlite3`` connection says so; nothing runs on it while it is returned).
+    A SQLAlchemy connection that ended its transaction, or a connection collected
+    outside the event loop, is left as the default reset leaves it."""
+    del record
+    if reset_state.transaction_was_reset or not reset_state.asyncio_safe:
+        return
+    if dbapi_connection.driver_connection.in_transaction:
+        dbapi_connection.rollback()
