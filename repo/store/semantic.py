@@ -628,7 +628,8 @@ class SemanticIndex:
         if getattr(local, "memo", False):
             if local.row is _UNREAD:
                 local.row = self._read_state()
-            return local.row
+            row: _State | None = local.row
+            return row
         return self._read_state()
 
     def _read_state(self) -> _State | None:
