@@ -11,7 +11,8 @@ The append never embeds (its speed does not change): :meth:`SemanticIndex.catch_
 called by ``search`` (a bounded amount), by a ``TranscriptWriter``'s drainer beside the
 keyword catch-up, and on demand. It looks at the sessions active since its watermark (the
 sessions' ``last_active_at``, less a slack for transactions that commit late) whose
-newest message has no row yet, reads each one's messages that have no row or a row of
+newest message has no row yet (whether there is any, the statement that reads the state
+row answers: a search with nothing to embed costs that one read before its scan), reads each one's messages that have no row or a row of
 other content, embeds them *outside* any transaction, and upserts the rows in short
 transactions of their own. An edit that changes a message (compaction moves seqs) leaves
 a row whose hash is not the message's: searches ignore it, and the session's next
@@ -24,7 +25,10 @@ once and then only the rows written since. A search scores every current vector 
 passes the filters by int8 dot product (brute force, numpy) from that cache (or, when it
 is off or the vectors do not fit, from the database), then reads only its best rows,
 each checked against the database (live, its text the one embedded, the filters met;
-those found gone are dropped from the cache), and returns them with a snippet. Hybrid
+those found gone are dropped from the cache), and returns them with a snippet. The
+state, the load of the vectors and the hits are read on the driver's own connection
+where the dialect can (``select_direct``: one round trip each, no ``BEGIN``/``COMMIT``,
+no per-row processing), else through SQLAlchemy (Citus). Hybrid
 fuses the keyword and semantic rankings by reciprocal rank fusion.
 """
 
