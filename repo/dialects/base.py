@@ -22,7 +22,7 @@ from __future__ import annotations
 import functools
 import uuid
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, ClassVar, Final, Literal, NamedTuple, Protocol, TypeVar
@@ -469,6 +469,17 @@ class AppendRole(ABC):
         (its own read transaction): the rows of ``load.columns``, in ``seq`` order (or
         newest first, ``load.backwards``), as the driver returns them. The default
         returns ``None``: the caller reads through SQLAlchemy."""
+        return None
+
+    def select_direct(
+        self, driver: Any, sql: str, params: Mapping[str, Any]
+    ) -> list[Sequence[Any]] | None:
+        """One ``SELECT`` (SQL text both backends run, parameters written ``:name``) on
+        the driver's own connection, its own read transaction: one round trip, no
+        ``BEGIN``/``COMMIT`` around it. An aware ``datetime`` parameter is bound as the
+        column stores it; the rows come as the driver returns them (on SQLite a time is
+        its stored text, on PostgreSQL an aware ``datetime``). The default returns
+        ``None``: the caller reads through SQLAlchemy."""
         return None
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import sqlite3
 from collections.abc import Iterator
+from datetime import timedelta, timezone
 from typing import Any
 
 import pytest
@@ -282,3 +283,32 @@ def test_an_async_sqlite_connection_is_rolled_back_on_return_only_when_in_a_tran
             await repository.close()
 
     asyncio.run(main())
+
+
+def test_a_direct_select_binds_times_as_stored_and_keeps_percent_signs(database_url: str) -> None:
+    """``select_direct``: ``:name`` parameters on both backends, a ``%`` in the SQL
+    text left as it is, an aware time compared with the stored column as SQLAlchemy
+    would bind it (SQLite: its text form, whatever the time's zone)."""
+    repository = open_repository(database_url)
+    try:
+        repository.append("s", [{"role": "user", "content": "a"}])
+        [stored] = repository.load_transcript("s")
+        database = repository._db
+        sql = (
+            "SELECT seq, 'x%y' FROM messages WHERE session_id = :sid "
+            "AND timestamp >= :since AND timestamp <= :until"
+        )
+        east = timezone(timedelta(hours=3))
+        at = stored.timestamp.astimezone(east)
+        for since, until, expected in (
+            (at, at, [(1, "x%y")]),
+            (at + timedelta(microseconds=1), at + timedelta(hours=1), []),
+        ):
+            params = {"sid": "s", "since": since, "until": until}
+            rows = database.read_direct(
+                lambda driver, params=params: database.dialect.select_direct(driver, sql, params)
+            )
+            assert rows is not None
+            assert [tuple(row) for row in rows] == expected
+    finally:
+        repository.close()

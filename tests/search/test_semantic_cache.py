@@ -7,7 +7,7 @@ edited by compaction, re-embedded); bounded in bytes, ``0`` off, the same answer
 from __future__ import annotations
 
 import tracemalloc
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
 import numpy as np
@@ -270,3 +270,79 @@ def test_ties_are_in_key_order_at_any_depth() -> None:
     assert sorted(semantic_module._top(scores, 2).tolist()) == [1, 2, 3]
     assert sorted(semantic_module._top(scores, 10).tolist()) == [0, 1, 2, 3, 4]
     assert semantic_module._top(np.full(3, -np.inf, dtype=np.float32), 2).tolist() == []
+
+
+def _inner(store: Any) -> Any:
+    inner = getattr(store, "_target", store)
+    return getattr(inner, "_sync", inner)
+
+
+def test_without_direct_reads_the_same_answers(
+    database_url: str, api: str, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A dialect without ``select_direct`` (Citus) reads the state, the vectors and the
+    hits through SQLAlchemy, the catch-up asking its own question: the same answers."""
+    direct = _open(database_url, api, request)
+    _fill(direct)
+    now = datetime.now(UTC)
+    queries: list[tuple[str, dict[str, Any]]] = [
+        ("tokyo", {}),
+        ("vet", {"source": "discord"}),
+        ("jr pass", {"role": "assistant"}),
+        ("kyoto", {"user_id": "ana", "limit": 1, "cursor": 1}),
+        ("tokyo", {"since": now - timedelta(hours=1)}),
+        ("tokyo", {"until": now - timedelta(hours=1)}),
+    ]
+    expected = [direct.search(q, mode="semantic", **filters) for q, filters in queries]
+    assert expected[0]
+    assert not expected[-1]
+    monkeypatch.setattr(type(_inner(direct)._db.dialect), "select_direct", lambda self, *args: None)
+    routed = _open(database_url, api, request)
+    assert [routed.search(q, mode="semantic", **filters) for q, filters in queries] == expected
+    assert _cache(routed).vectors == 4
+    routed.append("cook", [{"role": "user", "content": "a pasta recipe for dinner"}])
+    assert _keys(routed.search("bake with flour", mode="semantic", limit=1)) == [("cook", 1)]
+
+
+def test_a_search_with_nothing_behind_asks_no_more(
+    database_url: str, api: str, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The state's read answers whether any session is behind: with none, a search's
+    catch-up reads no sessions; a message appended since is still embedded and found."""
+    calls: list[Any] = []
+    behind = semantic_module._sessions_behind
+
+    def counted(conn: Any, watermark: Any) -> Any:
+        calls.append(watermark)
+        return behind(conn, watermark)
+
+    monkeypatch.setattr(semantic_module, "_sessions_behind", counted)
+    store = _open(database_url, api, request)
+    _fill(store)
+    store.catch_up_semantic_index()
+    calls.clear()
+    for _ in range(3):
+        assert _keys(store.search("vet", mode="semantic", limit=1)) == [("pet", 1)]
+    assert calls == []
+    store.append("cook", [{"role": "user", "content": "a pasta recipe for dinner"}])
+    assert _keys(store.search("bake with flour", mode="semantic", limit=1)) == [("cook", 1)]
+    assert len(calls) == 1  # the session behind read, then nothing more
+
+
+def test_times_are_read_as_the_column_types_read_them() -> None:
+    """The load's timestamps (microseconds since the epoch): SQLite's text parsed at
+    once by numpy, anything else one by one, the same values either way."""
+    moments = [
+        datetime(2026, 1, 1, tzinfo=UTC),
+        datetime(2026, 11, 29, 12, 0, 0, 123456, tzinfo=UTC),
+        datetime(1999, 12, 31, 23, 59, 59, 999999, tzinfo=UTC),
+    ]
+    epoch, micro = datetime(1970, 1, 1, tzinfo=UTC), timedelta(microseconds=1)
+    expected = [(m - epoch) // micro for m in moments]
+    texts = [m.replace(tzinfo=None).isoformat(" ", "microseconds") for m in moments]
+    assert semantic_module._stamps(texts).tolist() == expected
+    assert semantic_module._stamps(moments).tolist() == expected
+    eastern = timezone(timedelta(hours=-5))
+    assert semantic_module._stamps([m.astimezone(eastern) for m in moments]).tolist() == expected
+    assert semantic_module._stamps([texts[0][:19], *texts[1:]]).tolist() == expected  # short
+    assert semantic_module.stored_time(texts[1]) == moments[1]

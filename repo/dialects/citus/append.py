@@ -18,7 +18,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any, Final
 
@@ -209,6 +209,13 @@ class CitusAppend(PostgresAppend):
 
     def load_direct(self, driver: Any, load: DirectLoad) -> list[Sequence[Any]] | None:
         # Through SQLAlchemy, as every other statement here (a routed read either way).
+        return None
+
+    def select_direct(
+        self, driver: Any, sql: str, params: Mapping[str, Any]
+    ) -> list[Sequence[Any]] | None:
+        # Through SQLAlchemy: a caller's statement may join a reference table with
+        # distributed ones in a way Citus does not plan (the caller has another way).
         return None
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import sqlite3
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from functools import partial
 from operator import itemgetter
@@ -100,6 +100,18 @@ class SQLiteAppend(AppendRole):
         if isinstance(driver, sqlite3.Connection):
             return driver.execute(sql, params).fetchall()
         rows: list[Sequence[Any]] = await_(on_connection_thread(driver, _fetch_all, sql, params))
+        return rows
+
+    def select_direct(
+        self, driver: Any, sql: str, params: Mapping[str, Any]
+    ) -> list[Sequence[Any]] | None:
+        bound = {
+            name: _sqlite_time(value) if isinstance(value, datetime) else value
+            for name, value in params.items()
+        }
+        if isinstance(driver, sqlite3.Connection):
+            return driver.execute(sql, bound).fetchall()
+        rows: list[Sequence[Any]] = await_(on_connection_thread(driver, _fetch_all, sql, bound))
         return rows
 
 
