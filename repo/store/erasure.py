@@ -13,7 +13,8 @@
    session row; and in the same transaction its tombstone (:mod:`.tombstones`: keyed
    hashes of its id and of every message key, those parked in the outbox included).
 3. The ADK user state of the erased ADK users (``adk_user_states``) that no remaining
-   ADK session uses, and for a ``user_id`` selector every ADK user state of that user.
+   ADK session uses, and for a ``user_id`` selector every ADK user state of that user,
+   each leaving its tombstone (:func:`.tombstones.record_user_state`).
    ADK app state is shared by every user of an app: not the user's, not erased.
 4. The audit row (content-free: when, who as given, the selector's kind and keyed hash,
    the counts), written first (``started``) and completed at the end.
@@ -152,7 +153,9 @@ class Eraser:
             pairs |= adk_pairs
             erased.append(sid)
             self._memory.forget_session(sid)
-        users = self._db.write(lambda conn: _erase_adk_users(conn, pairs, kind, value))
+        users = self._db.write(
+            lambda conn: _erase_adk_users(conn, self._db, pairs, kind, value, audit_id=audit_id)
+        )
         counts = counts.model_copy(
             update={
                 "adk_user_states": users,
@@ -277,7 +280,9 @@ class Eraser:
         superseded = 0
         for sid, before in plan.superseded:
             superseded += self._erase_superseded(sid, before, audit_id)
-        users = self._db.write(lambda conn: _erase_adk_users(conn, pairs, "session", ""))
+        users = self._db.write(
+            lambda conn: _erase_adk_users(conn, self._db, pairs, "session", "", audit_id=audit_id)
+        )
         counts = counts.model_copy(update={"adk_user_states": users})
         totals = counts.model_copy(
             update={"retracted_messages": counts.retracted_messages, "sessions": len(erased)}
@@ -456,11 +461,21 @@ def _adk_user_selection(
 
 
 def _erase_adk_users(
-    conn: Connection, pairs: set[tuple[str, str]], kind: SelectorKind, value: str
+    conn: Connection,
+    database: Database,
+    pairs: set[tuple[str, str]],
+    kind: SelectorKind,
+    value: str,
+    *,
+    audit_id: uuid.UUID,
 ) -> int:
+    """Delete the chosen ADK user states, each leaving its tombstone (a restore of an
+    older backup does not bring it back)."""
     chosen = _adk_user_selection(conn, pairs, kind, value)
-    for app, user in chosen:
+    when = utcnow()
+    for app, user in sorted(chosen):
         conn.execute(delete(adk_user_states_table).where(AU.app_name == app, AU.user_id == user))
+        _tombstones.record_user_state(conn, database, app, user, when=when, audit_id=audit_id)
     return len(chosen)
 
 

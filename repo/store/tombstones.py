@@ -21,6 +21,12 @@ for a session erased before are the message hashes read, by :func:`screened`, be
 the append. On Citus, whose routed append does not read the tombstones, the store reads
 them before every append.
 
+An erasure that removes an ADK user state (``adk_user_states``: a user's state shared by
+their ADK sessions) leaves its keyed hash in ``erased_sessions`` too
+(:func:`record_user_state`, under a prefix of its own): only a restore could bring such
+a state back (no append writes it but through the ADK session service, whose events are
+screened), and :mod:`sessionrepo.store.backup_state` refuses one made before it.
+
 A limit, stated: in a session erased before, a batch screened by :func:`screened` a
 moment before the session is erased again can still land after that erasure; an erase
 run again removes it, and a later re-send of it is refused. On Citus this holds for
@@ -56,6 +62,9 @@ T = TypeVar("T")
 
 #: Keys per ``IN`` list when message hashes are looked up.
 _CHUNK = 500
+#: The conflict targets of the tombstone tables' inserts (an erasure run again).
+_ERASED_KEY = ["session_hash"]
+_ERASED_MESSAGE_KEY = ["session_hash", "key_hash"]
 _KEYS: weakref.WeakKeyDictionary[Database, bytes] = weakref.WeakKeyDictionary()
 
 
@@ -89,6 +98,22 @@ def session_hash(key: bytes, session_id: str) -> bytes:
 def message_hash(key: bytes, session_id: str, message_key: UUID | str) -> bytes:
     data = b"m\x00" + session_id.encode() + b"\x00" + str(message_key).encode()
     return hmac.new(key, data, hashlib.sha256).digest()
+
+
+def user_state_hash(key: bytes, app_name: str, user_id: str) -> bytes:
+    """The tombstone hash of an ADK user state (``adk_user_states``), kept in
+    ``erased_sessions`` beside the sessions' (its own prefix: it never equals one)."""
+    data = b"u\x00" + app_name.encode() + b"\x00" + user_id.encode()
+    return hmac.new(key, data, hashlib.sha256).digest()
+
+
+def erased_at(connection: Connection, hashed: bytes) -> datetime | None:
+    """When the erasure whose tombstone is ``hashed`` (a session's or a user state's)
+    ran; ``None``: none did."""
+    found: datetime | None = connection.execute(
+        select(ES.erased_at).where(ES.session_hash == hashed)
+    ).scalar()
+    return found
 
 
 def value_hash(key: bytes, kind: str, value: str) -> str:
@@ -228,23 +253,46 @@ def record(
     key = secret(connection, database)
     sid_hash = session_hash(key, session_id)
     dialect = database.dialect
-    connection.execute(
-        dialect.insert_ignoring(erased_sessions_table, ["session_hash"]).values(
-            session_hash=sid_hash, erased_at=when, audit_id=audit_id
-        )
-    )
-    connection.execute(
-        erased_sessions_table.update()
-        .where(ES.session_hash == sid_hash)
-        .values(erased_at=when, audit_id=audit_id)
-    )
+    _mark(connection, database, sid_hash, when, audit_id)
     rows = [
         {"session_hash": sid_hash, "key_hash": message_hash(key, session_id, k)}
         for k in dict.fromkeys(message_keys)
     ]
-    insert = dialect.insert_ignoring(erased_messages_table, ["session_hash", "key_hash"])
+    insert = dialect.insert_ignoring(erased_messages_table, _ERASED_MESSAGE_KEY)
     for start in range(0, len(rows), _CHUNK):
         connection.execute(insert, rows[start : start + _CHUNK])
+
+
+def record_user_state(
+    connection: Connection,
+    database: Database,
+    app_name: str,
+    user_id: str,
+    *,
+    when: datetime,
+    audit_id: UUID,
+) -> None:
+    """Leave the tombstone of an erased ADK user state: a restore of a backup taken
+    before ``when`` does not bring it back."""
+    key = secret(connection, database)
+    _mark(connection, database, user_state_hash(key, app_name, user_id), when, audit_id)
+
+
+def _mark(
+    connection: Connection, database: Database, hashed: bytes, when: datetime, audit_id: UUID
+) -> None:
+    """``erased_sessions`` holds ``hashed`` as erased at ``when`` (an erasure run again
+    refreshes its time and audit row)."""
+    connection.execute(
+        database.dialect.insert_ignoring(erased_sessions_table, _ERASED_KEY).values(
+            session_hash=hashed, erased_at=when, audit_id=audit_id
+        )
+    )
+    connection.execute(
+        erased_sessions_table.update()
+        .where(ES.session_hash == hashed)
+        .values(erased_at=when, audit_id=audit_id)
+    )
 
 
 def _pair_key(pair: tuple[Message, dict[str, Any]]) -> tuple[UUID, datetime]:
