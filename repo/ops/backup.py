@@ -156,10 +156,9 @@ class SessionMismatch(BaseModel):
     found_sha256: str
 
 
-class RestoreBackupReport(BaseModel):
-    """What one restore did, and what its verification found."""
-
-    model_config = ConfigDict(frozen=True)
+class RestoreBackupReport(records.RestoredCounts):
+    """What one restore did, and what its verification found. (Its usage counts are
+    also those of the sessions not restored: their records were refused too.)"""
 
     #: When the backup was taken, and on which backend.
     taken_at: datetime
@@ -175,18 +174,6 @@ class RestoreBackupReport(BaseModel):
     #: Sessions not restored at all: every message of theirs (or, with none, the
     #: session itself) was erased from the target.
     sessions_erased: int = 0
-    messages_inserted: int = 0
-    #: Messages whose key the target already had, with the same content.
-    messages_present: int = 0
-    #: Messages whose key the target had with different content (the target's kept).
-    messages_conflicting: int = 0
-    #: Messages an erasure removed from the target (its tombstones): not restored.
-    messages_erased: int = 0
-    #: Usage records inserted, already there, and refused (of erased messages, or of an
-    #: erased session; those of a session not restored included).
-    usage_inserted: int = 0
-    usage_present: int = 0
-    usage_erased: int = 0
     #: ADK sessions inserted, already there as backed up, held with a state of the
     #: target's own (kept), and refused (their session erased since).
     adk_sessions_inserted: int = 0

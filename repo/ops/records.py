@@ -11,7 +11,7 @@ import json
 from collections.abc import Callable, Iterator
 from typing import IO, Any, Final
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 from sessionrepo.errors import RepoError
 from sessionrepo.models import Session, StoredMessage
@@ -25,6 +25,28 @@ MAX_SEQ: Final = 2**63 - 1
 
 #: The error a reader raises: the file's kind, and the message (with its line).
 Bad = Callable[[str], RepoError]
+
+
+class RestoredCounts(BaseModel):
+    """What putting back a file's messages and usage records did (an import's, a
+    restore's report)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    messages_inserted: int = 0
+    #: Messages whose key the target already had, with the same content.
+    messages_present: int = 0
+    #: Messages whose key the target had with different content (the target's kept).
+    messages_conflicting: int = 0
+    #: Messages an erasure removed from the target (its tombstones): not restored.
+    messages_erased: int = 0
+    #: Usage records (model calls) the target did not have: inserted.
+    usage_inserted: int = 0
+    #: Usage records whose key the target already had: skipped.
+    usage_present: int = 0
+    #: Usage records of what an erasure removed from the target (an erased message's,
+    #: one made in an erased session before its erasure): not restored.
+    usage_erased: int = 0
 
 
 def line(record: dict[str, Any]) -> bytes:

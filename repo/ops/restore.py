@@ -35,8 +35,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import IO, Any, Final, Literal
 
-from pydantic import BaseModel, ConfigDict
-
 from sessionrepo.models import StoredMessage
 from sessionrepo.models.usage import Usage
 from sessionrepo.ops import records
@@ -49,10 +47,8 @@ from sessionrepo.store.usage import restore_usage
 MAX_BATCH: Final = 500
 
 
-class ImportReport(BaseModel):
+class ImportReport(records.RestoredCounts):
     """What one import did."""
-
-    model_config = ConfigDict(frozen=True)
 
     #: Sessions the target did not have: recreated exactly.
     sessions_restored: int = 0
@@ -60,19 +56,6 @@ class ImportReport(BaseModel):
     sessions_present: int = 0
     #: Sessions the target had with changes of its own: missing messages appended.
     sessions_merged: int = 0
-    messages_inserted: int = 0
-    #: Messages whose key the target already had, with the same content.
-    messages_present: int = 0
-    #: Messages whose key the target had with different content (the target's kept).
-    messages_conflicting: int = 0
-    #: Messages an erasure removed from the target (its tombstones): not restored.
-    messages_erased: int = 0
-    #: Usage records (model calls) the target did not have: inserted.
-    usage_inserted: int = 0
-    #: Usage records whose key the target already had: skipped.
-    usage_present: int = 0
-    #: Usage records of what an erasure removed from the target: not restored.
-    usage_erased: int = 0
     #: Whether the file ended with its ``end`` record (``False``: it was cut short).
     complete: bool = False
 
