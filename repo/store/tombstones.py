@@ -260,8 +260,7 @@ def record(
     ]
     insert = dialect.insert_ignoring(erased_messages_table, _ERASED_MESSAGE_KEY)
     for start in range(0, len(rows), _CHUNK):
-        # One multi-row statement per chunk: one round trip, not one per row.
-        connection.execute(insert.values(rows[start : start + _CHUNK]))
+        connection.execute(insert, rows[start : start + _CHUNK])
 
 
 def record_user_state(
