@@ -508,10 +508,10 @@ def _adk_row(record: dict[str, Any], number: int, kind: str) -> dict[str, Any]:
     if not isinstance(row, dict) or set(row) != set(fields):
         raise BadBackupFile(f"line {number}: the {kind} record must hold {sorted(fields)}")
     for name, wanted in fields.items():
-        value: Any = row[name]
+        value = row[name]
         if type(value) is not wanted:
             raise BadBackupFile(f"line {number}: {kind}.{name} must be a {wanted.__name__}")
-        if wanted is float and not math.isfinite(value):
+        if isinstance(value, float) and not math.isfinite(value):
             raise BadBackupFile(f"line {number}: {kind}.{name} must be a number")
     return row
 

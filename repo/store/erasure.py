@@ -317,7 +317,9 @@ class Eraser:
                     )
                 )
                 conn.execute(delete(messages_table).where(old))
-                _tombstones.record(conn, self._db, sid, keys, when=utcnow(), audit_id=audit_id)
+                _tombstones.record(
+                    conn, self._db, sid, keys, when=utcnow(), audit_id=audit_id, whole=False
+                )
                 return len(keys)
         except NotFound:
             return 0

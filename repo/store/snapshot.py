@@ -28,7 +28,6 @@ from sqlalchemy import Connection, select
 from sessionrepo.contract import SessionSnapshot
 from sessionrepo.models import Session, StoredMessage
 from sessionrepo.models.message import utcnow
-from sessionrepo.models.privacy import erased_sessions_table
 from sessionrepo.models.tables import messages_table, sessions_table
 from sessionrepo.models.usage import Usage
 from sessionrepo.store import backup_state as _state
@@ -114,16 +113,11 @@ def read_snapshot(database: Database, work: Callable[[SnapshotReader], T]) -> T:
 
 
 def session_erased(database: Database, session_id: str) -> bool:
-    """Whether an erasure left a tombstone for ``session_id`` in this store."""
+    """Whether an erasure removed ``session_id`` whole from this store (its tombstone)."""
 
     def work(connection: Connection) -> bool:
         key = _tombstones.secret(connection, database)
-        found = connection.execute(
-            select(erased_sessions_table.c.session_hash).where(
-                erased_sessions_table.c.session_hash
-                == _tombstones.session_hash(key, _codec.check_session_id(session_id))
-            )
-        ).first()
-        return found is not None
+        hashed = _tombstones.session_hash(key, _codec.check_session_id(session_id))
+        return _tombstones.erased_at(connection, hashed) is not None
 
     return database.read(work)

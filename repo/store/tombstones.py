@@ -39,8 +39,8 @@ import hashlib
 import hmac
 import weakref
 from collections.abc import Callable, Iterable, Sequence
-from datetime import datetime
-from typing import Any, TypeVar
+from datetime import UTC, datetime
+from typing import Any, Final, TypeVar
 from uuid import UUID
 
 from sqlalchemy import Connection, select
@@ -62,6 +62,10 @@ T = TypeVar("T")
 
 #: Keys per ``IN`` list when message hashes are looked up.
 _CHUNK = 500
+#: The ``erased_at`` of a session only part of which was erased (retention's old
+#: retracted and compacted history): its message hashes are screened, but no rule of
+#: time applies (its messages made before the erasure are live, not erased).
+PARTLY_ERASED: Final = datetime(1970, 1, 1, tzinfo=UTC)
 #: The conflict targets of the tombstone tables' inserts (an erasure run again).
 _ERASED_KEY = ["session_hash"]
 _ERASED_MESSAGE_KEY = ["session_hash", "key_hash"]
@@ -109,11 +113,11 @@ def user_state_hash(key: bytes, app_name: str, user_id: str) -> bytes:
 
 def erased_at(connection: Connection, hashed: bytes) -> datetime | None:
     """When the erasure whose tombstone is ``hashed`` (a session's or a user state's)
-    ran; ``None``: none did."""
+    removed it whole; ``None``: none did (a session only partly erased included)."""
     found: datetime | None = connection.execute(
         select(ES.erased_at).where(ES.session_hash == hashed)
     ).scalar()
-    return found
+    return None if found is None or found <= PARTLY_ERASED else found
 
 
 def value_hash(key: bytes, kind: str, value: str) -> str:
@@ -137,7 +141,9 @@ def erased_keys(
     if erased_at is None:
         return set()
     wanted = dict(messages)
-    found = {k for k, made in wanted.items() if made <= erased_at}
+    found = (
+        set() if erased_at <= PARTLY_ERASED else {k for k, m in wanted.items() if m <= erased_at}
+    )
     by_hash = {message_hash(key, session_id, k): k for k in wanted if k not in found}
     hashes = list(by_hash)
     for start in range(0, len(hashes), _CHUNK):
@@ -247,13 +253,24 @@ def record(
     *,
     when: datetime,
     audit_id: UUID,
+    whole: bool = True,
 ) -> None:
     """Leave the tombstone of ``session_id`` and its erased ``message_keys`` (idempotent:
-    an erasure run again refreshes its time and audit row)."""
+    an erasure run again refreshes its time and audit row). ``whole=False``: only those
+    messages were erased, the session lives on; it is marked :data:`PARTLY_ERASED`
+    (unless a whole erasure marked it before), so that its appends screen the message
+    hashes without refusing what was made before."""
     key = secret(connection, database)
     sid_hash = session_hash(key, session_id)
     dialect = database.dialect
-    _mark(connection, database, sid_hash, when, audit_id)
+    if whole:
+        _mark(connection, database, sid_hash, when, audit_id)
+    else:
+        connection.execute(
+            dialect.insert_ignoring(erased_sessions_table, _ERASED_KEY).values(
+                session_hash=sid_hash, erased_at=PARTLY_ERASED, audit_id=audit_id
+            )
+        )
     rows = [
         {"session_hash": sid_hash, "key_hash": message_hash(key, session_id, k)}
         for k in dict.fromkeys(message_keys)

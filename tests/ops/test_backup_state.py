@@ -22,6 +22,7 @@ from sessionrepo.cli import main
 from sessionrepo.integrations.adk import SessionRepoSessionService, session_key
 from sessionrepo.models.adk import adk_app_states_table, adk_sessions_table, adk_user_states_table
 from sessionrepo.models.message import utcnow
+from sessionrepo.models.privacy import RetentionPolicy
 from sessionrepo.ops import export_sessions, import_sessions
 from sessionrepo.ops.backup import BadBackupFile, backup_store, restore_backup, usage_line
 from sessionrepo.ops.erase import verify_erased
@@ -323,3 +324,26 @@ def test_the_cli_says_what_it_backed_up_and_restored_of_usage_and_adk_state(
     assert "usage records: 3 inserted" in restored.stdout
     assert "ADK sessions: 3 inserted" in restored.stdout
     assert "ADK app and user states: 3 inserted" in restored.stdout
+
+
+def test_a_backup_restores_into_a_store_whose_retention_erased_old_history(
+    source: SessionRepository, tmp_path: Path
+) -> None:
+    """Retention erased a live session's old retracted message: restoring a backup taken
+    before refuses that message only; the session's live messages are there, verified."""
+    now = utcnow()
+    old = Message(role="user", content=f"old {SECRET}", timestamp=now - timedelta(days=20))
+    live = Message(role="user", content="live", timestamp=now - timedelta(days=20))
+    source.append("s", [old, live], source="slack")
+    source.retract("s", [old.client_msg_uuid])
+    path = tmp_path / "b.backup"
+    backup_store(source, path)
+    source.set_retention_policy(RetentionPolicy(source="slack", superseded_days=10))
+    assert source.apply_retention(now=now).superseded_messages == 1
+
+    report = restore_backup(source, path)
+
+    assert report.verified, report.mismatches
+    assert (report.messages_erased, report.messages_present) == (1, 1)
+    assert [m.content for m in source.load_transcript("s", include_retracted=True)] == ["live"]
+    assert verify_erased(source, [SECRET]).clean
