@@ -458,10 +458,12 @@ def main(argv: list[str] | None = None) -> None:
     output.with_suffix(".md").write_text(_markdown(results))
     print(f"wrote {output.with_suffix('.json')} and {output.with_suffix('.md')}")
     dirty = [
-        b for b in ("sqlite", "postgresql") if b in results and not results[b]["after"]["clean"]
+        backend
+        for backend in ("sqlite", "postgresql")
+        if backend in results and not results[backend]["after"]["clean_after_compact"]
     ]
     if dirty:
-        raise SystemExit(f"erased text found after the erasures on {', '.join(dirty)}")
+        raise SystemExit(f"erased text found after the compaction on {', '.join(dirty)}")
 
 
 if __name__ == "__main__":
