@@ -29,6 +29,16 @@ from sqlalchemy.orm import Mapped, mapped_column
 
 from sessionrepo.models.tables import Base
 
+__all__ = [
+    "AuditEntry",
+    "ErasureCounts",
+    "ErasureReport",
+    "RetentionPolicy",
+    "RetentionReport",
+    "ScrubReport",
+    "SelectorKind",
+]
+
 #: Bytes of a tombstone hash (a full HMAC-SHA-256).
 HASH_BYTES = 32
 

@@ -127,13 +127,15 @@ class Usage(BaseModel):
 
 
 class UsageResult(BaseModel):
-    """What recording usage did: the keys inserted, and those already stored."""
+    """What recording usage did: the keys inserted, those already stored, and (a
+    restore) those an erasure removed, not stored again."""
 
     model_config = ConfigDict(frozen=True)
 
     session_id: str
     inserted: list[uuid.UUID] = Field(default_factory=list)
     duplicates: list[uuid.UUID] = Field(default_factory=list)
+    erased: list[uuid.UUID] = Field(default_factory=list)
 
 
 class Price(BaseModel):

@@ -32,7 +32,8 @@ EXIT_MISMATCH = 1
 def backup(url: str | None, output: Path, as_json: bool) -> None:
     """Write a consistent backup of the whole store to FILE (a new file).
 
-    Every session and every stored message (edited history too) as of one instant,
+    Every session, every stored message (edited history too), every usage record and
+    the ADK state (sessions, users, apps) as of one instant,
     read in one transaction (SQLite: one read transaction; PostgreSQL: REPEATABLE
     READ, READ ONLY) while gateways go on writing: a message committed after that
     instant is not in it, and none is there in part. One JSON Lines file with a
@@ -58,7 +59,9 @@ def backup(url: str | None, output: Path, as_json: bool) -> None:
         return
     click.echo(
         f"backed up {count(report.sessions, 'session')} with "
-        f"{count(report.messages, 'message')} as of {rfc3339(report.taken_at)} to "
+        f"{count(report.messages, 'message')}, {count(report.usage, 'usage record')} and "
+        f"{count(report.adk_sessions + report.adk_states, 'ADK state')} as of "
+        f"{rfc3339(report.taken_at)} to "
         f"{report.path} ({report.bytes:,} bytes, sha256 {report.sha256})"
     )
 
@@ -83,8 +86,9 @@ def restore_backup_(ctx: click.Context, source: Path, batch_size: int, as_json: 
     record and checksum): a damaged file is refused before anything is written. Each
     session is then restored at its seq (idempotent: restoring the same file again
     inserts nothing) and read back: its message count and checksum must be the
-    backup's. Messages this store's erasures removed are not restored (counted as
-    erased). A PostgreSQL database must be migrated first (`sessionrepo migrate`); a
+    backup's, and so must its usage records. Messages this store's erasures removed
+    are not restored (counted as erased), nor their usage, nor the ADK state of an
+    erased session or user. A PostgreSQL database must be migrated first (`sessionrepo migrate`); a
     new SQLite file is created.
 
     \b
@@ -128,12 +132,20 @@ def _print_restore(report: RestoreBackupReport) -> None:
         f"here since and left as they are, {report.sessions_erased:,} erased here); "
         f"messages: {report.messages_inserted:,} inserted, {report.messages_present:,} "
         f"already present, {report.messages_conflicting:,} conflicting, "
-        f"{report.messages_erased:,} erased here (not restored)"
+        f"{report.messages_erased:,} erased here (not restored); usage records: "
+        f"{report.usage_inserted:,} inserted, {report.usage_present:,} already present, "
+        f"{report.usage_erased:,} erased here; ADK sessions: {report.adk_sessions_inserted:,} "
+        f"inserted, {report.adk_sessions_present:,} present, "
+        f"{report.adk_sessions_conflicting:,} newer here (kept), "
+        f"{report.adk_sessions_erased:,} erased here; ADK app and user states: "
+        f"{report.adk_states_inserted:,} inserted, {report.adk_states_present:,} present, "
+        f"{report.adk_states_conflicting:,} newer here (kept), "
+        f"{report.adk_states_erased:,} erased here"
     )
     if report.verified:
         click.echo(
             f"verified: {count(report.sessions_verified, 'session')} match the backup "
-            "(message counts and checksums)"
+            "(message and usage counts and checksums)"
         )
         return
     click.echo(
@@ -143,7 +155,8 @@ def _print_restore(report: RestoreBackupReport) -> None:
     )
     for miss in report.mismatches[:20]:
         click.echo(
-            f"  {printable(miss.session_id, one_line=True)}: {miss.found_messages:,} messages "
+            f"  {printable(miss.session_id, one_line=True)}: {miss.found_messages:,} "
+            f"{'usage records' if miss.part == 'usage' else 'messages'} "
             f"(backup: {miss.expected_messages:,}), sha256 {miss.found_sha256[:16]}… "
             f"(backup: {miss.expected_sha256[:16]}…)",
             err=True,

@@ -13,71 +13,108 @@ against the file (counts and checksums).
 Backup format
 -------------
 
-JSON Lines, as the export (:mod:`sessionrepo.ops.export`), with its ``session`` and
-``message`` records unchanged, a ``checksum`` record after each session's messages, and
-an ``end`` record that covers the whole file::
+JSON Lines, as the export (:mod:`sessionrepo.ops.export`), with its ``session``,
+``message`` and ``usage`` records unchanged, a session's ADK session after its usage, a
+``checksum`` record closing each session, the ADK app and user states after the last
+session, and an ``end`` record that covers the whole file::
 
-    {"type": "header", "format": "sessionrepo-backup", "version": 1,
+    {"type": "header", "format": "sessionrepo-backup", "version": 2,
      "taken_at": "2026-12-02T05:40:00.123456Z", "backend": "postgresql",
      "checksum": "sha256"}
     {"type": "session", "next_seq": 3, "session": {...}}      (as in an export)
-    {"type": "message", "session_id": "discord:42", "seq": 1, "message": {...}}
-    {"type": "message", "session_id": "discord:42", "seq": 2, "message": {...}}
-    {"type": "checksum", "session_id": "discord:42", "messages": 2, "sha256": "9f2c…"}
+    {"type": "message", "session_id": "adk:a:u:1", "seq": 1, "message": {...}}
+    {"type": "message", "session_id": "adk:a:u:1", "seq": 2, "message": {...}}
+    {"type": "usage", "session_id": "adk:a:u:1", "usage": {...}}   (as in an export)
+    {"type": "adk_session", "session_id": "adk:a:u:1", "adk_session": {"app_name": "a",
+     "user_id": "u", "adk_session_id": "1", "state": {...}, "update_time": 1764654000.5,
+     "applied_seq": 2}}
+    {"type": "checksum", "session_id": "adk:a:u:1", "messages": 2, "sha256": "9f2c…",
+     "usage": 1, "usage_sha256": "77ab…", "adk_session": "c3d1…"}
     {"type": "session", ...}                 (the next session by id, its messages, ...)
-    {"type": "end", "sessions": 1, "messages": 2, "sha256": "41d0…"}
+    {"type": "adk_app_state", "adk_app_state": {"app_name": "a", "state": {...},
+     "update_time": 1764654000.5}}
+    {"type": "adk_user_state", "adk_user_state": {"app_name": "a", "user_id": "u", ...}}
+    {"type": "end", "sessions": 1, "messages": 2, "usage": 1, "adk_sessions": 1,
+     "adk_states": 2, "sha256": "41d0…"}
 
 - A session's ``sha256`` is the SHA-256 of its ``message`` lines, in seq order, exactly
-  as they are in the file (each with its ``"\\n"``): a line is
-  :func:`message_line` of the stored message, so the same messages give the same bytes
-  whichever backend holds them, and a restored session is verified by reading it back
-  and hashing it again. ``messages`` counts them.
+  as they are in the file (each with its ``"\\n"``): a line is :func:`message_line` of
+  the stored message, so the same messages give the same bytes whichever backend holds
+  them, and a restored session is verified by reading it back and hashing it again.
+  ``messages`` counts them; ``usage`` and ``usage_sha256`` are the same for its usage
+  records (oldest first), ``adk_session`` the SHA-256 of its ``adk_session`` line
+  (``null``: not an ADK session).
 - The ``end`` record's ``sha256`` is that of every byte before its line: a file damaged
-  anywhere (a session's fields included) is refused before anything is restored.
-- Every record is one line: a line break is always a record boundary (JSON escapes
-  control characters in strings).
+  anywhere (a session's fields, a state included) is refused before anything is
+  restored.
+- Every record is one line, written as sessionrepo writes it (a line that does not read
+  back to the same bytes is refused): a line break is always a record boundary (JSON
+  escapes control characters in strings).
+- Version 1 files (no usage, no ADK state; a checksum record with ``messages`` and
+  ``sha256`` only) are read and restored as they are.
 
-What a backup holds: every session row (all fields and counters) and every stored
-message (key, seq, every field, ``superseded``). Not in it: the search index (rebuilt
-from the messages on restore), usage records, ADK state, retention policies, the audit,
-the tombstones, and any outbox's rows (what gateways parked is not yet stored).
+What a backup holds: every session row (all fields and counters), every stored message
+(key, seq, every field, ``superseded``), every usage record, every ADK session (its
+state and names) and the ADK app and user states. Not in it: the search index (rebuilt
+from the messages on restore), the usage prices, retention policies, the audit, the
+tombstones, and any outbox's rows (what gateways parked is not yet stored).
 
 A backup is a copy an erasure cannot reach: one taken before an erase still holds what
-was erased. :func:`restore_backup` honours the target's tombstones: a message an erasure
-removed there is not restored, but counted (``messages_erased``).
+was erased. :func:`restore_backup` honours the target's tombstones: a message an
+erasure removed there is not restored, but counted (``messages_erased``), and neither
+is what went with it: the usage records of erased messages (and, in an erased session,
+those made before its erasure), the ADK session of a session erased since its state was
+written, a user's ADK state erased since (see :mod:`sessionrepo.store.backup_state`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import hashlib
-import json
+import math
 import os
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import IO, Any, Final
+from typing import IO, Any, Final, Literal
 from uuid import UUID
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
 from sessionrepo.errors import InvalidArgument, NotFound, RepoError
 from sessionrepo.models import Session, StoredMessage
-from sessionrepo.models.tables import dump_json
+from sessionrepo.models.usage import Usage
+from sessionrepo.ops import records
 from sessionrepo.ops.export import create_private_file
+from sessionrepo.store import backup_state
 from sessionrepo.store.arguments import check_limit
-from sessionrepo.store.codec import invalid_from_validation
 from sessionrepo.store.repository import SessionRepository, SessionSnapshot
 from sessionrepo.store.snapshot import SnapshotReader, read_snapshot, session_erased
 from sessionrepo.store.tombstones import screen_stored
+from sessionrepo.store.usage import restore_usage
 
 BACKUP_FORMAT: Final = "sessionrepo-backup"
-BACKUP_VERSION: Final = 1
+BACKUP_VERSION: Final = 2
+#: The versions :func:`restore_backup` reads (1: no usage records, no ADK state).
+READABLE_VERSIONS: Final = (1, 2)
 #: Sessions and messages read per page while backing up; messages per restore transaction.
 PAGE: Final = 500
-#: Largest ``seq`` (``BIGINT``).
-_MAX_SEQ: Final = 2**63 - 1
+
+#: The fields of the ADK records and their JSON types, as the tables have them.
+_ADK_FIELDS: Final[dict[str, dict[str, type]]] = {
+    "adk_session": {
+        "app_name": str,
+        "user_id": str,
+        "adk_session_id": str,
+        "state": dict,
+        "update_time": float,
+        "applied_seq": int,
+    },
+    "adk_app_state": {"app_name": str, "state": dict, "update_time": float},
+    "adk_user_state": {"app_name": str, "user_id": str, "state": dict, "update_time": float},
+}
+_STATE_KINDS: Final[tuple[backup_state.StateKind, ...]] = ("adk_app_state", "adk_user_state")
 
 
 class BadBackupFile(RepoError):
@@ -95,27 +132,33 @@ class BackupReport(BaseModel):
     backend: str
     sessions: int = 0
     messages: int = 0
+    #: Usage records (model calls).
+    usage: int = 0
+    #: ADK sessions (a session's ADK names and state), and ADK app and user states.
+    adk_sessions: int = 0
+    adk_states: int = 0
     bytes: int = 0
     #: The file's checksum (its ``end`` record's).
     sha256: str = ""
 
 
 class SessionMismatch(BaseModel):
-    """A restored session that does not hold what the backup says it should."""
+    """A restored session that does not hold what the backup says it should: its
+    messages, or (``part="usage"``) its usage records."""
 
     model_config = ConfigDict(frozen=True)
 
     session_id: str
+    part: Literal["messages", "usage"] = "messages"
     expected_messages: int
     found_messages: int
     expected_sha256: str
     found_sha256: str
 
 
-class RestoreBackupReport(BaseModel):
-    """What one restore did, and what its verification found."""
-
-    model_config = ConfigDict(frozen=True)
+class RestoreBackupReport(records.RestoredCounts):
+    """What one restore did, and what its verification found. (Its usage counts are
+    also those of the sessions not restored: their records were refused too.)"""
 
     #: When the backup was taken, and on which backend.
     taken_at: datetime
@@ -124,19 +167,24 @@ class RestoreBackupReport(BaseModel):
     sessions_restored: int = 0
     #: Sessions the target held as the backup has them (what they lacked was added).
     sessions_present: int = 0
-    #: Sessions the target holds with changes of its own: left as they are (verified:
-    #: a mismatch when their messages differ from the backup's).
+    #: Sessions the target holds with changes of its own: left as they are, their usage
+    #: and ADK session too (verified: a mismatch when their messages differ from the
+    #: backup's).
     sessions_diverged: int = 0
     #: Sessions not restored at all: every message of theirs (or, with none, the
     #: session itself) was erased from the target.
     sessions_erased: int = 0
-    messages_inserted: int = 0
-    #: Messages whose key the target already had, with the same content.
-    messages_present: int = 0
-    #: Messages whose key the target had with different content (the target's kept).
-    messages_conflicting: int = 0
-    #: Messages an erasure removed from the target (its tombstones): not restored.
-    messages_erased: int = 0
+    #: ADK sessions inserted, already there as backed up, held with a state of the
+    #: target's own (kept), and refused (their session erased since).
+    adk_sessions_inserted: int = 0
+    adk_sessions_present: int = 0
+    adk_sessions_conflicting: int = 0
+    adk_sessions_erased: int = 0
+    #: ADK app and user states, likewise (a user's state erased since: refused).
+    adk_states_inserted: int = 0
+    adk_states_present: int = 0
+    adk_states_conflicting: int = 0
+    adk_states_erased: int = 0
     #: Sessions whose count and checksum were checked, and those that did not match.
     sessions_verified: int = 0
     mismatches: list[SessionMismatch] = Field(default_factory=list)
@@ -158,21 +206,28 @@ class RestoreBackupReport(BaseModel):
 
 def message_line(message: StoredMessage) -> bytes:
     """A stored message's ``message`` line, as a backup (and an export) writes it."""
-    record = {
-        "type": "message",
-        "session_id": message.session_id,
-        "seq": message.seq,
-        "message": message.model_dump(mode="json", exclude={"session_id", "seq"}),
-    }
-    return _line(record)
+    return records.line(records.message_record(message))
 
 
-def _line(record: dict[str, Any]) -> bytes:
-    return dump_json(record).encode("utf-8") + b"\n"
+def usage_line(session_id: str, usage: Usage) -> bytes:
+    """A usage record's ``usage`` line, as a backup (and an export) writes it."""
+    return records.line(records.usage_record(session_id, usage))
+
+
+def _adk_session_line(session_id: str, row: dict[str, Any]) -> bytes:
+    return records.line({"type": "adk_session", "session_id": session_id, "adk_session": row})
+
+
+def _state_line(kind: str, row: dict[str, Any]) -> bytes:
+    return records.line({"type": kind, kind: row})
 
 
 def _stamp(when: datetime) -> str:
     return when.isoformat().replace("+00:00", "Z")
+
+
+def _sha256(lines: list[bytes]) -> str:
+    return hashlib.sha256(b"".join(lines)).hexdigest()
 
 
 # -- writing ---------------------------------------------------------------------------
@@ -188,19 +243,22 @@ class _Writer:
         self._on_session = on_session
         self._page = page
         self._file = hashlib.sha256()
-        self.sessions = self.messages = self.bytes = 0
+        self.counts: dict[str, int] = {}
 
     def _write(self, data: bytes) -> None:
         self._out.write(data)
         self._file.update(data)
-        self.bytes += len(data)
+        self.counts["bytes"] = self.counts.get("bytes", 0) + len(data)
+
+    def _add(self, name: str, amount: int = 1) -> None:
+        self.counts[name] = self.counts.get(name, 0) + amount
 
     def run(self, reader: SnapshotReader) -> BackupReport:
         # A rerun (a dropped connection) starts again from an empty file.
         self._out.seek(0)
         self._out.truncate()
         self._file = hashlib.sha256()
-        self.sessions = self.messages = self.bytes = 0
+        self.counts = {}
         header = {
             "type": "header",
             "format": BACKUP_FORMAT,
@@ -209,7 +267,7 @@ class _Writer:
             "backend": reader.backend,
             "checksum": "sha256",
         }
-        self._write(_line(header))
+        self._write(records.line(header))
         after: str | None = None
         while True:
             batch = reader.sessions(after_id=after, limit=self._page)
@@ -218,26 +276,29 @@ class _Writer:
             if len(batch) < self._page:
                 break
             after = batch[-1].session.id
+        for kind in _STATE_KINDS:
+            self._states(reader, kind)
         digest = self._file.hexdigest()
-        end = _line(
-            {"type": "end", "sessions": self.sessions, "messages": self.messages, "sha256": digest}
-        )
+        totals = {
+            name: self.counts.get(name, 0)
+            for name in ("sessions", "messages", "usage", "adk_sessions", "adk_states")
+        }
+        end = records.line({"type": "end", **totals, "sha256": digest})
         self._out.write(end)
-        self.bytes += len(end)
         return BackupReport(
             path="",
             taken_at=reader.taken_at,
             backend=reader.backend,
-            sessions=self.sessions,
-            messages=self.messages,
-            bytes=self.bytes,
+            **totals,
+            bytes=self.counts["bytes"] + len(end),
             sha256=digest,
         )
 
     def _session(self, reader: SnapshotReader, snapshot: SessionSnapshot) -> None:
         session = snapshot.session
+        sid = session.id
         self._write(
-            _line(
+            records.line(
                 {
                     "type": "session",
                     "next_seq": snapshot.next_seq,
@@ -250,7 +311,7 @@ class _Writer:
         after = 0
         while True:
             page = reader.messages(
-                session.id, after_seq=after, before_seq=snapshot.next_seq, limit=self._page
+                sid, after_seq=after, before_seq=snapshot.next_seq, limit=self._page
             )
             for message in page:
                 line = message_line(message)
@@ -260,20 +321,46 @@ class _Writer:
             if len(page) < self._page:
                 break
             after = page[-1].seq
+        usage = [usage_line(sid, record) for record in reader.usage(sid)]
+        for line in usage:
+            self._write(line)
+        adk = reader.adk_session(sid)
+        adk_digest = None
+        if adk is not None:
+            line = _adk_session_line(sid, adk)
+            self._write(line)
+            adk_digest = _sha256([line])
+            self._add("adk_sessions")
         self._write(
-            _line(
+            records.line(
                 {
                     "type": "checksum",
-                    "session_id": session.id,
+                    "session_id": sid,
                     "messages": count,
                     "sha256": digest.hexdigest(),
+                    "usage": len(usage),
+                    "usage_sha256": _sha256(usage),
+                    "adk_session": adk_digest,
                 }
             )
         )
-        self.sessions += 1
-        self.messages += count
+        self._add("sessions")
+        self._add("messages", count)
+        self._add("usage", len(usage))
         if self._on_session is not None:
             self._on_session(session)
+
+    def _states(self, reader: SnapshotReader, kind: backup_state.StateKind) -> None:
+        key = backup_state.SCOPES[kind].key
+        after: tuple[str, ...] | None = None
+        while True:
+            page = reader.adk_states(kind, after=after, limit=self._page)
+            for row in page:
+                self._write(_state_line(kind, row))
+            self._add("adk_states", len(page))
+            if len(page) < self._page:
+                return
+            after = tuple(page[-1][name] for name in key)
 
 
 def backup_store(
@@ -355,6 +442,7 @@ def _sync_folder(folder: Path) -> None:
 class _Header:
     taken_at: datetime
     backend: str
+    version: int
 
 
 @dataclass
@@ -363,15 +451,29 @@ class _Session:
     messages: list[tuple[StoredMessage, bytes]]
 
 
-def _records(stream: IO[bytes]) -> Iterator[tuple[int, bytes, dict[str, Any]]]:
-    for number, raw in enumerate(stream, start=1):
-        try:
-            record = json.loads(raw)
-        except (ValueError, UnicodeDecodeError) as exc:
-            what = "not a sessionrepo backup" if number == 1 else "damaged"
-            raise BadBackupFile(f"line {number}: {what} (not JSON: {exc})") from None
-        if not isinstance(record, dict):
-            raise BadBackupFile(f"line {number}: a record must be a JSON object")
+@dataclass
+class _SessionEnd:
+    session_id: str
+    messages: int
+    sha256: str
+    #: Its usage records (and their lines), its ADK session's row (and line).
+    usage: list[tuple[Usage, bytes]] = field(default_factory=list)
+    adk: tuple[dict[str, Any], bytes] | None = None
+
+
+@dataclass
+class _State:
+    kind: backup_state.StateKind
+    row: dict[str, Any]
+
+
+@dataclass
+class _End:
+    sha256: str
+
+
+def _lines(stream: IO[bytes]) -> Iterator[tuple[int, bytes, dict[str, Any]]]:
+    for number, raw, record in records.json_lines(stream, BadBackupFile, "backup"):
         if not raw.endswith(b"\n"):
             raise BadBackupFile(f"line {number}: the file was cut short (no end record)")
         yield number, raw, record
@@ -384,10 +486,11 @@ def _header(record: dict[str, Any]) -> _Header:
             f'{{"type": "header", "format": "{BACKUP_FORMAT}"}} record)'
         )
     version = record.get("version")
-    if version != BACKUP_VERSION:
+    if version not in READABLE_VERSIONS:
         raise BadBackupFile(
-            f"line 1: backup format version {version!r}; this sessionrepo reads version "
-            f"{BACKUP_VERSION} (a newer sessionrepo wrote it: upgrade sessionrepo)"
+            f"line 1: backup format version {version!r}; this sessionrepo reads versions "
+            f"{READABLE_VERSIONS[0]} to {BACKUP_VERSION} (a newer sessionrepo wrote it: "
+            "upgrade sessionrepo)"
         )
     if record.get("checksum") != "sha256":
         raise BadBackupFile(f"line 1: unknown checksum {record.get('checksum')!r}")
@@ -395,139 +498,204 @@ def _header(record: dict[str, Any]) -> _Header:
         taken_at = datetime.fromisoformat(str(record.get("taken_at")))
     except ValueError:
         raise BadBackupFile("line 1: taken_at is not a time") from None
-    return _Header(taken_at=taken_at, backend=str(record.get("backend")))
+    return _Header(taken_at=taken_at, backend=str(record.get("backend")), version=int(version))
 
 
-def _sessions(stream: IO[bytes], page: int) -> Iterator[_Header | _Session | _SessionEnd | _End]:
+def _adk_row(record: dict[str, Any], number: int, kind: str) -> dict[str, Any]:
+    """The row of an ADK record, its fields checked against the table's."""
+    row = record.get(kind)
+    fields = _ADK_FIELDS[kind]
+    if not isinstance(row, dict) or set(row) != set(fields):
+        raise BadBackupFile(f"line {number}: the {kind} record must hold {sorted(fields)}")
+    for name, wanted in fields.items():
+        value = row[name]
+        if type(value) is not wanted:
+            raise BadBackupFile(f"line {number}: {kind}.{name} must be a {wanted.__name__}")
+        if isinstance(value, float) and not math.isfinite(value):
+            raise BadBackupFile(f"line {number}: {kind}.{name} must be a number")
+    return row
+
+
+class _Reader:
+    """Checks the records of one file as they come (see :func:`_items`)."""
+
+    def __init__(self, page: int) -> None:
+        self.page = page
+        self.version = BACKUP_VERSION
+        self.whole = hashlib.sha256()
+        self.current: _Session | None = None
+        self.ending: _SessionEnd | None = None
+        self.digest = hashlib.sha256()
+        self.last_seq = 0
+        self.counts = {"sessions": 0, "messages": 0, "usage": 0, "adk_sessions": 0, "adk_states": 0}
+
+    def message(self, record: dict[str, Any], raw: bytes, number: int) -> Iterator[_Session]:
+        current = self._open(number, "a message")
+        message = records.read_message(
+            record, number, current.snapshot, self.last_seq, BadBackupFile
+        )
+        if message_line(message) != raw:
+            raise BadBackupFile(
+                f"line {number}: the message does not read back as written (damaged, "
+                "or not written by sessionrepo backup)"
+            )
+        assert self.ending is not None
+        if self.ending.usage or self.ending.adk is not None:
+            raise BadBackupFile(f"line {number}: a message after the session's usage")
+        self.digest.update(raw)
+        self.ending.messages += 1
+        self.last_seq = message.seq
+        current.messages.append((message, raw))
+        if len(current.messages) >= self.page:
+            yield current
+            self.current = _Session(snapshot=current.snapshot, messages=[])
+
+    def usage(self, record: dict[str, Any], raw: bytes, number: int) -> None:
+        current = self._open(number, "a usage record")
+        sid = current.snapshot.session.id
+        usage = records.read_usage(record, number, sid, BadBackupFile)
+        assert self.ending is not None
+        if usage_line(sid, usage) != raw or self.ending.adk is not None:
+            raise BadBackupFile(f"line {number}: the usage record is not as a backup writes it")
+        self.ending.usage.append((usage, raw))
+
+    def adk_session(self, record: dict[str, Any], raw: bytes, number: int) -> None:
+        current = self._open(number, "an ADK session")
+        sid = current.snapshot.session.id
+        row = _adk_row(record, number, "adk_session")
+        assert self.ending is not None
+        if (
+            record.get("session_id") != sid
+            or _adk_session_line(sid, row) != raw
+            or self.ending.adk is not None
+        ):
+            raise BadBackupFile(f"line {number}: the adk_session record is not its session's")
+        self.ending.adk = (row, raw)
+
+    def checksum(self, record: dict[str, Any], number: int) -> Iterator[_Session | _SessionEnd]:
+        current, ending = self.current, self.ending
+        if current is None or ending is None or record.get("session_id") != ending.session_id:
+            raise BadBackupFile(f"line {number}: a checksum record outside its session")
+        expected: dict[str, Any] = {"messages": ending.messages, "sha256": self.digest.hexdigest()}
+        if self.version >= 2:
+            expected |= {
+                "usage": len(ending.usage),
+                "usage_sha256": _sha256([raw for _, raw in ending.usage]),
+                "adk_session": None if ending.adk is None else _sha256([ending.adk[1]]),
+            }
+        if {name: record.get(name) for name in expected} != expected:
+            raise BadBackupFile(
+                f"line {number}: session {ending.session_id!r} holds records whose counts or "
+                "checksums do not match its checksum record (damaged)"
+            )
+        ending.sha256 = self.digest.hexdigest()
+        self.counts["sessions"] += 1
+        self.counts["messages"] += ending.messages
+        self.counts["usage"] += len(ending.usage)
+        self.counts["adk_sessions"] += ending.adk is not None
+        self.current = self.ending = None
+        yield current
+        yield ending
+
+    def session(self, record: dict[str, Any], number: int) -> None:
+        if self.current is not None:
+            raise BadBackupFile(f"line {number}: a session before the last one's checksum")
+        if self.counts["adk_states"]:
+            raise BadBackupFile(f"line {number}: a session after the ADK states")
+        snapshot = records.read_session(record, number, BadBackupFile)
+        self.current = _Session(snapshot=snapshot, messages=[])
+        self.ending = _SessionEnd(snapshot.session.id, 0, "")
+        self.digest = hashlib.sha256()
+        self.last_seq = 0
+
+    def state(self, record: dict[str, Any], raw: bytes, number: int) -> _State:
+        kind: backup_state.StateKind = record["type"]
+        if self.current is not None:
+            raise BadBackupFile(f"line {number}: an ADK state inside a session")
+        row = _adk_row(record, number, kind)
+        if _state_line(kind, row) != raw:
+            raise BadBackupFile(f"line {number}: the {kind} record is not as a backup writes it")
+        self.counts["adk_states"] += 1
+        return _State(kind, row)
+
+    def end(self, record: dict[str, Any], number: int) -> _End:
+        if self.current is not None:
+            raise BadBackupFile(f"line {number}: the last session has no checksum record")
+        names = list(self.counts) if self.version >= 2 else ["sessions", "messages"]
+        counted = {name: record.get(name) for name in names}
+        if counted != {name: self.counts[name] for name in names}:
+            raise BadBackupFile(
+                f"line {number}: the end record counts {counted}, the file holds "
+                f"{ {name: self.counts[name] for name in names} }"
+            )
+        if record.get("sha256") != self.whole.hexdigest():
+            raise BadBackupFile(
+                f"line {number}: the file's checksum does not match its end record "
+                "(the file is damaged)"
+            )
+        return _End(str(record["sha256"]))
+
+    def _open(self, number: int, what: str) -> _Session:
+        if self.current is None:
+            raise BadBackupFile(f"line {number}: {what} outside a session")
+        return self.current
+
+
+#: The record types of each version, besides the header and the end.
+_KINDS: Final = {
+    1: frozenset({"session", "message", "checksum"}),
+    2: frozenset({"session", "message", "checksum", "usage", "adk_session", *_STATE_KINDS}),
+}
+
+
+def _items(
+    stream: IO[bytes], page: int
+) -> Iterator[_Header | _Session | _SessionEnd | _State | _End]:
     """The header; then each session in parts of at most ``page`` messages (each part
     with the same snapshot object; the last may be empty), then its ``_SessionEnd``
-    once its checksum record matched; last the ``_End``, once the end record's totals
-    and the file's checksum matched. Every record is checked as it is read.
+    (its usage and ADK session) once its checksum record matched; then the ADK states;
+    last the ``_End``, once the end record's totals and the file's checksum matched.
+    Every record is checked as it is read.
 
     Raises:
         BadBackupFile: at the first record that is not what the format says.
     """
-    whole = hashlib.sha256()
-    current: _Session | None = None
-    digest = hashlib.sha256()
-    count = last_seq = 0
-    sessions = messages = 0
+    reader = _Reader(page)
     ended = False
     number = 0
-    for number, raw, record in _records(stream):
+    for number, raw, record in _lines(stream):
         kind = record.get("type")
         if ended:
             raise BadBackupFile(f"line {number}: a record after the end record")
         if number == 1:
-            whole.update(raw)
-            yield _header(record)
+            reader.whole.update(raw)
+            header = _header(record)
+            reader.version = header.version
+            yield header
             continue
         if kind == "end":
-            if current is not None:
-                raise BadBackupFile(f"line {number}: the last session has no checksum record")
-            counted = (record.get("sessions"), record.get("messages"))
-            if counted != (sessions, messages):
-                raise BadBackupFile(
-                    f"line {number}: the end record counts {counted[0]} sessions and "
-                    f"{counted[1]} messages, the file holds {sessions} and {messages}"
-                )
-            if record.get("sha256") != whole.hexdigest():
-                raise BadBackupFile(
-                    f"line {number}: the file's checksum does not match its end record "
-                    "(the file is damaged)"
-                )
             ended = True
-            yield _End(str(record["sha256"]))
+            yield reader.end(record, number)
             continue
-        whole.update(raw)
-        if kind == "session":
-            if current is not None:
-                raise BadBackupFile(f"line {number}: a session before the last one's checksum")
-            current = _Session(snapshot=_session_record(record, number), messages=[])
-            digest = hashlib.sha256()
-            count = last_seq = 0
-        elif kind == "message":
-            if current is None:
-                raise BadBackupFile(f"line {number}: a message outside a session")
-            message = _message_record(record, number, current.snapshot, last_seq)
-            if message_line(message) != raw:
-                raise BadBackupFile(
-                    f"line {number}: the message does not read back as written (damaged, "
-                    "or not written by sessionrepo backup)"
-                )
-            digest.update(raw)
-            count += 1
-            last_seq = message.seq
-            current.messages.append((message, raw))
-            if len(current.messages) >= page:
-                yield current
-                current = _Session(snapshot=current.snapshot, messages=[])
-        elif kind == "checksum":
-            if current is None or record.get("session_id") != current.snapshot.session.id:
-                raise BadBackupFile(f"line {number}: a checksum record outside its session")
-            if record.get("messages") != count or record.get("sha256") != digest.hexdigest():
-                raise BadBackupFile(
-                    f"line {number}: session {current.snapshot.session.id!r} holds {count} "
-                    "messages whose checksum does not match its checksum record (damaged)"
-                )
-            sessions += 1
-            messages += count
-            yield current
-            yield _SessionEnd(current.snapshot.session.id, count, digest.hexdigest())
-            current = None
-        else:
+        reader.whole.update(raw)
+        if kind not in _KINDS[reader.version]:
             raise BadBackupFile(f"line {number}: unknown record type {kind!r}")
+        if kind == "session":
+            reader.session(record, number)
+        elif kind == "message":
+            yield from reader.message(record, raw, number)
+        elif kind == "usage":
+            reader.usage(record, raw, number)
+        elif kind == "adk_session":
+            reader.adk_session(record, raw, number)
+        elif kind == "checksum":
+            yield from reader.checksum(record, number)
+        else:
+            yield reader.state(record, raw, number)
     if number == 0:
         raise BadBackupFile("the file is empty, not a sessionrepo backup")
     if not ended:
         raise BadBackupFile(f"the file was cut short after line {number} (no end record)")
-
-
-@dataclass
-class _SessionEnd:
-    session_id: str
-    messages: int
-    sha256: str
-
-
-@dataclass
-class _End:
-    sha256: str
-
-
-def _session_record(record: dict[str, Any], number: int) -> SessionSnapshot:
-    next_seq = record.get("next_seq")
-    if type(next_seq) is not int or not 1 <= next_seq <= _MAX_SEQ:
-        raise BadBackupFile(f"line {number}: next_seq must be a positive integer")
-    try:
-        session = Session.model_validate(record.get("session"))
-    except ValidationError as exc:
-        raise BadBackupFile(f"line {number}: {invalid_from_validation(exc, 'session')}") from None
-    return SessionSnapshot(session, next_seq)
-
-
-def _message_record(
-    record: dict[str, Any], number: int, snapshot: SessionSnapshot, last_seq: int
-) -> StoredMessage:
-    sid = snapshot.session.id
-    if record.get("session_id") != sid:
-        raise BadBackupFile(
-            f"line {number}: a message of session {record.get('session_id')!r} among those "
-            f"of {sid!r}"
-        )
-    seq = record.get("seq")
-    if type(seq) is not int or not last_seq < seq < snapshot.next_seq:
-        raise BadBackupFile(
-            f"line {number}: seq {seq!r} is out of order (after {last_seq}, before the "
-            f"session's next_seq {snapshot.next_seq})"
-        )
-    body = record.get("message")
-    if not isinstance(body, dict):
-        raise BadBackupFile(f"line {number}: the message record has no message object")
-    try:
-        return StoredMessage.model_validate({**body, "session_id": sid, "seq": seq})
-    except ValidationError as exc:
-        raise BadBackupFile(f"line {number}: {invalid_from_validation(exc, 'message')}") from None
 
 
 def verify_backup_file(path: str | os.PathLike[str]) -> BackupReport:
@@ -539,24 +707,27 @@ def verify_backup_file(path: str | os.PathLike[str]) -> BackupReport:
     """
     target = Path(path)
     header: _Header | None = None
-    sessions = messages = 0
+    counts = {"sessions": 0, "messages": 0, "usage": 0, "adk_sessions": 0, "adk_states": 0}
     digest = ""
     with target.open("rb") as stream:
-        for item in _sessions(stream, PAGE):
+        for item in _items(stream, PAGE):
             if isinstance(item, _Header):
                 header = item
             elif isinstance(item, _SessionEnd):
-                sessions += 1
-                messages += item.messages
+                counts["sessions"] += 1
+                counts["messages"] += item.messages
+                counts["usage"] += len(item.usage)
+                counts["adk_sessions"] += item.adk is not None
+            elif isinstance(item, _State):
+                counts["adk_states"] += 1
             elif isinstance(item, _End):
                 digest = item.sha256
-    assert header is not None  # _sessions yields it first or raises
+    assert header is not None  # _items yields it first or raises
     return BackupReport(
         path=str(target),
         taken_at=header.taken_at,
         backend=header.backend,
-        sessions=sessions,
-        messages=messages,
+        **counts,
         bytes=target.stat().st_size,
         sha256=digest,
     )
@@ -571,8 +742,7 @@ class _Restorer:
         self.counts: dict[str, int] = {}
         self.mismatches: list[SessionMismatch] = []
         self._outcome: str | None = None
-        self._expected = hashlib.sha256()
-        self._expected_count = 0
+        self._expected: list[bytes] = []
 
     def _add(self, name: str, amount: int = 1) -> None:
         self.counts[name] = self.counts.get(name, 0) + amount
@@ -582,19 +752,19 @@ class _Restorer:
         snapshot = part.snapshot
         sid = snapshot.session.id
         if self._outcome is None:
-            self._expected = hashlib.sha256()
-            self._expected_count = 0
+            self._expected = []
         batch = [message for message, _ in part.messages]
         erased: set[UUID] = set()
+        database = self._repository.database
         if self._outcome == "diverged":
-            erased = set(screen_stored(self._repository.database, sid, batch)[1])
-        elif not batch and self._outcome is None and session_erased(self._repository.database, sid):
+            erased = set(screen_stored(database, sid, batch)[1])
+        elif not batch and self._outcome is None and session_erased(database, sid):
             self._outcome = "erased"  # an empty session an erasure removed: not again
         elif batch or self._outcome is None:
             result = self._repository.restore_session(snapshot, batch)
             erased = set(result.erased)
             if result.outcome == "diverged":
-                erased = set(screen_stored(self._repository.database, sid, batch)[1])
+                erased = set(screen_stored(database, sid, batch)[1])
                 self._outcome = "diverged"
             elif result.outcome != "erased" and self._outcome in (None, "erased"):
                 self._outcome = "restored" if result.outcome == "created" else "present"
@@ -604,28 +774,71 @@ class _Restorer:
             self._add("messages_present", len(result.duplicates))
             self._add("messages_conflicting", len(result.conflicts))
         self._add("messages_erased", len(erased))
-        for message, raw in part.messages:
-            if message.client_msg_uuid not in erased:
-                self._expected.update(raw)
-                self._expected_count += 1
+        self._expected += [
+            raw for message, raw in part.messages if message.client_msg_uuid not in erased
+        ]
 
-    def end(self, sid: str, next_seq: int) -> None:
-        """The session's last page is written: verify what the target holds."""
+    def end(self, ending: _SessionEnd, next_seq: int) -> None:
+        """The session's last page is written: its usage and ADK session, then verify
+        what the target holds."""
+        sid = ending.session_id
         outcome, self._outcome = self._outcome or "erased", None
         self._add(f"sessions_{outcome}")
+        usage = [record for record, _ in ending.usage]
+        if outcome == "erased":  # not restored: neither is what goes with it
+            self._add("usage_erased", len(usage))
+            self._add("adk_sessions_erased", ending.adk is not None)
+        elif outcome != "diverged":  # a diverged session is left as the target has it
+            self._restore_extras(sid, ending, created=outcome == "restored")
         found, digest = _held(self._repository, sid, next_seq)
         self._add("sessions_verified")
-        expected = self._expected.hexdigest()
-        if (found, digest) != (self._expected_count, expected):
+        self._check(sid, "messages", self._expected, found, digest)
+
+    def _restore_extras(self, sid: str, ending: _SessionEnd, *, created: bool) -> None:
+        database = self._repository.database
+        usage = [record for record, _ in ending.usage]
+        recorded = restore_usage(database, sid, usage, created=created)
+        self._add("usage_inserted", len(recorded.inserted))
+        self._add("usage_present", len(recorded.duplicates))
+        self._add("usage_erased", len(recorded.erased))
+        if ending.adk is not None:
+            adk = backup_state.restore_adk_session(database, sid, ending.adk[0])
+            self._add(f"adk_sessions_{adk}")
+        refused = set(recorded.erased)
+        expected = [raw for record, raw in ending.usage if record.usage_id not in refused]
+        wanted = {record.usage_id for record in usage} - refused
+        held = {
+            record.usage_id: usage_line(sid, record)
+            for record in self._repository.list_usage(sid)
+            if record.usage_id in wanted
+        }
+        there = [held[r.usage_id] for r in usage if r.usage_id in held]
+        self._check(sid, "usage", expected, len(there), _sha256(there))
+
+    def _check(
+        self,
+        sid: str,
+        part: Literal["messages", "usage"],
+        expected: list[bytes],
+        found: int,
+        digest: str,
+    ) -> None:
+        wanted = _sha256(expected)
+        if (found, digest) != (len(expected), wanted):
             self.mismatches.append(
                 SessionMismatch(
                     session_id=sid,
-                    expected_messages=self._expected_count,
+                    part=part,
+                    expected_messages=len(expected),
                     found_messages=found,
-                    expected_sha256=expected,
+                    expected_sha256=wanted,
                     found_sha256=digest,
                 )
             )
+
+    def state(self, state: _State) -> None:
+        outcome = backup_state.restore_state(self._repository.database, state.kind, state.row)
+        self._add(f"adk_states_{outcome}")
 
 
 def _held(repository: SessionRepository, sid: str, next_seq: int) -> tuple[int, str]:
@@ -659,17 +872,21 @@ def restore_backup(
 ) -> RestoreBackupReport:
     """Load a backup into ``repository`` (either backend, whichever wrote it), then
     verify every session it holds: the messages the target holds below the session's
-    ``next_seq`` must be the backup's (count and checksum), less what the target's
-    tombstones refused. Mismatches are reported, not raised (see ``verified``).
+    ``next_seq`` must be the backup's (count and checksum), and so must its usage
+    records, less what the target's tombstones refused. Mismatches are reported, not
+    raised (see ``verified``).
 
     The whole file is checked first (every record, count and checksum): a damaged
     file raises before anything is written. Then each session is restored as
     :meth:`SessionRepository.restore_session` does (at its seq, idempotent: a second
-    restore of the same file inserts nothing), ``batch_size`` messages a transaction.
-    A session the target holds differently (a gateway wrote to it since) is left as
-    it is, and verified like the others. A message an erasure removed from the target
-    is not restored, but counted (``messages_erased``); a session none of whose
-    messages may come back is not recreated (``sessions_erased``).
+    restore of the same file inserts nothing), ``batch_size`` messages a transaction,
+    then its usage records and its ADK session; last the ADK app and user states. A
+    session the target holds differently (a gateway wrote to it since) is left as it
+    is, and its messages verified like the others'. What an erasure removed from the
+    target is not restored, but counted (``messages_erased``, ``usage_erased``,
+    ``adk_sessions_erased``, ``adk_states_erased``); a session none of whose messages
+    may come back is not recreated (``sessions_erased``). An ADK row the target holds
+    with other content is the target's newer state: kept, counted as conflicting.
 
     Args:
         on_session: called with each session's id once it is restored and verified.
@@ -688,17 +905,19 @@ def restore_backup(
     restorer = _Restorer(repository)
     last: _Session | None = None
     with source.open("rb") as stream:
-        for item in _sessions(stream, batch_size):
+        for item in _items(stream, batch_size):
             if isinstance(item, _Session):
                 if last is None or item.messages or last.snapshot is not item.snapshot:
                     restorer.part(item)
                 last = item
             elif isinstance(item, _SessionEnd):
                 assert last is not None
-                restorer.end(item.session_id, last.snapshot.next_seq)
+                restorer.end(item, last.snapshot.next_seq)
                 last = None
                 if on_session is not None:
                     on_session(item.session_id)
+            elif isinstance(item, _State):
+                restorer.state(item)
     return RestoreBackupReport(
         taken_at=checked.taken_at,
         source_backend=checked.backend,

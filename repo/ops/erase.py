@@ -28,6 +28,8 @@ from sessionrepo.models.adk import adk_app_states_table, adk_sessions_table, adk
 from sessionrepo.models.tables import messages_table, outbox_table, sessions_table
 from sessionrepo.store.repository import SessionRepository
 
+__all__ = ["Finding", "VerifyReport", "scan_file", "verify_erased"]
+
 #: Bytes read at a time from a file (with an overlap of the longest string).
 _BLOCK = 1 << 20
 

@@ -54,9 +54,9 @@ from typing import IO, Any, Final
 from pydantic import BaseModel, ConfigDict
 
 from sessionrepo.errors import NotFound, RepoError
-from sessionrepo.models import Session, StoredMessage
+from sessionrepo.models import Session
 from sessionrepo.models.message import utcnow
-from sessionrepo.models.tables import dump_json
+from sessionrepo.ops import records
 from sessionrepo.store.repository import SessionFilter, SessionRepository, SessionSnapshot
 
 EXPORT_FORMAT: Final = "sessionrepo-export"
@@ -149,7 +149,7 @@ class ExportWriter:
         self.vanished = 0
 
     def _write(self, record: dict[str, Any]) -> None:
-        self._out.write(dump_json(record).encode("utf-8") + b"\n")
+        self._out.write(records.line(record))
 
     def header(self) -> None:
         self._write(
@@ -192,19 +192,13 @@ class ExportWriter:
                 )
                 written = True
             for message in page:
-                self._write(_message_record(message))
+                self._write(records.message_record(message))
             self.messages += len(page)
             if len(page) < PAGE:
                 break
             after = page[-1].seq
-        for record in self._repository.list_usage(session.id):
-            self._write(
-                {
-                    "type": "usage",
-                    "session_id": session.id,
-                    "usage": record.model_dump(mode="json"),
-                }
-            )
+        for usage in self._repository.list_usage(session.id):
+            self._write(records.usage_record(session.id, usage))
             self.usage += 1
         self.sessions += 1
         return session
@@ -233,15 +227,6 @@ class ExportWriter:
             usage=self.usage,
             vanished=self.vanished,
         )
-
-
-def _message_record(message: StoredMessage) -> dict[str, Any]:
-    return {
-        "type": "message",
-        "session_id": message.session_id,
-        "seq": message.seq,
-        "message": message.model_dump(mode="json", exclude={"session_id", "seq"}),
-    }
 
 
 def export_sessions(

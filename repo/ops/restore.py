@@ -23,36 +23,32 @@ A session's usage records (version 2 files) follow its messages and are written 
 them, keyed like messages (``usage_id``): a record the target has is skipped, so a second
 import adds none. A session restored as exported keeps its token totals as exported
 (they count its records already); a merged session's totals move by the records it did
-not have. A version 1 file has no usage records and imports as before.
+not have. The target's tombstones hold for usage as for messages: a record of an erased
+message, or made in an erased session before its erasure, is not restored
+(``usage_erased``; a session recreated by the import counts its tokens out). A version 1
+file has no usage records and imports as before.
 """
 
 from __future__ import annotations
 
-import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import IO, Any, Final, Literal
 
-from pydantic import BaseModel, ConfigDict, ValidationError
-
-from sessionrepo.models import Session, StoredMessage
+from sessionrepo.models import StoredMessage
 from sessionrepo.models.usage import Usage
+from sessionrepo.ops import records
 from sessionrepo.ops.export import EXPORT_FORMAT, EXPORT_VERSION, READABLE_VERSIONS, BadExportFile
 from sessionrepo.store.arguments import check_limit
-from sessionrepo.store.codec import invalid_from_validation
 from sessionrepo.store.repository import SessionRepository, SessionSnapshot
 from sessionrepo.store.usage import restore_usage
 
 #: Most messages written in one import transaction.
 MAX_BATCH: Final = 500
-#: Largest ``seq`` (``BIGINT``).
-_MAX_SEQ: Final = 2**63 - 1
 
 
-class ImportReport(BaseModel):
+class ImportReport(records.RestoredCounts):
     """What one import did."""
-
-    model_config = ConfigDict(frozen=True)
 
     #: Sessions the target did not have: recreated exactly.
     sessions_restored: int = 0
@@ -60,17 +56,6 @@ class ImportReport(BaseModel):
     sessions_present: int = 0
     #: Sessions the target had with changes of its own: missing messages appended.
     sessions_merged: int = 0
-    messages_inserted: int = 0
-    #: Messages whose key the target already had, with the same content.
-    messages_present: int = 0
-    #: Messages whose key the target had with different content (the target's kept).
-    messages_conflicting: int = 0
-    #: Messages an erasure removed from the target (its tombstones): not restored.
-    messages_erased: int = 0
-    #: Usage records (model calls) the target did not have: inserted.
-    usage_inserted: int = 0
-    #: Usage records whose key the target already had: skipped.
-    usage_present: int = 0
     #: Whether the file ended with its ``end`` record (``False``: it was cut short).
     complete: bool = False
 
@@ -119,9 +104,11 @@ class _Importer:
         if pending.outcome == "merged":  # the target's totals do not count them yet
             recorded = self._repository.record_usage(sid, usage)
         else:  # the row as exported counts them already
-            recorded = restore_usage(self._repository.database, sid, usage)
+            created = pending.outcome == "restored"
+            recorded = restore_usage(self._repository.database, sid, usage, created=created)
         self._add("usage_inserted", len(recorded.inserted))
         self._add("usage_present", len(recorded.duplicates))
+        self._add("usage_erased", len(recorded.erased))
 
     def _flush_messages(self, pending: _Pending) -> None:
         batch, pending.batch = pending.batch, []
@@ -180,7 +167,9 @@ def import_sessions(
     complete = False
     number = 0
     try:
-        for number, record in _records(stream, on_progress):
+        for number, _, record in records.json_lines(
+            stream, BadExportFile, "export", on_progress=on_progress
+        ):
             kind = record.get("type")
             if complete:
                 raise BadExportFile(f"line {number}: a record after the end record")
@@ -190,12 +179,14 @@ def import_sessions(
             if kind == "session":
                 if pending is not None:
                     importer.flush(pending)
-                pending = _session_record(record, number)
+                pending = _Pending(records.read_session(record, number, BadExportFile))
                 seen_sessions += 1
             elif kind == "message":
                 if pending is None:
                     raise BadExportFile(f"line {number}: a message before any session")
-                message = _message_from_record(record, number, pending)
+                message = records.read_message(
+                    record, number, pending.snapshot, pending.last_seq, BadExportFile
+                )
                 pending.batch.append(message)
                 pending.last_seq = message.seq
                 seen_messages += 1
@@ -204,7 +195,8 @@ def import_sessions(
             elif kind == "usage":
                 if pending is None:
                     raise BadExportFile(f"line {number}: a usage record before any session")
-                pending.usage.append(_usage_from_record(record, number, pending))
+                sid = pending.snapshot.session.id
+                pending.usage.append(records.read_usage(record, number, sid, BadExportFile))
                 seen_usage += 1
             elif kind == "end":
                 if pending is not None:
@@ -238,26 +230,6 @@ def import_sessions(
     return ImportReport(**importer.counts, complete=complete)
 
 
-def _records(
-    stream: IO[bytes], on_progress: Callable[[int], None] | None
-) -> Iterator[tuple[int, dict[str, Any]]]:
-    number = 0
-    for raw in stream:  # a binary stream splits on b"\n" only
-        number += 1
-        if on_progress is not None:
-            on_progress(len(raw))
-        if not raw.strip():
-            continue
-        try:
-            record = json.loads(raw)
-        except (ValueError, UnicodeDecodeError) as exc:
-            what = "not a sessionrepo export" if number == 1 else "damaged"
-            raise BadExportFile(f"line {number}: {what} (not JSON: {exc})") from None
-        if not isinstance(record, dict):
-            raise BadExportFile(f"line {number}: a record must be a JSON object")
-        yield number, record
-
-
 def _check_header(record: dict[str, Any]) -> None:
     if record.get("type") != "header" or record.get("format") != EXPORT_FORMAT:
         raise BadExportFile(
@@ -271,59 +243,3 @@ def _check_header(record: dict[str, Any]) -> None:
             f"{READABLE_VERSIONS[0]} to {EXPORT_VERSION} (a newer sessionrepo wrote it: "
             "upgrade sessionrepo)"
         )
-
-
-def _session_record(record: dict[str, Any], number: int) -> _Pending:
-    next_seq = record.get("next_seq")
-    if type(next_seq) is not int or not 1 <= next_seq <= _MAX_SEQ:
-        raise BadExportFile(f"line {number}: next_seq must be a positive integer")
-    try:
-        session = Session.model_validate(record.get("session"))
-    except ValidationError as exc:
-        problem = invalid_from_validation(exc, "session")
-        raise BadExportFile(f"line {number}: {problem}") from None
-    return _Pending(snapshot=SessionSnapshot(session, next_seq))
-
-
-def _message_from_record(record: dict[str, Any], number: int, pending: _Pending) -> StoredMessage:
-    snapshot = pending.snapshot
-    sid = snapshot.session.id
-    if record.get("session_id") != sid:
-        raise BadExportFile(
-            f"line {number}: a message of session {record.get('session_id')!r} among "
-            f"those of {sid!r}"
-        )
-    seq = record.get("seq")
-    if type(seq) is not int or not pending.last_seq < seq < snapshot.next_seq:
-        raise BadExportFile(
-            f"line {number}: seq {seq!r} is out of order (after {pending.last_seq}, before "
-            f"the session's next_seq {snapshot.next_seq})"
-        )
-    body = record.get("message")
-    if not isinstance(body, dict):
-        raise BadExportFile(f"line {number}: the message record has no message object")
-    try:
-        return StoredMessage.model_validate({**body, "session_id": sid, "seq": seq})
-    except ValidationError as exc:
-        problem = invalid_from_validation(exc, "message")
-        raise BadExportFile(f"line {number}: {problem}") from None
-
-
-def _usage_from_record(record: dict[str, Any], number: int, pending: _Pending) -> Usage:
-    sid = pending.snapshot.session.id
-    if record.get("session_id") != sid:
-        raise BadExportFile(
-            f"line {number}: a usage record of session {record.get('session_id')!r} among "
-            f"those of {sid!r}"
-        )
-    body = record.get("usage")
-    if not isinstance(body, dict):
-        raise BadExportFile(f"line {number}: the usage record has no usage object")
-    try:
-        usage = Usage.model_validate(body)
-    except ValidationError as exc:
-        problem = invalid_from_validation(exc, "usage")
-        raise BadExportFile(f"line {number}: {problem}") from None
-    if usage.usage_id is None:
-        raise BadExportFile(f"line {number}: usage.usage_id: a usage record needs its key")
-    return usage

@@ -13,7 +13,8 @@
    session row; and in the same transaction its tombstone (:mod:`.tombstones`: keyed
    hashes of its id and of every message key, those parked in the outbox included).
 3. The ADK user state of the erased ADK users (``adk_user_states``) that no remaining
-   ADK session uses, and for a ``user_id`` selector every ADK user state of that user.
+   ADK session uses, and for a ``user_id`` selector every ADK user state of that user,
+   each leaving its tombstone (:func:`.tombstones.record_user_state`).
    ADK app state is shared by every user of an app: not the user's, not erased.
 4. The audit row (content-free: when, who as given, the selector's kind and keyed hash,
    the counts), written first (``started``) and completed at the end.
@@ -152,7 +153,9 @@ class Eraser:
             pairs |= adk_pairs
             erased.append(sid)
             self._memory.forget_session(sid)
-        users = self._db.write(lambda conn: _erase_adk_users(conn, pairs, kind, value))
+        users = self._db.write(
+            lambda conn: _erase_adk_users(conn, self._db, pairs, kind, value, audit_id=audit_id)
+        )
         counts = counts.model_copy(
             update={
                 "adk_user_states": users,
@@ -197,14 +200,10 @@ class Eraser:
                 conn = tx.connection
                 self._db.dialect.prepare_erasure(conn)
                 counts = _count_session(conn, sid)
-                keys = [
-                    row[0]
-                    for row in conn.execute(select(M.client_msg_uuid).where(M.session_id == sid))
-                ]
-                keys += [
-                    row[0]
-                    for row in conn.execute(select(O.client_msg_uuid).where(O.session_id == sid))
-                ]
+                # Its messages' keys and those parked in this database's outbox.
+                stored = select(M.client_msg_uuid.label("key")).where(M.session_id == sid)
+                parked = select(O.client_msg_uuid.label("key")).where(O.session_id == sid)
+                keys = [row[0] for row in conn.execute(stored.union_all(parked))]
                 pairs = {
                     (str(app), str(user))
                     for app, user in conn.execute(
@@ -277,7 +276,9 @@ class Eraser:
         superseded = 0
         for sid, before in plan.superseded:
             superseded += self._erase_superseded(sid, before, audit_id)
-        users = self._db.write(lambda conn: _erase_adk_users(conn, pairs, "session", ""))
+        users = self._db.write(
+            lambda conn: _erase_adk_users(conn, self._db, pairs, "session", "", audit_id=audit_id)
+        )
         counts = counts.model_copy(update={"adk_user_states": users})
         totals = counts.model_copy(
             update={"retracted_messages": counts.retracted_messages, "sessions": len(erased)}
@@ -316,7 +317,9 @@ class Eraser:
                     )
                 )
                 conn.execute(delete(messages_table).where(old))
-                _tombstones.record(conn, self._db, sid, keys, when=utcnow(), audit_id=audit_id)
+                _tombstones.record(
+                    conn, self._db, sid, keys, when=utcnow(), audit_id=audit_id, whole=False
+                )
                 return len(keys)
         except NotFound:
             return 0
@@ -385,25 +388,32 @@ def _select(conn: Connection, kind: SelectorKind, value: str) -> tuple[list[str]
 
 
 def _count_session(conn: Connection, sid: str) -> ErasureCounts:
-    states: dict[str | None, int] = dict(
-        conn.execute(
-            select(M.superseded, func.count()).where(M.session_id == sid).group_by(M.superseded)
-        ).all()
-    )
+    """What the session holds, per kind, in one statement (a round trip, not six)."""
 
-    def count(table: Any, column: Any) -> int:
-        return int(
-            conn.execute(select(func.count()).select_from(table).where(column == sid)).scalar_one()
+    def count(table: Any, column: Any, *where: Any) -> Any:
+        return (
+            select(func.count()).select_from(table).where(column == sid, *where).scalar_subquery()
         )
 
+    row = conn.execute(
+        select(
+            count(messages_table, M.session_id, M.superseded.is_(None)),
+            count(messages_table, M.session_id, M.superseded == "retracted"),
+            count(messages_table, M.session_id, M.superseded == "compacted"),
+            count(search_backlog_table, B.session_id),
+            count(adk_sessions_table, AS.session_id),
+            count(outbox_table, O.session_id),
+        )
+    ).one()
+    live, retracted, compacted, backlog, adk, outbox = (int(value) for value in row)
     return ErasureCounts(
         sessions=1,
-        live_messages=int(states.get(None, 0)),
-        retracted_messages=int(states.get("retracted", 0)),
-        compacted_messages=int(states.get("compacted", 0)),
-        search_backlog=count(search_backlog_table, B.session_id),
-        adk_sessions=count(adk_sessions_table, AS.session_id),
-        outbox_rows=count(outbox_table, O.session_id),
+        live_messages=live,
+        retracted_messages=retracted,
+        compacted_messages=compacted,
+        search_backlog=backlog,
+        adk_sessions=adk,
+        outbox_rows=outbox,
     )
 
 
@@ -456,11 +466,21 @@ def _adk_user_selection(
 
 
 def _erase_adk_users(
-    conn: Connection, pairs: set[tuple[str, str]], kind: SelectorKind, value: str
+    conn: Connection,
+    database: Database,
+    pairs: set[tuple[str, str]],
+    kind: SelectorKind,
+    value: str,
+    *,
+    audit_id: uuid.UUID,
 ) -> int:
+    """Delete the chosen ADK user states, each leaving its tombstone (a restore of an
+    older backup does not bring it back)."""
     chosen = _adk_user_selection(conn, pairs, kind, value)
-    for app, user in chosen:
+    when = utcnow()
+    for app, user in sorted(chosen):
         conn.execute(delete(adk_user_states_table).where(AU.app_name == app, AU.user_id == user))
+        _tombstones.record_user_state(conn, database, app, user, when=when, audit_id=audit_id)
     return len(chosen)
 
 

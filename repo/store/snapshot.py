@@ -13,27 +13,29 @@ meanwhile:
   one and not yet on the other (Citus has no distributed snapshot isolation).
 
 :class:`SnapshotReader` is what the work gets: sessions by id and their messages by seq,
-decoded as :meth:`SessionRepository.load_transcript` decodes them, and whether the
-store's tombstones erased a session id. A rerun (a dropped connection) starts the work
+decoded as :meth:`SessionRepository.load_transcript` decodes them, their usage records
+and ADK sessions, and the ADK app and user states. A rerun (a dropped connection) starts the work
 again on a fresh snapshot, so the work must be safe to rerun.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from sqlalchemy import Connection, select
 
 from sessionrepo.contract import SessionSnapshot
 from sessionrepo.models import Session, StoredMessage
 from sessionrepo.models.message import utcnow
-from sessionrepo.models.privacy import erased_sessions_table
 from sessionrepo.models.tables import messages_table, sessions_table
+from sessionrepo.models.usage import Usage
+from sessionrepo.store import backup_state as _state
 from sessionrepo.store import codec as _codec
 from sessionrepo.store import tombstones as _tombstones
 from sessionrepo.store.arguments import check_limit
 from sessionrepo.store.database import Database
+from sessionrepo.store.usage import read_usage
 
 T = TypeVar("T")
 S = sessions_table.c
@@ -83,6 +85,21 @@ class SnapshotReader:
         )
         return _codec.stored_messages(self._conn.execute(query))
 
+    def usage(self, session_id: str) -> list[Usage]:
+        """The session's usage records, oldest first (by time, then key)."""
+        return read_usage(self._conn, session_id)
+
+    def adk_session(self, session_id: str) -> dict[str, Any] | None:
+        """The session's ADK row (names, state, times; ``None``: not an ADK session)."""
+        return _state.read_adk_session(self._conn, session_id)
+
+    def adk_states(
+        self, kind: _state.StateKind, *, after: tuple[str, ...] | None = None, limit: int = 500
+    ) -> list[dict[str, Any]]:
+        """A page of the ADK app or user states, by key."""
+        check_limit(limit, maximum=1000)
+        return _state.read_states(self._conn, kind, after=after, limit=limit)
+
 
 def read_snapshot(database: Database, work: Callable[[SnapshotReader], T]) -> T:
     """``work(reader)`` in one read transaction that sees the store as of one instant
@@ -96,16 +113,11 @@ def read_snapshot(database: Database, work: Callable[[SnapshotReader], T]) -> T:
 
 
 def session_erased(database: Database, session_id: str) -> bool:
-    """Whether an erasure left a tombstone for ``session_id`` in this store."""
+    """Whether an erasure removed ``session_id`` whole from this store (its tombstone)."""
 
     def work(connection: Connection) -> bool:
         key = _tombstones.secret(connection, database)
-        found = connection.execute(
-            select(erased_sessions_table.c.session_hash).where(
-                erased_sessions_table.c.session_hash
-                == _tombstones.session_hash(key, _codec.check_session_id(session_id))
-            )
-        ).first()
-        return found is not None
+        hashed = _tombstones.session_hash(key, _codec.check_session_id(session_id))
+        return _tombstones.erased_at(connection, hashed) is not None
 
     return database.read(work)

@@ -21,6 +21,12 @@ for a session erased before are the message hashes read, by :func:`screened`, be
 the append. On Citus, whose routed append does not read the tombstones, the store reads
 them before every append.
 
+An erasure that removes an ADK user state (``adk_user_states``: a user's state shared by
+their ADK sessions) leaves its keyed hash in ``erased_sessions`` too
+(:func:`record_user_state`, under a prefix of its own): only a restore could bring such
+a state back (no append writes it but through the ADK session service, whose events are
+screened), and :mod:`sessionrepo.store.backup_state` refuses one made before it.
+
 A limit, stated: in a session erased before, a batch screened by :func:`screened` a
 moment before the session is erased again can still land after that erasure; an erase
 run again removes it, and a later re-send of it is refused. On Citus this holds for
@@ -33,8 +39,8 @@ import hashlib
 import hmac
 import weakref
 from collections.abc import Callable, Iterable, Sequence
-from datetime import datetime
-from typing import Any, TypeVar
+from datetime import UTC, datetime
+from typing import Any, Final, TypeVar
 from uuid import UUID
 
 from sqlalchemy import Connection, select
@@ -56,6 +62,13 @@ T = TypeVar("T")
 
 #: Keys per ``IN`` list when message hashes are looked up.
 _CHUNK = 500
+#: The ``erased_at`` of a session only part of which was erased (retention's old
+#: retracted and compacted history): its message hashes are screened, but no rule of
+#: time applies (its messages made before the erasure are live, not erased).
+PARTLY_ERASED: Final = datetime(1970, 1, 1, tzinfo=UTC)
+#: The conflict targets of the tombstone tables' inserts (an erasure run again).
+_ERASED_KEY = ["session_hash"]
+_ERASED_MESSAGE_KEY = ["session_hash", "key_hash"]
 _KEYS: weakref.WeakKeyDictionary[Database, bytes] = weakref.WeakKeyDictionary()
 
 
@@ -91,6 +104,22 @@ def message_hash(key: bytes, session_id: str, message_key: UUID | str) -> bytes:
     return hmac.new(key, data, hashlib.sha256).digest()
 
 
+def user_state_hash(key: bytes, app_name: str, user_id: str) -> bytes:
+    """The tombstone hash of an ADK user state (``adk_user_states``), kept in
+    ``erased_sessions`` beside the sessions' (its own prefix: it never equals one)."""
+    data = b"u\x00" + app_name.encode() + b"\x00" + user_id.encode()
+    return hmac.new(key, data, hashlib.sha256).digest()
+
+
+def erased_at(connection: Connection, hashed: bytes) -> datetime | None:
+    """When the erasure whose tombstone is ``hashed`` (a session's or a user state's)
+    removed it whole; ``None``: none did (a session only partly erased included)."""
+    found: datetime | None = connection.execute(
+        select(ES.erased_at).where(ES.session_hash == hashed)
+    ).scalar()
+    return None if found is None or found <= PARTLY_ERASED else found
+
+
 def value_hash(key: bytes, kind: str, value: str) -> str:
     """Hex of the keyed hash of a selector's value (what the audit keeps)."""
     return hmac.new(key, f"{kind}\x00{value}".encode(), hashlib.sha256).hexdigest()
@@ -112,7 +141,9 @@ def erased_keys(
     if erased_at is None:
         return set()
     wanted = dict(messages)
-    found = {k for k, made in wanted.items() if made <= erased_at}
+    found = (
+        set() if erased_at <= PARTLY_ERASED else {k for k, m in wanted.items() if m <= erased_at}
+    )
     by_hash = {message_hash(key, session_id, k): k for k in wanted if k not in found}
     hashes = list(by_hash)
     for start in range(0, len(hashes), _CHUNK):
@@ -222,29 +253,63 @@ def record(
     *,
     when: datetime,
     audit_id: UUID,
+    whole: bool = True,
 ) -> None:
     """Leave the tombstone of ``session_id`` and its erased ``message_keys`` (idempotent:
-    an erasure run again refreshes its time and audit row)."""
+    an erasure run again refreshes its time and audit row). ``whole=False``: only those
+    messages were erased, the session lives on; it is marked :data:`PARTLY_ERASED`
+    (unless a whole erasure marked it before), so that its appends screen the message
+    hashes without refusing what was made before."""
     key = secret(connection, database)
     sid_hash = session_hash(key, session_id)
     dialect = database.dialect
-    connection.execute(
-        dialect.insert_ignoring(erased_sessions_table, ["session_hash"]).values(
-            session_hash=sid_hash, erased_at=when, audit_id=audit_id
+    if whole:
+        _mark(connection, database, sid_hash, when, audit_id)
+    else:
+        connection.execute(
+            dialect.insert_ignoring(erased_sessions_table, _ERASED_KEY).values(
+                session_hash=sid_hash, erased_at=PARTLY_ERASED, audit_id=audit_id
+            )
         )
-    )
-    connection.execute(
-        erased_sessions_table.update()
-        .where(ES.session_hash == sid_hash)
-        .values(erased_at=when, audit_id=audit_id)
-    )
     rows = [
         {"session_hash": sid_hash, "key_hash": message_hash(key, session_id, k)}
         for k in dict.fromkeys(message_keys)
     ]
-    insert = dialect.insert_ignoring(erased_messages_table, ["session_hash", "key_hash"])
+    insert = dialect.insert_ignoring(erased_messages_table, _ERASED_MESSAGE_KEY)
     for start in range(0, len(rows), _CHUNK):
         connection.execute(insert, rows[start : start + _CHUNK])
+
+
+def record_user_state(
+    connection: Connection,
+    database: Database,
+    app_name: str,
+    user_id: str,
+    *,
+    when: datetime,
+    audit_id: UUID,
+) -> None:
+    """Leave the tombstone of an erased ADK user state: a restore of a backup taken
+    before ``when`` does not bring it back."""
+    key = secret(connection, database)
+    _mark(connection, database, user_state_hash(key, app_name, user_id), when, audit_id)
+
+
+def _mark(
+    connection: Connection, database: Database, hashed: bytes, when: datetime, audit_id: UUID
+) -> None:
+    """``erased_sessions`` holds ``hashed`` as erased at ``when`` (an erasure run again
+    refreshes its time and audit row)."""
+    connection.execute(
+        database.dialect.insert_ignoring(erased_sessions_table, _ERASED_KEY).values(
+            session_hash=hashed, erased_at=when, audit_id=audit_id
+        )
+    )
+    connection.execute(
+        erased_sessions_table.update()
+        .where(ES.session_hash == hashed)
+        .values(erased_at=when, audit_id=audit_id)
+    )
 
 
 def _pair_key(pair: tuple[Message, dict[str, Any]]) -> tuple[UUID, datetime]:

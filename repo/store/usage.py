@@ -16,11 +16,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
-from typing import Any
+from datetime import datetime
+from typing import Any, Final
 from uuid import UUID
 
 from pydantic import ValidationError
-from sqlalchemy import Connection, Insert, bindparam, select, update
+from sqlalchemy import Connection, Insert, bindparam, case, select, update
 
 import sessionrepo.observability as _observe
 from sessionrepo.errors import ArgumentTypeError, InvalidMessage, NotFound, QueuedBehindOutbox
@@ -40,6 +41,8 @@ Transactions = Callable[[Database, str, dict[str, Any] | None], AbstractContextM
 
 U = usage_table.c
 S = sessions_table.c
+#: The conflict target of every usage insert: a record stored once per session and key.
+USAGE_KEY: Final = ["session_id", "usage_id"]
 O = outbox_table.c  # noqa: E741
 
 UsageInput = Usage | Mapping[str, Any] | Sequence[Usage | Mapping[str, Any]] | None
@@ -139,9 +142,7 @@ class UsageLedger:
         self._appender = appender
         self._transactions = transactions
         self._db = database
-        self.insert: Insert = database.dialect.insert_ignoring(
-            usage_table, ["session_id", "usage_id"]
-        )
+        self.insert: Insert = database.dialect.insert_ignoring(usage_table, USAGE_KEY)
 
     def append(
         self,
@@ -198,49 +199,83 @@ class UsageLedger:
 
     def list(self, session_id: str) -> list[Usage]:
         """The session's usage records, oldest first."""
-        query = (
-            select(usage_table)
-            .where(U.session_id == session_id)
-            .order_by(U.occurred_at, U.usage_id)
-        )
-
-        def work(conn: Connection) -> list[Usage]:
-            return [
-                Usage.model_validate({k: v for k, v in row._mapping.items() if k != "session_id"})
-                for row in conn.execute(query)
-            ]
-
-        return self._db.read(work)
+        return self._db.read(lambda conn: read_usage(conn, session_id))
 
 
-def restore_usage(database: Database, session_id: str, records: Sequence[Usage]) -> UsageResult:
+def read_usage(conn: Connection, session_id: str) -> list[Usage]:
+    """The session's usage records, oldest first (by time, then key)."""
+    query = (
+        select(usage_table).where(U.session_id == session_id).order_by(U.occurred_at, U.usage_id)
+    )
+    return [
+        Usage.model_validate({k: v for k, v in row._mapping.items() if k != "session_id"})
+        for row in conn.execute(query)
+    ]
+
+
+def restore_usage(
+    database: Database, session_id: str, records: Sequence[Usage], *, created: bool = False
+) -> UsageResult:
     """Put back the usage records of a session restored as exported (an import of an
-    export): the records it lacks are inserted, one already stored (the same key) is
-    skipped, and its token totals stay as they are: the session row restored with them
-    already counts them. (A session that took writes of its own since, merged rather
-    than restored, takes its records through :meth:`UsageLedger.record`.)
+    export, a restore of a backup): the records it lacks are inserted, one already
+    stored (the same key) is skipped, and its token totals stay as they are: the session
+    row restored with them already counts them. (A session that took writes of its own
+    since, merged rather than restored, takes its records through
+    :meth:`UsageLedger.record`.)
+
+    The tombstones are honoured as for messages: a record of a message an erasure
+    removed, or in an erased session one made (``occurred_at``) before the erasure, is
+    not inserted but listed in ``erased``; when ``created`` (the session row was made
+    by this restore, counting every record) its totals drop by those records'.
 
     Raises:
         InvalidMessage: a record is invalid or has no key (nothing was written).
-        NotFound: no such session.
+        NotFound: no such session (and not every record was erased).
     """
     checked = check_usage(list(records), [])
     if not checked:
         return UsageResult(session_id=session_id)
-    statement = database.dialect.insert_ignoring(usage_table, ["session_id", "usage_id"])
+    statement = database.dialect.insert_ignoring(usage_table, USAGE_KEY)
 
     def work(conn: Connection) -> UsageResult:
+        kept, _ = _tombstones.screen_rows(conn, database, session_id, checked, _usage_key)
+        held = {r.usage_id for r in kept}
+        refused = [r for r in checked if r.usage_id not in held]
+        erased = [r.usage_id for r in refused if r.usage_id is not None]
+        if not kept:
+            return UsageResult(session_id=session_id, erased=erased)
         if conn.execute(select(S.id).where(S.id == session_id)).first() is None:
             raise NotFound(f"no session {session_id!r}")
         inserted: list[UUID] = []
         duplicates: list[UUID] = []
-        for record in checked:
+        for record in kept:
             row = usage_row(session_id, record)
             new = conn.execute(statement.returning(U.usage_id), row).first() is not None
             (inserted if new else duplicates).append(row["usage_id"])
-        return UsageResult(session_id=session_id, inserted=inserted, duplicates=duplicates)
+        if created and refused:
+            less_in = S.input_tokens - sum(r.input_tokens for r in refused)
+            less_out = S.output_tokens - sum(r.output_tokens for r in refused)
+            conn.execute(
+                update(sessions_table)
+                .where(S.id == session_id)
+                .values(
+                    input_tokens=case((less_in < 0, 0), else_=less_in),
+                    output_tokens=case((less_out < 0, 0), else_=less_out),
+                )
+            )
+        return UsageResult(
+            session_id=session_id, inserted=inserted, duplicates=duplicates, erased=erased
+        )
 
     return database.write(work)
+
+
+def _usage_key(record: Usage) -> tuple[UUID, datetime]:
+    """What the tombstones know a record by: the message it came with (else its own
+    key), and when it was made."""
+    key = record.message_uuid or record.usage_id
+    assert key is not None  # check_usage gives every record its key
+    return key, record.occurred_at
 
 
 #: Whether the session has parked messages (an outbox in this database).

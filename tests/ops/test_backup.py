@@ -6,16 +6,14 @@ the target's tombstones honoured. (Under a 4-writer load: ``test_backup_processe
 from __future__ import annotations
 
 import json
-import shutil
 import stat
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from click.testing import CliRunner, Result
 
-from sessionrepo import Message, NotFound, SessionRepository, open_repository
+from sessionrepo import Message, NotFound, SessionRepository
 from sessionrepo.cli import main
 from sessionrepo.errors import InvalidArgument, RepoError
 from sessionrepo.models import Session
@@ -31,34 +29,6 @@ from sessionrepo.ops.backup import (
 from sessionrepo.ops.erase import verify_erased
 
 SECRET = "backupmarmot"
-
-
-@pytest.fixture
-def other_url(backend: str, request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
-    """A fresh database at the schema's head on the *other* backend."""
-    if backend == "sqlite":
-        server = request.getfixturevalue("postgres_server")
-        name = server.new_database()
-        yield server.url_for(name)
-        server.drop(name)
-        return
-    path = tmp_path / "other.db"
-    shutil.copyfile(request.getfixturevalue("sqlite_template"), path)
-    yield f"sqlite:///{path}"
-
-
-@pytest.fixture
-def source(database_url: str) -> Iterator[SessionRepository]:
-    repository = open_repository(database_url)
-    yield repository
-    repository.close()
-
-
-@pytest.fixture
-def target(other_url: str) -> Iterator[SessionRepository]:
-    repository = open_repository(other_url)
-    yield repository
-    repository.close()
 
 
 def _fill(repository: SessionRepository) -> None:
@@ -128,7 +98,7 @@ def test_a_backup_restores_into_the_other_backend_exactly_and_verified(
     assert sorted(p.name for p in path.parent.iterdir()) == ["store.backup"]  # no temporary
     lines = path.read_bytes().splitlines(keepends=True)
     header, end = json.loads(lines[0]), json.loads(lines[-1])
-    assert (header["format"], header["version"], header["checksum"]) == (BACKUP_FORMAT, 1, "sha256")
+    assert (header["format"], header["version"], header["checksum"]) == (BACKUP_FORMAT, 2, "sha256")
     assert (end["sessions"], end["messages"], end["sha256"]) == (4, 12, report.sha256)
     checks = [json.loads(line) for line in lines if b'"type":"checksum"' in line]
     assert [(c["session_id"], c["messages"]) for c in checks] == [

@@ -15,13 +15,9 @@ from __future__ import annotations
 
 import hashlib
 import json
-import shutil
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
-
-import pytest
 
 from sessionrepo import SessionRepository, open_repository
 from sessionrepo.ops import Selection
@@ -35,19 +31,6 @@ WRITERS = 4
 #: Empty sessions between each writer's -a and -z (by id): reading them takes the
 #: time in which the writers write more pairs.
 FILLERS = 100
-
-
-@pytest.fixture
-def other_url(backend: str, request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
-    if backend == "sqlite":
-        server = request.getfixturevalue("postgres_server")
-        name = server.new_database()
-        yield server.url_for(name)
-        server.drop(name)
-        return
-    path = tmp_path / "other.db"
-    shutil.copyfile(request.getfixturevalue("sqlite_template"), path)
-    yield f"sqlite:///{path}"
 
 
 def _counts(repository: SessionRepository) -> dict[str, int]:

@@ -139,8 +139,9 @@ def test_erase_removes_every_copy_and_leaves_only_tombstones(
     export_sessions(setup, buffer)
     assert all(secret.encode() not in buffer.getvalue() for secret in SECRETS)
     assert verify_erased(setup, list(SECRETS)).findings == []
-    # The tombstones: two sessions, every key (the parked one too), no content.
-    assert _count(setup, erased_sessions_table) == 2
+    # The tombstones: two sessions and Alice's ADK user state, every key (the parked
+    # one too), no content.
+    assert _count(setup, erased_sessions_table) == 2 + 1
     assert _count(setup, erased_messages_table) == 5 + 3 + 1
     (entry,) = setup.privacy_audit()
     assert (entry.action, entry.actor, entry.selector_kind) == ("erase", "ticket 1", "user")

@@ -131,3 +131,26 @@ def test_retention_erases_old_superseded_history_and_keeps_the_session(
     kept = [m.content for m in setup.load_transcript("s", include_retracted=True)]
     assert kept == ["recent retracted", "old but live"]
     assert repo.append("s", [sent[0]]).erased == [sent[0].client_msg_uuid]
+
+
+def test_after_old_history_is_erased_the_live_session_takes_what_was_made_before(
+    repo: Any, setup: SessionRepository
+) -> None:
+    """Retention erased only the session's old retracted messages: its tombstone screens
+    their keys, but a message made before the sweep and not stored yet (parked in an
+    outbox meanwhile) is stored, and a re-flush of the live ones is a duplicate, not an
+    erasure."""
+    now = utcnow()
+    old = Message(role="user", content="old retracted", timestamp=now - 20 * DAY)
+    live = Message(role="user", content="live", timestamp=now - 20 * DAY)
+    parked = Message(role="user", content="parked meanwhile", timestamp=now - DAY)
+    setup.append("s", [old, live], source="slack")
+    setup.retract("s", [old.client_msg_uuid])
+    repo.set_retention_policy(RetentionPolicy(source="slack", superseded_days=10))
+    assert repo.apply_retention(now=now).superseded_messages == 1
+
+    result = repo.append("s", [old, live, parked])
+
+    assert result.erased == [old.client_msg_uuid]
+    assert result.duplicates == [live.client_msg_uuid]
+    assert result.inserted == [parked.client_msg_uuid]
