@@ -34,7 +34,6 @@ from sqlalchemy.util import await_
 from sessionrepo.dialects.base import (
     NEW_SESSION_COLUMNS,
     DirectAppend,
-    DirectLoad,
     DirectResult,
     lock_bypassed,
 )
@@ -216,11 +215,6 @@ class CitusAppend(PostgresAppend):
         if inserted != fresh:  # pragma: no cover - the function inserts all or fails
             raise lock_bypassed(append.session_id, fresh - inserted)
         return DirectResult(stored=stored, first_seq=first_seq)
-
-
-    def load_direct(self, driver: Any, load: DirectLoad) -> list[Sequence[Any]] | None:
-        # Through SQLAlchemy, as every other statement here (a routed read either way).
-        return None
 
 
 def _call_alone(driver: Any, statement: str, params: dict[str, Any]) -> list[Any]:
