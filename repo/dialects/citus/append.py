@@ -186,8 +186,8 @@ class CitusAppend(PostgresAppend):
         )
         return stored
 
-    #: Whether the schema has the function with the signature called (a database
-    #: migrated before 0016 has not: the locked path then does every append).
+    #: Whether the schema has the function with the signature called (one an operator
+    #: dropped, or an older revision's, has not: the locked path then does every append).
     has_append_function = True
 
     def append_direct(self, driver: Any, append: DirectAppend) -> DirectResult | None:
@@ -199,7 +199,7 @@ class CitusAppend(PostgresAppend):
         try:
             ((kind, keys, hashes, first_seq, inserted),) = _call_alone(driver, _CALL, params)
         except psycopg.errors.UndefinedFunction:
-            self.has_append_function = False  # not migrated to 0016 yet
+            self.has_append_function = False  # dropped, or not 0016's
             return None
         except psycopg.errors.UniqueViolation:  # pragma: no cover - only past the lock
             return None
