@@ -83,7 +83,8 @@ bench: $(STAMP)
 	$(if $(BENCH_CITUS_URL),$(BIN)/python -m bench.citus --citus-url '$(BENCH_CITUS_URL)' $(BENCH_CITUS_ARGS))
 
 # make test-citus  the Citus tests (tests/dialects/test_citus.py, tests/citus/: one worker of
-#                  three stopped, on a cluster of its own), the contract suite and the framework
+#                  three stopped, on a cluster of its own), the contract suite, the erasure's
+#                  (tests/ops: erase, its race, retention) and the framework
 #                  adapters (tests/integrations: ADK, LangChain, OpenAI Agents) on a throwaway
 #                  Citus cluster (a coordinator and 2 workers, started and stopped by
 #                  tests/citus_cluster.py from the installed citus extension; or the
@@ -91,10 +92,12 @@ bench: $(STAMP)
 #                  cores. CITUS_TESTS picks a subset (.ci/run runs CITUS_CI_TESTS).
 CITUS_CONTRACT := $(addprefix tests/contract/test_,append.py boundary.py concurrency.py \
 	editing.py faithful_storage.py operator_methods.py search.py sessions.py)
-CITUS_TESTS ?= tests/dialects/test_citus.py tests/citus $(CITUS_CONTRACT) tests/integrations -k citus
+CITUS_ERASURE := $(addprefix tests/ops/test_,erase.py erase_race.py erased_copies.py retention.py)
+CITUS_TESTS ?= tests/dialects/test_citus.py tests/citus $(CITUS_CONTRACT) $(CITUS_ERASURE) \
+	tests/integrations -k citus
 CITUS_CI_TESTS := tests/dialects/test_citus.py tests/citus tests/contract/test_append.py \
 	tests/contract/test_search.py tests/contract/test_operator_methods.py \
-	tests/integrations/test_adk.py -k "citus and not async"
+	tests/ops/test_erase_race.py tests/integrations/test_adk.py -k "citus and not async"
 test-citus: $(STAMP)
 	$(BIN)/python tests/citus_cluster.py run -- $(BIN)/python -m pytest $(CITUS_TESTS)
 

@@ -247,6 +247,12 @@ class EngineRole(ABC):
         FTS5 record or index): for a statement of the search index, the index's own
         failure whatever else is true."""
 
+    def configure_connection(self, dbapi_connection: Any) -> None:
+        """Settings of a new driver connection (its transaction is committed after), once
+        the server is known (:func:`sessionrepo.dialects.for_server`). The default sets
+        nothing."""
+        return
+
     def transaction_alive(self, connection: Connection) -> bool:
         """Whether the transaction survived a failed statement (after its savepoint was
         rolled back). PostgreSQL's does, unless the connection itself is gone."""

@@ -146,6 +146,7 @@ class Database:
         # The server decides between dialects of one backend (PostgreSQL or a Citus
         # coordinator): the first connection asks, before any work runs on it.
         event.listen(self.engine, "first_connect", self._found_server)
+        event.listen(self.engine, "connect", self._connected)
         self._read_engine = self.engine.execution_options(**{READ_ONLY: True})
         self._attempts = attempts
         self._first_use: Callable[[Database], None] | None = None
@@ -194,6 +195,9 @@ class Database:
     def _found_server(self, dbapi_connection: Any, record: Any) -> None:
         self.dialect = for_server(self.dialect, dbapi_connection)
         self._server_found = True
+
+    def _connected(self, dbapi_connection: Any, record: Any) -> None:
+        self.dialect.configure_connection(dbapi_connection)
 
     def check_on_first_use(self, check: Callable[[Database], None]) -> None:
         """Run ``check(database)`` before the first unit of work, until it passes (a

@@ -14,12 +14,12 @@ outbox the erasure could not reach. A new message in an erased session is stored
 
 What it costs an append: one primary-key probe of ``erased_sessions`` per batch, made
 by the append's own statement under the session's lock where the dialect can
-(``Capabilities.screens_erasure``: SQLite and PostgreSQL; :func:`session_probe` gives it
-the hash), so no round trip of its own, and an erasure racing the append is wholly
-before it (the batch is then screened) or wholly after it (it erases the batch). Only
-for a session erased before are the message hashes read, by :func:`screened`, before
-the append. On Citus, whose routed append does not read the tombstones, the store reads
-them before every append.
+(``Capabilities.screens_erasure``: SQLite, PostgreSQL and Citus, whose delegated
+append reads the reference table on its worker; :func:`session_probe` gives it the
+hash), so no round trip of its own, and an erasure racing the append is wholly before
+it (the batch is then screened) or wholly after it (it erases the batch). Only for a
+session erased before are the message hashes read, by :func:`screened`, before the
+append.
 
 An erasure that removes an ADK user state (``adk_user_states``: a user's state shared by
 their ADK sessions) leaves its keyed hash in ``erased_sessions`` too
@@ -29,8 +29,7 @@ screened), and :mod:`sessionrepo.store.backup_state` refuses one made before it.
 
 A limit, stated: in a session erased before, a batch screened by :func:`screened` a
 moment before the session is erased again can still land after that erasure; an erase
-run again removes it, and a later re-send of it is refused. On Citus this holds for
-every session.
+run again removes it, and a later re-send of it is refused.
 """
 
 from __future__ import annotations

@@ -1,8 +1,9 @@
-"""The append on Citus as one delegated call: ``sessionrepo_append`` (migration 0014)
-exists on every node with the signature the dialect calls, is distributed by its session
-id co-located with ``sessions``, and an append is that one call, sent to the one worker
-holding the session's shard group and committed there in one phase; the locked path
-(the fallback, and a schema migrated before 0014) is routed too.
+"""The append on Citus as one delegated call: ``sessionrepo_append`` (migrations 0014 and
+0016) exists on every node with the signature the dialect calls, is distributed by its
+session id co-located with ``sessions``, and an append is that one call, sent to the one
+worker holding the session's shard group and committed there in one phase; the locked
+path (the fallback, and a schema migrated before 0016) is routed too. (The call racing an
+erasure: tests/citus/test_erasure.py.)
 
 Needs ``SESSIONREPO_TEST_CITUS_URL`` (``python tests/citus_cluster.py start`` prints
 one); skipped without it (failed with ``SESSIONREPO_REQUIRE_CITUS=1``).
@@ -72,6 +73,18 @@ def _function_on_nodes(url: str) -> list[int]:
             "SELECT result FROM run_command_on_workers(%s) ORDER BY nodeport", [sql]
         ).fetchall()
     return [here, *(int(row[0]) for row in workers)]
+
+
+def _arguments(url: str) -> int:
+    """How many arguments (in, out excluded) the schema's function takes."""
+    with psycopg.connect(_conninfo(url), autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT pronargs FROM pg_proc WHERE proname = %s "
+            "AND pronamespace = current_schema()::regnamespace",
+            [APPEND_FUNCTION],
+        ).fetchone()
+    assert row is not None
+    return int(row[0])
 
 
 def test_the_function_is_distributed_with_the_sessions(citus_url: str) -> None:
@@ -224,6 +237,11 @@ def test_the_migration_round_trips_and_a_missing_function_falls_back(
     try:
         upgrade(database)
         assert _function_on_nodes(empty_citus_url) == [1, 1, 1]
+        assert _arguments(empty_citus_url) == len(APPEND_ARGUMENTS)
+        # Before 0016: 0014's function, without the tombstone hash, on every node.
+        downgrade(database, "0015")
+        assert _function_on_nodes(empty_citus_url) == [1, 1, 1]
+        assert _arguments(empty_citus_url) == len(APPEND_ARGUMENTS) - 1
         downgrade(database, "0013")
         assert _function_on_nodes(empty_citus_url) == [0, 0, 0]
         upgrade(database)

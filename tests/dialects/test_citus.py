@@ -27,6 +27,7 @@ from sessionrepo import Message, SessionRepository, TranscriptWriter, open_repos
 from sessionrepo.cli import main
 from sessionrepo.dialects import CitusDialect, PostgresDialect
 from sessionrepo.dialects.citus import distribute_schema
+from sessionrepo.dialects.citus.engine import CONNECTION_SETTINGS
 from sessionrepo.dialects.postgresql.append import PostgresAppend
 from sessionrepo.store.codec import message_row
 from sessionrepo.store.database import Database
@@ -300,6 +301,30 @@ def test_search_catch_up_claims_per_session_across_shards(citus_url: str) -> Non
         with TranscriptWriter(repository) as writer:
             writer.drain_round(0.1)
         assert repository.search("late")[0].session_id == "late"
+
+
+def test_a_searchs_planner_settings_reach_the_workers(citus_url: str) -> None:
+    """The search's SET LOCALs go to every worker its statements open a transaction on
+    (they choose the plan where the scans run), and each coordinator connection keeps
+    its connections to the workers (``CONNECTION_SETTINGS``)."""
+    with RemoteCommands() as remote, open_repository(citus_url) as repository:
+        ids = _many_sessions(repository, 8)
+        repository.catch_up_search_index()
+        searches: dict[str, Callable[[], object]] = {
+            "store-wide": lambda: repository.search("needle", limit=20),
+            "one session": lambda: repository.search("needle", session_id=ids[0]),
+        }
+        seen = {name: remote.during(action) for name, action in searches.items()}
+        with repository.database.engine.connect() as conn:
+            kept = conn.exec_driver_sql("SHOW citus.max_cached_conns_per_worker").scalar()
+    assert kept == CONNECTION_SETTINGS["citus.max_cached_conns_per_worker"]
+    for name, commands in seen.items():
+        searched = {w for w, c in commands if "message_search" in c and c.startswith("SELECT")}
+        assert searched, (name, commands)
+        for worker in searched:
+            sent = " ".join(c for w, c in commands if w == worker)
+            assert "enable_seqscan" in sent, (name, worker, sent)
+    assert_one_worker("one-session search", seen["one session"])
 
 
 def test_concurrent_catch_ups_share_the_backlog(citus_url: str) -> None:

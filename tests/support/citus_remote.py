@@ -21,7 +21,9 @@ class RemoteCommands:
     nor a two-phase commit; the commands the workers receive show both."""
 
     def __init__(self) -> None:
-        self.commands: list[tuple[str, str]] = []  # (worker host:port, command)
+        #: (worker host:port, the coordinator's id of the connection it went on, command):
+        #: one connection, one transaction on that worker.
+        self.sent: list[tuple[str, int, str]] = []
         self.recording = False
 
     def __enter__(self) -> RemoteCommands:
@@ -40,18 +42,25 @@ class RemoteCommands:
 
     def _notice(self, diagnostic: Any) -> None:
         message = diagnostic.message_primary or ""
-        found = re.search(r"on server \S+@(\S+:\d+) ", diagnostic.message_detail or "")
+        found = re.search(
+            r"on server \S+@(\S+:\d+) connectionId: (\d+)", diagnostic.message_detail or ""
+        )
         if self.recording and message.startswith("issuing ") and found:
-            self.commands.append((found.group(1), message.removeprefix("issuing ")))
+            worker, connection = found.group(1), int(found.group(2))
+            self.sent.append((worker, connection, message.removeprefix("issuing ")))
 
     def during(self, action: Callable[[], object]) -> list[tuple[str, str]]:
-        start = len(self.commands)
+        return [(worker, command) for worker, _, command in self.during_on(action)]
+
+    def during_on(self, action: Callable[[], object]) -> list[tuple[str, int, str]]:
+        """``(worker, connection id, command)`` of each command sent during ``action``."""
+        start = len(self.sent)
         self.recording = True
         try:
             action()
         finally:
             self.recording = False
-        return self.commands[start:]
+        return self.sent[start:]
 
 
 def assert_one_worker(name: str, commands: list[tuple[str, str]]) -> str:

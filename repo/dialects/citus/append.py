@@ -1,7 +1,10 @@
-"""The append on Citus: one call of ``sessionrepo_append`` (migration 0014), a PL/pgSQL
-function distributed by its session id argument and co-located with ``sessions``, so the
-coordinator delegates the call whole to the worker holding the session's shard group:
-one round trip to one worker, committed there in one phase. The locked path (each of its
+"""The append on Citus: one call of ``sessionrepo_append`` (migrations 0014 and 0016), a
+PL/pgSQL function distributed by its session id argument and co-located with
+``sessions``, so the coordinator delegates the call whole to the worker holding the
+session's shard group: one round trip to one worker, committed there in one phase. It
+screens erasures as PostgreSQL's statement does: after the session's lock it looks the
+session's tombstone hash up in ``erased_sessions``, a reference table the worker holds
+whole (``Capabilities.screens_erasure``, as PostgreSQL's). The locked path (each of its
 statements one Citus routes to the session's shard: a filter or a ``VALUES`` row naming
 one session id) stays for when the caller's transaction does more, and as the fallback.
 
@@ -31,7 +34,6 @@ from sqlalchemy.util import await_
 from sessionrepo.dialects.base import (
     NEW_SESSION_COLUMNS,
     DirectAppend,
-    DirectLoad,
     DirectResult,
     lock_bypassed,
 )
@@ -74,10 +76,11 @@ def _array_type(column: Column[Any]) -> str:
     return {"timestamp with time zone": "timestamptz"}.get(name, name)
 
 
-#: The function migration 0014 makes, and its arguments in order: the session id, one
-#: array per message column and the rows' tool calls, a new session's columns (but its
-#: id), then the append's options. ``tests/citus`` checks them against the function the
-#: migration made.
+#: The function migration 0014 makes (0016 its signature and body now), and its
+#: arguments in order: the session id, one array per message column and the rows' tool
+#: calls, a new session's columns (but its id), then the append's options (the last, the
+#: session's tombstone hash). ``tests/citus`` checks them against the function the
+#: migrations made.
 APPEND_FUNCTION: Final = "sessionrepo_append"
 _ARRAY_COLUMNS: Final = (*MESSAGE_COLUMNS, "tool_call_total")
 _ARRAY_TYPES: Final = {
@@ -93,6 +96,7 @@ _OPTIONS: Final = (
     ("behind_outbox", "boolean"),
     ("verify_seq", "bigint"),
     ("verify_key", "uuid"),
+    ("erased_probe", "bytea"),
 )
 #: ``(argument name, type)`` of the function, in order, as the dialect calls it.
 APPEND_ARGUMENTS: Final = (
@@ -132,6 +136,11 @@ def _insert_values(rows: int) -> str:
         f"INSERT INTO messages (session_id, seq, {_STORED_NAMES}) VALUES {values} "
         "ON CONFLICT (session_id, client_msg_uuid) DO NOTHING"
     )
+
+
+#: What the function answers when it wrote nothing, and the result's field that says so:
+#: parked messages, the remembered row gone, the session erased.
+_UNWRITTEN: Final = {"q": "queued", "m": "lost", "x": "erased"}
 
 
 class CitusAppend(PostgresAppend):
@@ -177,8 +186,8 @@ class CitusAppend(PostgresAppend):
         )
         return stored
 
-    #: Whether the schema has the function (a database migrated before 0014 has not:
-    #: the locked path then does every append).
+    #: Whether the schema has the function with the signature called (one an operator
+    #: dropped, or an older revision's, has not: the locked path then does every append).
     has_append_function = True
 
     def append_direct(self, driver: Any, append: DirectAppend) -> DirectResult | None:
@@ -186,17 +195,17 @@ class CitusAppend(PostgresAppend):
             return None
         rows = append.rows
         params = direct_parameters(append, _SESSION_COLUMNS)
+        params["erased_probe"] = append.erased_probe
         try:
             ((kind, keys, hashes, first_seq, inserted),) = _call_alone(driver, _CALL, params)
         except psycopg.errors.UndefinedFunction:
-            self.has_append_function = False  # not migrated to 0014 yet
+            self.has_append_function = False  # dropped, or not 0016's
             return None
         except psycopg.errors.UniqueViolation:  # pragma: no cover - only past the lock
             return None
-        if kind == "q":
-            return DirectResult(stored={}, first_seq=None, queued=True)
-        if kind == "m":
-            return DirectResult(stored={}, first_seq=None, lost=True)
+        unwritten = _UNWRITTEN.get(kind)
+        if unwritten is not None:
+            return DirectResult(stored={}, first_seq=None, **{unwritten: True})
         stored: dict[uuid.UUID, bytes] = dict(zip(keys or (), hashes or (), strict=True))
         refused = append.refuse_conflicts and any(
             stored.get(row["client_msg_uuid"], row["content_hash"]) != row["content_hash"]
@@ -206,10 +215,6 @@ class CitusAppend(PostgresAppend):
         if inserted != fresh:  # pragma: no cover - the function inserts all or fails
             raise lock_bypassed(append.session_id, fresh - inserted)
         return DirectResult(stored=stored, first_seq=first_seq)
-
-    def load_direct(self, driver: Any, load: DirectLoad) -> list[Sequence[Any]] | None:
-        # Through SQLAlchemy, as every other statement here (a routed read either way).
-        return None
 
     def select_direct(
         self, driver: Any, sql: str, params: Mapping[str, Any]

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
-
 from sessionrepo.dialects.citus.append import CitusAppend
 from sessionrepo.dialects.citus.engine import CitusEngine
 from sessionrepo.dialects.citus.probes import CitusProbes
@@ -12,11 +10,10 @@ from sessionrepo.dialects.postgresql import PostgresDialect
 
 
 class CitusDialect(CitusEngine, CitusAppend, CitusSearch, CitusProbes, PostgresDialect):
-    """PostgreSQL on a Citus coordinator, the schema distributed by session id."""
+    """PostgreSQL on a Citus coordinator, the schema distributed by session id.
 
-    # The routed append (CitusAppend.append_direct) does not read the tombstones, which
-    # are not colocated with the sessions: the store reads them before the append.
-    capabilities = dataclasses.replace(PostgresDialect.capabilities, screens_erasure=False)
+    Its capabilities are PostgreSQL's: the delegated append screens erasures under the
+    session's lock too (migration 0016)."""
 
     @classmethod
     def like(cls, dialect: PostgresDialect) -> CitusDialect:

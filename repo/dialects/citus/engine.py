@@ -1,5 +1,5 @@
 """Locks on Citus: one statement per session, each routed to its shard; what a worker
-that cannot be reached means."""
+that cannot be reached means; the coordinator's connections to the workers kept."""
 
 from __future__ import annotations
 
@@ -19,9 +19,33 @@ from sessionrepo.errors import BackendUnavailable, RepoError
 _NODE_FAILED: Final = re.compile(r"connection to the remote node (?:\S+@)?(\S+:\d+) failed")
 
 
+#: Set on each connection to the coordinator. A statement across shards (a listing, a
+#: store-wide search, the backlog check) runs its 32 tasks over up to
+#: ``max_adaptive_executor_pool_size`` connections to each worker (Citus's default: 16),
+#: and the coordinator keeps ``max_cached_conns_per_worker`` of them open after it
+#: (default: 1): every such statement opened, and closed again, up to 15 connections
+#: per worker, a new server process each. Four of each: every statement after the
+#: first finds its connections open, and a worker still runs a statement's tasks four
+#: at a time. (Each coordinator connection may then hold 4 idle ones to each worker:
+#: the workers' ``max_connections``, README "Operating notes".)
+CONNECTION_SETTINGS: Final = {
+    "citus.max_adaptive_executor_pool_size": "4",
+    "citus.max_cached_conns_per_worker": "4",
+}
+
+
 class CitusEngine(PostgresEngine):
     """``FOR UPDATE`` per session: Citus refuses it across shards. A worker down is the
     unavailability of its sessions, not of the database."""
+
+    def configure_connection(self, dbapi_connection: Any) -> None:
+        cursor = dbapi_connection.cursor()
+        try:
+            for name, value in CONNECTION_SETTINGS.items():
+                cursor.execute(f"SET {name} = {value}")
+        finally:
+            cursor.close()
+        dbapi_connection.commit()
 
     def translate(self, exc: sa_exc.DBAPIError) -> RepoError:
         translated = super().translate(exc)

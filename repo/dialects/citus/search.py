@@ -10,10 +10,9 @@ from typing import Any, Final
 
 from sqlalchemy import Connection, Row, select
 
-from sessionrepo.dialects.base import IndexEntry, SearchOrder
+from sessionrepo.dialects.base import IndexEntry
 from sessionrepo.dialects.postgresql.search import PostgresSearch
 from sessionrepo.models.tables import search_backlog_table
-from sessionrepo.search.query import Query, SearchFilters
 
 _B = search_backlog_table.c
 
@@ -38,24 +37,11 @@ ESTIMATE_TTL: Final = 300.0
 class CitusSearch(PostgresSearch):
     """Backlog claims, planner settings and the row estimate, as Citus routes them."""
 
-    def search_messages(
-        self,
-        connection: Connection,
-        query: Query,
-        filters: SearchFilters,
-        *,
-        order: SearchOrder,
-        limit: int,
-        offset: int,
-        window: int,
-    ) -> list[Row[Any]]:
-        # The search's SET LOCAL planner settings choose the plan where the scans run:
-        # on the workers. Citus sends a transaction's SET LOCALs to the workers it opens
-        # in that transaction only when told to (the default is to send none).
-        connection.exec_driver_sql("SET LOCAL citus.propagate_set_commands = 'local'")
-        return super().search_messages(
-            connection, query, filters, order=order, limit=limit, offset=offset, window=window
-        )
+    #: The search's SET LOCAL planner settings choose the plan where the scans run: on
+    #: the workers. Citus sends a transaction's SET LOCALs to the workers it opens in
+    #: that transaction only when told to (the default is to send none): told first, in
+    #: the same round trip.
+    search_settings = ("citus.propagate_set_commands = 'local'", *PostgresSearch.search_settings)
 
     def index_entries(self, connection: Connection, entries: Sequence[IndexEntry]) -> None:
         # PostgreSQL's one INSERT … SELECT FROM unnest goes through the coordinator (a

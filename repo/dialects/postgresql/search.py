@@ -40,6 +40,14 @@ class PostgresSearch(SearchRole):
     #: stems words, and then search results are not verified against the text.
     search_config = "simple"
 
+    #: The search transaction's planner settings (``SET LOCAL``, sent in one round trip
+    #: before its first statement).
+    search_settings: tuple[str, ...] = (
+        "jit = off",
+        "max_parallel_workers_per_gather = 0",
+        "enable_seqscan = off",
+    )
+
     def index_documents(
         self, connection: Connection, session_id: str, seqs: Sequence[int], documents: Sequence[str]
     ) -> int:
@@ -132,6 +140,7 @@ class PostgresSearch(SearchRole):
             self.search_rows_estimate,
             query,
             filters,
+            settings=self.search_settings,
             order=order,
             limit=limit,
             offset=offset,
@@ -165,6 +174,7 @@ def _pg_search(
     query: Query,
     filters: SearchFilters,
     *,
+    settings: Sequence[str],
     order: SearchOrder,
     limit: int,
     offset: int,
@@ -207,7 +217,6 @@ def _pg_search(
         if filters.session_id is not None:
             joins += " AND s.id = :f_session_id"  # routed whole on Citus
     need = window if order == "rank" else offset + limit
-    settings = ["jit = off", "max_parallel_workers_per_gather = 0", "enable_seqscan = off"]
     connection.exec_driver_sql("; ".join(f"SET LOCAL {setting}" for setting in settings))
     # The probe: the newest rows (of the session, with a session filter), how many match
     # the query with every filter, how many the query alone.
