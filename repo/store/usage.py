@@ -16,18 +16,20 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
-from typing import Any
+from typing import Any, Final, NamedTuple
 from uuid import UUID
 
 from pydantic import ValidationError
 from sqlalchemy import Connection, Insert, bindparam, select, update
 
 import sessionrepo.observability as _observe
+from sessionrepo.dialects.base import BackendDialect
 from sessionrepo.errors import ArgumentTypeError, InvalidMessage, NotFound, QueuedBehindOutbox
 from sessionrepo.models import AppendResult, Message
 from sessionrepo.models.outbox_protocol import holds_fifo
 from sessionrepo.models.tables import outbox_table, sessions_table
 from sessionrepo.models.usage import Usage, UsageResult, usage_table
+from sessionrepo.store import rollup as _rollup
 from sessionrepo.store import tombstones as _tombstones
 from sessionrepo.store.append import Appender, OnConflict
 from sessionrepo.store.codec import PreparedBatch
@@ -41,6 +43,9 @@ Transactions = Callable[[Database, str, dict[str, Any] | None], AbstractContextM
 U = usage_table.c
 S = sessions_table.c
 O = outbox_table.c  # noqa: E741
+
+#: The key of a usage record (its insert skips a stored one).
+USAGE_KEY: Final = ("session_id", "usage_id")
 
 UsageInput = Usage | Mapping[str, Any] | Sequence[Usage | Mapping[str, Any]] | None
 
@@ -96,20 +101,36 @@ def usage_row(session_id: str, record: Usage) -> dict[str, Any]:
     return row
 
 
+class UsageWrites(NamedTuple):
+    """The statements that write usage: the records' insert (a stored key skipped) and
+    the rollup's upsert."""
+
+    insert: Insert
+    rollup: Insert
+
+
+def usage_writes(dialect: BackendDialect) -> UsageWrites:
+    return UsageWrites(
+        insert=dialect.insert_ignoring(usage_table, USAGE_KEY).returning(U.usage_id),
+        rollup=_rollup.usage_upsert(dialect),
+    )
+
+
 def insert_usage(
-    conn: Connection, insert: Insert, session_id: str, records: Sequence[Usage]
+    conn: Connection, writes: UsageWrites, session_id: str, records: Sequence[Usage]
 ) -> UsageResult:
-    """Insert the records the session lacks and move its token totals by them; the
-    caller holds the session's row lock (a unit of work)."""
+    """Insert the records the session lacks, add them to the rollup and move its token
+    totals by them; the caller holds the session's row lock (a unit of work)."""
     if not records:
         return UsageResult(session_id=session_id)
     inserted: set[UUID] = set()
-    statement = insert.returning(U.usage_id)
+    statement = writes.insert
     for record in records:  # few per call: one model call, or one turn's
         if conn.execute(statement, usage_row(session_id, record)).first() is not None:
             inserted.add(record.usage_id)  # type: ignore[arg-type]
     new = [record for record in records if record.usage_id in inserted]
     if new:
+        _rollup.add_usage(conn, writes.rollup, session_id, new)
         conn.execute(
             update(sessions_table)
             .where(S.id == session_id)
@@ -139,9 +160,7 @@ class UsageLedger:
         self._appender = appender
         self._transactions = transactions
         self._db = database
-        self.insert: Insert = database.dialect.insert_ignoring(
-            usage_table, ["session_id", "usage_id"]
-        )
+        self.writes = usage_writes(database.dialect)
 
     def append(
         self,
@@ -183,7 +202,7 @@ class UsageLedger:
             result = self._appender.append_locked(
                 tx.connection, sid, tx.next_seq, batch, on_conflict=on_conflict
             )
-            recorded = insert_usage(tx.connection, self.insert, sid, batch.usage)
+            recorded = insert_usage(tx.connection, self.writes, sid, batch.usage)
         _counted(batch.usage, recorded)
         return result
 
@@ -192,7 +211,7 @@ class UsageLedger:
     ) -> UsageResult:
         """Usage without messages, in a unit of work of its own."""
         with self._transactions(self._db, session_id, new_session) as tx:
-            recorded = insert_usage(tx.connection, self.insert, session_id, records)
+            recorded = insert_usage(tx.connection, self.writes, session_id, records)
         _counted(records, recorded)
         return recorded
 
@@ -227,7 +246,7 @@ def restore_usage(database: Database, session_id: str, records: Sequence[Usage])
     checked = check_usage(list(records), [])
     if not checked:
         return UsageResult(session_id=session_id)
-    statement = database.dialect.insert_ignoring(usage_table, ["session_id", "usage_id"])
+    writes = usage_writes(database.dialect)
 
     def work(conn: Connection) -> UsageResult:
         if conn.execute(select(S.id).where(S.id == session_id)).first() is None:
@@ -236,8 +255,12 @@ def restore_usage(database: Database, session_id: str, records: Sequence[Usage])
         duplicates: list[UUID] = []
         for record in checked:
             row = usage_row(session_id, record)
-            new = conn.execute(statement.returning(U.usage_id), row).first() is not None
+            new = conn.execute(writes.insert, row).first() is not None
             (inserted if new else duplicates).append(row["usage_id"])
+        new_ones = set(inserted)
+        _rollup.add_usage(
+            conn, writes.rollup, session_id, [r for r in checked if r.usage_id in new_ones]
+        )
         return UsageResult(session_id=session_id, inserted=inserted, duplicates=duplicates)
 
     return database.write(work)

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Final
 
-from sqlalchemy import Connection, Engine, Insert, Table, event, func
+from sqlalchemy import Connection, Engine, Insert, Select, Table, case, event, func, select
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.dialects import sqlite
 from sqlalchemy.engine import URL
@@ -172,6 +172,37 @@ class SQLiteEngine(EngineRole):
 
     def insert_ignoring(self, table: Table, conflict_columns: Sequence[str]) -> Insert:
         return sqlite.insert(table).on_conflict_do_nothing(index_elements=list(conflict_columns))
+
+    def insert_adding(
+        self, table: Table, conflict_columns: Sequence[str], added: Sequence[str]
+    ) -> Insert:
+        statement = sqlite.insert(table)
+        return statement.on_conflict_do_update(
+            index_elements=list(conflict_columns),
+            set_={name: table.c[name] + statement.excluded[name] for name in added},
+        )
+
+    def nearest_ranks(self, values: Select[Any], shares: Sequence[tuple[int, int]]) -> Select[Any]:
+        # No ordered-set aggregate: each value's rank in its key, and the key's count, by
+        # window; the value at rank ceil(a * n / b) in integers ((a*n + b - 1) / b).
+        given = values.subquery()
+        ranked = select(
+            given.c.key,
+            given.c.value,
+            func.row_number().over(partition_by=given.c.key, order_by=given.c.value).label("rank"),
+            func.count().over(partition_by=given.c.key).label("n"),
+        ).subquery()
+        return select(
+            ranked.c.key,
+            *(
+                func.max(
+                    case(
+                        (ranked.c.rank == (ranked.c.n * a + (b - 1)) // b, ranked.c.value),
+                    )
+                ).label(f"p{index}")
+                for index, (a, b) in enumerate(shares)
+            ),
+        ).group_by(ranked.c.key)
 
     @staticmethod
     def _code(exc: sa_exc.DBAPIError) -> int | None:
