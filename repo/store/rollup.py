@@ -57,6 +57,7 @@ from sessionrepo.models.usage import (
 
 __all__ = [
     "add_usage",
+    "counted",
     "recount",
     "take_messages",
     "usage_upsert",
@@ -113,13 +114,15 @@ def take_messages(conn: Connection, session_id: str, days: Mapping[str, int]) ->
         )
 
 
-def recount(conn: Connection, dialect: BackendDialect, session_ids: Sequence[str]) -> None:
+def recount(conn: Connection, dialect: BackendDialect, session_ids: Sequence[str] | None) -> None:
     """Count the sessions' rollup again from their messages and usage records (after a
-    write that took some away or marked them superseded)."""
-    if not session_ids:
+    write that took some away or marked them superseded); ``None``: every session's
+    (what migration 0017's backfill does)."""
+    if session_ids is not None and not session_ids:
         return
-    ids = sorted(set(session_ids))
-    conn.execute(delete(rollup_table).where(R.session_id.in_(ids)))
+    ids = None if session_ids is None else sorted(set(session_ids))
+    gone = delete(rollup_table)
+    conn.execute(gone if ids is None else gone.where(R.session_id.in_(ids)))
     conn.execute(
         insert(rollup_table).from_select(list(ROLLUP_COLUMNS), counted(dialect, session_ids=ids))
     )
