@@ -13,8 +13,9 @@ load (what autovacuum does after one on PostgreSQL).
 ``--keep DIR`` keeps the seeded databases for another run (``--label before`` and
 ``--label after`` time a change against the same rows; the file keeps both).
 
-Times ``insights(by=…)`` for day, model, source and user, over everything and over a
-30-day ``[since, until)``: one warm-up, then 3 runs, the median and the worst. Checks each
+Times ``insights(by=…)`` for day, model, source and user, over everything, over a
+30-day ``[since, until)`` from midnight to midnight, and over the same 30 days with ends
+inside a day: one warm-up, then 3 runs, the median and the worst. Checks each
 report against a plain-SQL count over the same rows (messages, sessions, calls, tokens):
 a report that disagrees fails the run. Writes ``bench/results/usage-scale.json`` with
 the load average before and after.
@@ -50,6 +51,9 @@ SOURCES = ("discord", "slack", "telegram", "whatsapp", "cli")
 MODELS = ("gpt-4.1", "gpt-4.1-mini", "claude-sonnet-4", "gemini-2.5-flash", "o3", "local-llama")
 PRICED = MODELS[:4]
 RANGE = (START + timedelta(days=30), START + timedelta(days=60))
+#: The same 30 days, its ends inside a day (``--since 30d`` at some time of day): the
+#: partial days at the ends come from the rows, the whole ones from the rollup.
+UNALIGNED = (RANGE[0] + timedelta(hours=13, minutes=17), RANGE[1] + timedelta(hours=9, minutes=41))
 CHUNK = 10_000
 
 
@@ -261,7 +265,11 @@ def measure(url: str) -> dict[str, Any]:
     report: dict[str, Any] = {}
     with open_repository(url, read_only=True) as repository:
         for by in GROUPINGS:
-            for name, bounds in (("all", None), ("30_days", RANGE)):
+            for name, bounds in (
+                ("all", None),
+                ("30_days", RANGE),
+                ("30_days_unaligned", UNALIGNED),
+            ):
                 since, until = bounds if bounds else (None, None)
                 first = insights(repository, by=by, since=since, until=until)
                 times: list[float] = []

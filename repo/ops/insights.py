@@ -4,9 +4,13 @@
 group: sessions and messages (live messages, by their ``timestamp``; the model, source
 and user are the session's), model calls and their tokens (by the call's
 ``occurred_at``; the model is the call's own), the cost computed from the operator's
-prices, the cost the providers reported, and the calls' latency p50/p95. Everything
-is counted by the database (a ``GROUP BY`` per table); only the price lookup and the
-percentiles run here, over the groups and the latencies.
+prices, the cost the providers reported, and the calls' latency p50/p95 (nearest
+rank). Everything is counted by the database: the whole UTC days of the range from the
+rollup (``usage_rollup``, :mod:`sessionrepo.store.rollup`: per session, day and model,
+kept with the rows it sums), the partial days at its ends from the rows themselves (the
+messages of the sessions the rollup names for that day; the calls by their time), the
+percentiles over the range's calls (PostgreSQL's ``percentile_disc``, SQLite's ranks by
+window). Only the price lookup runs here, over the groups of a day and a model.
 
 Cost, per call, from the price of its model valid on its UTC day (the latest
 ``valid_from`` not after it; :func:`set_price` adds one, a change is a new row):
@@ -228,31 +232,35 @@ def _unknown_cost(values: dict[str, Any]) -> dict[str, Any]:
 @dataclass(frozen=True)
 class _Days:
     """A range ``[since, until)`` split where the rollup's UTC days can count it: the
-    whole days ``[first, end)`` (either open) from the rollup, and the ``edges`` (the
-    partial days at either end, as ``(since, until)`` times) from the rows themselves."""
+    whole days ``[first, end)`` (either open) from the rollup, and the ``edges``, the
+    partial days at either end (``(since, until, day)``, each within its UTC ``day``),
+    from the rows themselves."""
 
     first: str | None
     end: str | None
-    edges: tuple[tuple[datetime | None, datetime | None], ...]
+    edges: tuple[tuple[datetime, datetime, str], ...]
     #: No whole day: everything comes from the rows (``edges``).
     none: bool
 
     @classmethod
     def of(cls, since: datetime | None, until: datetime | None) -> _Days:
+        if since is not None and until is not None and since >= until:
+            return cls(first=None, end=None, edges=(), none=True)
         first = None if since is None else _day_start(since, up=True)
         end = None if until is None else _day_start(until, up=False)
-        if first is not None and end is not None and first >= end:
-            return cls(first=None, end=None, edges=((since, until),), none=True)
-        edges: list[tuple[datetime | None, datetime | None]] = []
+        if since is not None and until is not None and first and end and first > end:
+            # Both ends within one day.
+            return cls(first=None, end=None, edges=((since, until, _day(since)),), none=True)
+        edges: list[tuple[datetime, datetime, str]] = []
         if since is not None and first is not None and since < first:
-            edges.append((since, first))
+            edges.append((since, first, _day(since)))
         if until is not None and end is not None and end < until:
-            edges.append((end, until))
+            edges.append((end, until, _day(end)))
         return cls(
-            first=None if first is None else first.date().isoformat(),
-            end=None if end is None else end.date().isoformat(),
+            first=None if first is None else _day(first),
+            end=None if end is None else _day(end),
             edges=tuple(edges),
-            none=False,
+            none=first is not None and first == end,
         )
 
     def whole(self, query: Any) -> Any:
@@ -262,6 +270,10 @@ class _Days:
         if self.end is not None:
             query = query.where(R.day < self.end)
         return query
+
+
+def _day(moment: datetime) -> str:
+    return moment.astimezone(UTC).date().isoformat()
 
 
 def _day_start(moment: datetime, *, up: bool) -> datetime:
@@ -287,9 +299,12 @@ def _per_session(by: str, dialect: BackendDialect, days: _Days) -> Select[Any]:
             )
         )
     day = dialect.utc_day(M.timestamp)
-    for since, until in days.edges:
+    for since, until, on in days.edges:
+        # The messages of the day's sessions only (the rollup names them), read by the
+        # key's session prefix: no index of the messages' time is needed (or kept).
+        active = select(R.session_id).where(R.day == on, R.model == ROLLUP_NO_MODEL, R.messages > 0)
         edge = select(M.session_id.label("sid"), day.label("day"), func.count().label("n")).where(
-            M.superseded.is_(None)
+            M.superseded.is_(None), M.session_id.in_(active)
         )
         parts.append(_bounded(edge, M.timestamp, since, until).group_by(M.session_id, day))
     counted = _union(parts, ("sid", "day", "n"))
@@ -350,7 +365,7 @@ def _calls(
         found += conn.execute(days.whole(whole).group_by(key, R.day, model)).all()
     usage_key = _usage_key(by, dialect.utc_day)
     day = dialect.utc_day(U.occurred_at)
-    for since, until in days.edges:
+    for since, until, _on in days.edges:
         edge = select(
             usage_key.label("key"),
             day.label("day"),
@@ -478,7 +493,7 @@ def _busiest(
                 ).where(R.calls > 0)
             )
         )
-    for since, until in days.edges:
+    for since, until, _on in days.edges:
         edge = select(U.session_id.label("sid"), (U.input_tokens + U.output_tokens).label("tokens"))
         parts.append(_bounded(edge, U.occurred_at, since, until))
     spent = _union(parts, ("sid", "tokens"))

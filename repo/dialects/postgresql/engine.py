@@ -102,7 +102,10 @@ class PostgresEngine(EngineRole):
     def nearest_ranks(self, values: Select[Any], shares: Sequence[tuple[int, int]]) -> Select[Any]:
         # percentile_disc is the nearest rank: the first value whose position reaches
         # ceil(share * n) (computed in float8, as Python's math.ceil(share * n)).
-        given = values.subquery()
+        return self._ranks(values.subquery(), shares)
+
+    @staticmethod
+    def _ranks(given: Any, shares: Sequence[tuple[int, int]]) -> Select[Any]:
         return select(
             given.c.key,
             *(
