@@ -32,7 +32,21 @@ from datetime import UTC, date, datetime, time, timedelta
 from typing import Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError
-from sqlalchemy import ColumnElement, Connection, Select, false, func, literal, select, union_all
+from sqlalchemy import (
+    BigInteger,
+    ColumnElement,
+    Connection,
+    Select,
+    String,
+    case,
+    cast,
+    false,
+    func,
+    literal,
+    null,
+    select,
+    union_all,
+)
 
 from sessionrepo.dialects.base import BackendDialect
 from sessionrepo.errors import InvalidArgument
@@ -186,14 +200,14 @@ def insights(
             group["sessions"] = group.get("sessions", 0) + 1
             seen.add(sid)
         # Calls, by the call's own day and model (the price's), then the group.
-        for row in _calls(conn, by, dialect, days):
+        for row in _calls(conn, by, dialect, days, book=book):
             group = groups[row.key]
             tokens = {kind: int(getattr(row, kind) or 0) for kind in TOKEN_KINDS}
             for kind, count in tokens.items():
                 group[kind] = group.get(kind, 0) + count
             group["calls"] = group.get("calls", 0) + int(row.calls)
             group["reported_cost"] = group.get("reported_cost", 0.0) + float(row.reported_cost)
-            cost = book.cost(row.model, date.fromisoformat(row.day), tokens)
+            cost = book.cost(row.model, _priced_on(row.day), tokens)
             if cost is None:
                 group["unpriced_calls"] = group.get("unpriced_calls", 0) + int(row.calls)
             else:
@@ -319,10 +333,19 @@ def _per_session(by: str, dialect: BackendDialect, days: _Days) -> Select[Any]:
     )
 
 
+_UNION_TYPES: Final[dict[str, Any]] = {
+    "sid": String(),
+    "day": String(),
+    "n": BigInteger(),
+    "tokens": BigInteger(),
+}
+
+
 def _union(parts: list[Select[Any]], names: tuple[str, ...]) -> Any:
     """The rows of ``parts`` (each of ``names``) as one subquery."""
-    if not parts:
-        return select(*(literal(None).label(name) for name in names)).where(false()).subquery()
+    if not parts:  # typed: a sum of an untyped NULL is a sum of text on PostgreSQL
+        empty = (cast(null(), _UNION_TYPES[name]).label(name) for name in names)
+        return select(*empty).where(false()).subquery()
     if len(parts) == 1:
         return parts[0].subquery()
     return union_all(*parts).subquery()
@@ -334,6 +357,7 @@ def _calls(
     dialect: BackendDialect,
     days: _Days,
     *,
+    book: _PriceBook,
     sessions: list[str] | None = None,
 ) -> list[Any]:
     """``(key, day, model, calls, reported_cost, tokens...)`` per group key (``by``, or
@@ -343,6 +367,9 @@ def _calls(
     found: list[Any] = []
     if not days.none:
         model = func.nullif(R.model, ROLLUP_NO_MODEL)
+        # Grouped by the price's period rather than the day (but by day): a model's
+        # prices hold from one valid_from to the next, and a cost is linear in tokens.
+        period = R.day if by == "day" else book.period(R.model, R.day)
         key: Any = {
             "day": R.day,
             "model": model,
@@ -352,7 +379,7 @@ def _calls(
         }[by]
         whole = select(
             key.label("key"),
-            R.day.label("day"),
+            period.label("day"),
             model.label("model"),
             func.sum(R.calls).label("calls"),
             func.sum(R.reported_cost).label("reported_cost"),
@@ -362,7 +389,7 @@ def _calls(
             whole = whole.join_from(rollup_table, sessions_table, S.id == R.session_id)
         if sessions is not None:
             whole = whole.where(R.session_id.in_(sessions))
-        found += conn.execute(days.whole(whole).group_by(key, R.day, model)).all()
+        found += conn.execute(days.whole(whole).group_by(key, period, model)).all()
     usage_key = _usage_key(by, dialect.utc_day)
     day = dialect.utc_day(U.occurred_at)
     for since, until, _on in days.edges:
@@ -430,6 +457,11 @@ def _bounded(query: Any, column: Any, since: datetime | None, until: datetime | 
     return query
 
 
+def _priced_on(day: str) -> date:
+    """The day a group's price is looked up on (``''``: before any price: none)."""
+    return date.fromisoformat(day) if day else date.min
+
+
 class _PriceBook:
     """The prices, per model and kind, newest ``valid_from`` first."""
 
@@ -447,6 +479,32 @@ class _PriceBook:
             if valid_from <= day:
                 return per_million
         return None
+
+    def period(self, model: ColumnElement[Any], day: ColumnElement[Any]) -> ColumnElement[Any]:
+        """The first day (``YYYY-MM-DD``) of the period of ``model``'s prices that holds
+        ``day`` (each ``valid_from`` of the model starts one); ``''`` before its first,
+        or for a model without prices (no price: unpriced)."""
+        starts: dict[str, set[date]] = defaultdict(set)
+        for model_name, _kind in self._prices:
+            starts[model_name].update(valid for valid, _ in self._prices[(model_name, _kind)])
+        if not starts:
+            return literal("")
+        return case(
+            *(
+                (
+                    model == name,
+                    case(
+                        *(
+                            (day >= start.isoformat(), start.isoformat())
+                            for start in sorted(days, reverse=True)
+                        ),
+                        else_="",
+                    ),
+                )
+                for name, days in sorted(starts.items())
+            ),
+            else_="",
+        )
 
     def cost(self, model: str | None, day: date, tokens: dict[str, int]) -> float | None:
         """The cost of ``tokens`` of ``model`` on ``day``; ``None``: no input or output
@@ -511,11 +569,11 @@ def _busiest(
     calls: dict[str, int] = defaultdict(int)
     unpriced: dict[str, int] = defaultdict(int)
     costs: dict[str, float] = defaultdict(float)
-    for row in _calls(conn, "session", dialect, days, sessions=ids):
+    for row in _calls(conn, "session", dialect, days, book=book, sessions=ids):
         calls[row.key] += int(row.calls)
         cost = book.cost(
             row.model,
-            date.fromisoformat(row.day),
+            _priced_on(row.day),
             {kind: int(getattr(row, kind) or 0) for kind in TOKEN_KINDS},
         )
         if cost is None:
