@@ -7,12 +7,15 @@ Makes the schema with the migrations, then seeds it with plain SQL bulk inserts
 at this size): ``--messages / 100`` sessions of 100 messages each (five sources, 200
 users, six models), spread over 90 days, 1% of the messages superseded (out of the
 counts), ``--usage`` model calls spread over the sessions, four of the six models
-priced. ``ANALYZE`` after the load (what autovacuum does after one on PostgreSQL).
+priced; then the rollup of those rows (``usage_rollup``, what migration 0017's backfill
+does: the seed goes past the write paths that keep it), timed. ``ANALYZE`` after the
+load (what autovacuum does after one on PostgreSQL).
 ``--keep DIR`` keeps the seeded databases for another run (``--label before`` and
 ``--label after`` time a change against the same rows; the file keeps both).
 
-Times ``insights(by=…)`` for day, model, source and user, over everything and over a
-30-day ``[since, until)``: one warm-up, then 3 runs, the median and the worst. Checks each
+Times ``insights(by=…)`` for day, model, source and user, over everything, over a
+30-day ``[since, until)`` from midnight to midnight, and over the same 30 days with ends
+inside a day: one warm-up, then 3 runs, the median and the worst. Checks each
 report against a plain-SQL count over the same rows (messages, sessions, calls, tokens):
 a report that disagrees fails the run. Writes ``bench/results/usage-scale.json`` with
 the load average before and after.
@@ -38,6 +41,7 @@ from sqlalchemy import MetaData, Table, create_engine, text
 
 from sessionrepo import open_repository
 from sessionrepo.ops.insights import GROUPINGS, insights
+from sessionrepo.store import rollup
 
 RESULTS = Path(__file__).parent / "results"
 PER_SESSION = 100
@@ -47,6 +51,9 @@ SOURCES = ("discord", "slack", "telegram", "whatsapp", "cli")
 MODELS = ("gpt-4.1", "gpt-4.1-mini", "claude-sonnet-4", "gemini-2.5-flash", "o3", "local-llama")
 PRICED = MODELS[:4]
 RANGE = (START + timedelta(days=30), START + timedelta(days=60))
+#: The same 30 days, its ends inside a day (``--since 30d`` at some time of day): the
+#: partial days at the ends come from the rows, the whole ones from the rollup.
+UNALIGNED = (RANGE[0] + timedelta(hours=13, minutes=17), RANGE[1] + timedelta(hours=9, minutes=41))
 CHUNK = 10_000
 
 
@@ -134,7 +141,7 @@ def _insert(conn: Any, table: Any, rows: Iterator[dict[str, Any]]) -> None:
         conn.execute(table.insert(), chunk)
 
 
-def seed(url: str, messages: int, usage: int) -> float:
+def seed(url: str, messages: int, usage: int) -> tuple[float, float]:
     sessions = messages // PER_SESSION
     engine = create_engine(url)
     started = time.perf_counter()
@@ -174,11 +181,19 @@ def seed(url: str, messages: int, usage: int) -> float:
                     for kind, per_million in (("input_tokens", 1.0), ("output_tokens", 4.0))
                 ),
             )
+        with open_repository(url, read_only=True) as repository:
+            dialect = repository.database.dialect
+        rolled = time.perf_counter()
+        with engine.begin() as conn:
+            # The rollup of the rows seeded by plain SQL, past the write paths that keep
+            # it: what migration 0017's backfill does.
+            rollup.recount(conn, dialect, None)
+        rollup_s = time.perf_counter() - rolled
         with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
             conn.execute(text("ANALYZE"))
     finally:
         engine.dispose()
-    return time.perf_counter() - started
+    return time.perf_counter() - started, rollup_s
 
 
 def _sql_counts(
@@ -250,7 +265,11 @@ def measure(url: str) -> dict[str, Any]:
     report: dict[str, Any] = {}
     with open_repository(url, read_only=True) as repository:
         for by in GROUPINGS:
-            for name, bounds in (("all", None), ("30_days", RANGE)):
+            for name, bounds in (
+                ("all", None),
+                ("30_days", RANGE),
+                ("30_days_unaligned", UNALIGNED),
+            ):
                 since, until = bounds if bounds else (None, None)
                 first = insights(repository, by=by, since=since, until=until)
                 times: list[float] = []
@@ -282,11 +301,17 @@ def measure(url: str) -> dict[str, Any]:
 
 
 def run(url: str, messages: int, usage: int, *, seeded: bool) -> dict[str, Any]:
-    load = None
+    load = rolled = None
     if not seeded:
-        load = round(seed(url, messages, usage), 1)
-        print(f"  seeded in {load:.0f} s", flush=True)
-    return {"messages": messages, "usage_rows": usage, "seed_s": load, **measure(url)}
+        load, rolled = (round(value, 1) for value in seed(url, messages, usage))
+        print(f"  seeded in {load:.0f} s (the rollup's backfill {rolled:.1f} s)", flush=True)
+    return {
+        "messages": messages,
+        "usage_rows": usage,
+        "seed_s": load,
+        "rollup_backfill_s": rolled,
+        **measure(url),
+    }
 
 
 def _migrate(url: str) -> None:

@@ -209,5 +209,56 @@ class PriceRow(Base):
     currency: Mapped[str] = mapped_column(String(16))
 
 
+#: The rollup's key: one row per session, UTC day and model (``ROLLUP_NO_MODEL`` for
+#: the session's messages and for calls without a model). Every upsert of the rollup
+#: names its conflict target from here.
+ROLLUP_KEY: Final = ("session_id", "day", "model")
+#: The rollup's ``model`` for "none": a model name is never empty (``check_identifier``).
+ROLLUP_NO_MODEL: Final = ""
+#: The rollup's counters, each the sum of its rows (``messages``: the live messages of
+#: the day, on the ``ROLLUP_NO_MODEL`` row; the others: the day's calls of the model).
+ROLLUP_COUNTS: Final = ("messages", "calls", *TOKEN_KINDS)
+#: The columns an upsert adds to a stored row's.
+ROLLUP_SUMS: Final = (*ROLLUP_COUNTS, "reported_cost")
+#: The rollup's columns, key first.
+ROLLUP_COLUMNS: Final = (*ROLLUP_KEY, *ROLLUP_SUMS)
+#: The append statements' upsert of a session's new messages, one row per UTC day: a
+#: dialect puts its rows (``session_id, day, messages``, then zeros) between the two.
+ROLLUP_MESSAGES: Final = (
+    f"INSERT INTO usage_rollup ({', '.join(ROLLUP_COLUMNS)}) ",
+    f" ON CONFLICT ({', '.join(ROLLUP_KEY)}) "
+    "DO UPDATE SET messages = usage_rollup.messages + excluded.messages",
+)
+#: The values of the other columns of a messages' row: zero calls, tokens and cost.
+ROLLUP_MESSAGES_ZEROS: Final = ", ".join(["0"] * (len(ROLLUP_SUMS) - 1))
+
+
+class RollupRow(Base):
+    """What the report counts, summed per session, UTC day and model (see
+    :mod:`sessionrepo.store.rollup`): kept with the rows it sums, in their transaction."""
+
+    __tablename__ = "usage_rollup"
+    __table_args__ = (
+        PrimaryKeyConstraint(*ROLLUP_KEY),
+        # The report's range scans: by day.
+        Index("ix_usage_rollup_day", "day"),
+    )
+
+    session_id: Mapped[str] = mapped_column(ForeignKey("sessions.id", ondelete="CASCADE"))
+    #: ``YYYY-MM-DD`` (UTC), as the dialects' ``utc_day`` gives it: compared as text.
+    day: Mapped[str] = mapped_column(String(10))
+    model: Mapped[str]
+    messages: Mapped[int] = mapped_column(BigInteger())
+    calls: Mapped[int] = mapped_column(BigInteger())
+    input_tokens: Mapped[int] = mapped_column(BigInteger())
+    output_tokens: Mapped[int] = mapped_column(BigInteger())
+    cache_read_tokens: Mapped[int] = mapped_column(BigInteger())
+    cache_write_tokens: Mapped[int] = mapped_column(BigInteger())
+    reasoning_tokens: Mapped[int] = mapped_column(BigInteger())
+    #: The sum of the calls' ``reported_cost`` (0 when none reported one).
+    reported_cost: Mapped[float] = mapped_column(Double())
+
+
 usage_table: Table = UsageRow.__table__  # type: ignore[assignment]
 prices_table: Table = PriceRow.__table__  # type: ignore[assignment]
+rollup_table: Table = RollupRow.__table__  # type: ignore[assignment]

@@ -63,7 +63,7 @@ APIS = ["sync", pytest.param("async", marks=pytest.mark.asyncapi)]
 APPEND_PATHS = ["direct", "locked"]
 #: The contract modules whose ``repo`` tests run on both append paths.
 APPEND_PATH_MODULES = frozenset(
-    {"test_append", "test_boundary", "test_faithful_storage", "test_concurrency"}
+    {"test_append", "test_boundary", "test_faithful_storage", "test_concurrency", "test_rollup"}
 )
 
 

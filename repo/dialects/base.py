@@ -268,6 +268,20 @@ class EngineRole(ABC):
         """``INSERT ... ON CONFLICT (conflict_columns) DO NOTHING``: only that key may be
         skipped; any other constraint violation still raises."""
 
+    @abstractmethod
+    def insert_adding(
+        self, table: Table, conflict_columns: Sequence[str], added: Sequence[str]
+    ) -> Insert:
+        """``INSERT ... ON CONFLICT (conflict_columns) DO UPDATE``: the stored row's
+        ``added`` columns each grow by the inserted row's value (a counter's upsert)."""
+
+    @abstractmethod
+    def nearest_ranks(self, values: Select[Any], shares: Sequence[tuple[int, int]]) -> Select[Any]:
+        """Per ``key`` of ``values`` (a query of ``key`` and ``value``): one row of the
+        ``key`` and, for each share ``(a, b)``, the nearest-rank percentile ``a/b`` of
+        its values (the value at rank ``ceil(a/b * n)`` in ascending order), computed by
+        the database."""
+
     def rare(self, condition: ColumnElement[bool]) -> ColumnElement[bool]:
         """``condition``, marked for the planner as true of few rows (SQLite's statistics
         count a column's NULLs as one value: ``parent_session_id = ?`` looks like it

@@ -4,9 +4,13 @@
 group: sessions and messages (live messages, by their ``timestamp``; the model, source
 and user are the session's), model calls and their tokens (by the call's
 ``occurred_at``; the model is the call's own), the cost computed from the operator's
-prices, the cost the providers reported, and the calls' latency p50/p95. Everything
-is counted by the database (a ``GROUP BY`` per table); only the price lookup and the
-percentiles run here, over the groups and the latencies.
+prices, the cost the providers reported, and the calls' latency p50/p95 (nearest
+rank). Everything is counted by the database: the whole UTC days of the range from the
+rollup (``usage_rollup``, :mod:`sessionrepo.store.rollup`: per session, day and model,
+kept with the rows it sums), the partial days at its ends from the rows themselves (the
+messages of the sessions the rollup names for that day; the calls by their time), the
+percentiles over the range's calls (PostgreSQL's ``percentile_disc``, SQLite's ranks by
+window). Only the price lookup runs here, over the groups of a day and a model.
 
 Cost, per call, from the price of its model valid on its UTC day (the latest
 ``valid_from`` not after it; :func:`set_price` adds one, a change is a new row):
@@ -21,18 +25,40 @@ priced calls has their cost, beside the count of the others.
 
 from __future__ import annotations
 
-import math
 from collections import defaultdict
 from collections.abc import Iterable
-from datetime import date, datetime
+from dataclasses import dataclass
+from datetime import UTC, date, datetime, time, timedelta
 from typing import Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError
-from sqlalchemy import ColumnElement, Connection, Select, func, select
+from sqlalchemy import (
+    BigInteger,
+    ColumnElement,
+    Connection,
+    Select,
+    String,
+    case,
+    cast,
+    false,
+    func,
+    literal,
+    null,
+    select,
+    union_all,
+)
 
+from sessionrepo.dialects.base import BackendDialect
 from sessionrepo.errors import InvalidArgument
 from sessionrepo.models.tables import messages_table, sessions_table
-from sessionrepo.models.usage import TOKEN_KINDS, Price, prices_table, usage_table
+from sessionrepo.models.usage import (
+    ROLLUP_NO_MODEL,
+    TOKEN_KINDS,
+    Price,
+    prices_table,
+    rollup_table,
+    usage_table,
+)
 from sessionrepo.store.arguments import check_aware_time, check_choice, check_limit
 from sessionrepo.store.repository import SessionRepository
 
@@ -45,6 +71,7 @@ U = usage_table.c
 M = messages_table.c
 S = sessions_table.c
 P = prices_table.c
+R = rollup_table.c
 
 
 class InsightsRow(BaseModel):
@@ -156,72 +183,53 @@ def insights(
         check_aware_time(until, "until")
     busiest = check_limit(busiest, "busiest")
     database = repository.database
-    day_of = database.dialect.utc_day
+    dialect = database.dialect
+    days = _Days.of(since, until)
 
     def work(conn: Connection) -> Insights:
         price_list = [dict(row._mapping) for row in conn.execute(select(prices_table))]
         book = _PriceBook(price_list)
         groups: dict[str | None, dict[str, Any]] = defaultdict(dict)
-        # Messages and sessions, by the message's time: one pass over the messages,
-        # counted per session (and day) by the database; the groups and the distinct
-        # sessions are summed here from those rows (a session per group at most once).
+        # Messages and sessions: ``(key, session, live messages)`` per session (and day,
+        # by day), the groups and the distinct sessions summed here from those rows (a
+        # session per group at most once).
         seen: set[str] = set()
-        for key, sid, count in conn.execute(_per_session(by, day_of, since, until)):
+        for key, sid, count in conn.execute(_per_session(by, dialect, days)):
             group = groups[key]
             group["messages"] = group.get("messages", 0) + int(count)
             group["sessions"] = group.get("sessions", 0) + 1
             seen.add(sid)
         # Calls, by the call's own day and model (the price's), then the group.
-        usage_key = _usage_key(by, day_of)
-        day, model = day_of(U.occurred_at), U.model
-        sums = [func.sum(U[kind]).label(kind) for kind in TOKEN_KINDS]
-        calls = select(
-            usage_key.label("key"),
-            day.label("day"),
-            model.label("model"),
-            func.count().label("calls"),
-            func.coalesce(func.sum(U.reported_cost), 0.0).label("reported_cost"),
-            *sums,
-        )
-        if by in ("source", "user"):
-            calls = calls.join_from(usage_table, sessions_table, S.id == U.session_id)
-        calls = _bounded(calls, U.occurred_at, since, until).group_by(usage_key, day, model)
-        for row in conn.execute(calls):
+        for row in _calls(conn, by, dialect, days, book=book):
             group = groups[row.key]
             tokens = {kind: int(getattr(row, kind) or 0) for kind in TOKEN_KINDS}
             for kind, count in tokens.items():
                 group[kind] = group.get(kind, 0) + count
-            group["calls"] = group.get("calls", 0) + row.calls
+            group["calls"] = group.get("calls", 0) + int(row.calls)
             group["reported_cost"] = group.get("reported_cost", 0.0) + float(row.reported_cost)
-            cost = book.cost(row.model, date.fromisoformat(row.day), tokens)
+            cost = book.cost(row.model, _priced_on(row.day), tokens)
             if cost is None:
-                group["unpriced_calls"] = group.get("unpriced_calls", 0) + row.calls
+                group["unpriced_calls"] = group.get("unpriced_calls", 0) + int(row.calls)
             else:
                 group["cost"] = group.get("cost", 0.0) + cost
-        # Latencies, for the percentiles.
-        latencies: dict[str | None, list[float]] = defaultdict(list)
-        timed = select(usage_key.label("key"), U.latency).where(U.latency.is_not(None))
-        if by in ("source", "user"):
-            timed = timed.join_from(usage_table, sessions_table, S.id == U.session_id)
-        every: list[float] = []
-        for key, latency in conn.execute(_bounded(timed, U.occurred_at, since, until)):
-            latencies[key].append(float(latency))
-            every.append(float(latency))
+        # The calls' latency percentiles, by the database over the range's records.
+        latencies = _latencies(conn, by, dialect, since, until)
+        total_latency = latencies.pop(_TOTAL, _NO_LATENCY)
         rows = [
-            InsightsRow(key=key, **_unknown_cost(values), **_percentiles(latencies.get(key, [])))
+            InsightsRow(key=key, **_unknown_cost(values), **latencies.get(key, _NO_LATENCY))
             for key, values in sorted(
                 groups.items(), key=lambda item: (item[0] is None, item[0] or "")
             )
         ]
         # Sessions are not additive across groups (one spans days).
-        total = _total(rows, every, len(seen))
+        total = _total(rows, total_latency, len(seen))
         return Insights(
             by=by,
             since=since,
             until=until,
             rows=rows,
             total=total,
-            busiest=_busiest(conn, book, day_of=day_of, since=since, until=until, limit=busiest),
+            busiest=_busiest(conn, book, dialect=dialect, days=days, limit=busiest),
         )
 
     return database.read(work)
@@ -235,30 +243,89 @@ def _unknown_cost(values: dict[str, Any]) -> dict[str, Any]:
     return values
 
 
-def _per_session(
-    by: str, day_of: Any, since: datetime | None, until: datetime | None
-) -> Select[Any]:
+@dataclass(frozen=True)
+class _Days:
+    """A range ``[since, until)`` split where the rollup's UTC days can count it: the
+    whole days ``[first, end)`` (either open) from the rollup, and the ``edges``, the
+    partial days at either end (``(since, until, day)``, each within its UTC ``day``),
+    from the rows themselves."""
+
+    first: str | None
+    end: str | None
+    edges: tuple[tuple[datetime, datetime, str], ...]
+    #: No whole day: everything comes from the rows (``edges``).
+    none: bool
+
+    @classmethod
+    def of(cls, since: datetime | None, until: datetime | None) -> _Days:
+        if since is not None and until is not None and since >= until:
+            return cls(first=None, end=None, edges=(), none=True)
+        first = None if since is None else _day_start(since, up=True)
+        end = None if until is None else _day_start(until, up=False)
+        if since is not None and until is not None and first and end and first > end:
+            # Both ends within one day.
+            return cls(first=None, end=None, edges=((since, until, _day(since)),), none=True)
+        edges: list[tuple[datetime, datetime, str]] = []
+        if since is not None and first is not None and since < first:
+            edges.append((since, first, _day(since)))
+        if until is not None and end is not None and end < until:
+            edges.append((end, until, _day(end)))
+        return cls(
+            first=None if first is None else _day(first),
+            end=None if end is None else _day(end),
+            edges=tuple(edges),
+            none=first is not None and first == end,
+        )
+
+    def whole(self, query: Any) -> Any:
+        """``query`` of the rollup, bounded to the whole days."""
+        if self.first is not None:
+            query = query.where(R.day >= self.first)
+        if self.end is not None:
+            query = query.where(R.day < self.end)
+        return query
+
+
+def _day(moment: datetime) -> str:
+    return moment.astimezone(UTC).date().isoformat()
+
+
+def _day_start(moment: datetime, *, up: bool) -> datetime:
+    """The UTC midnight at or after (``up``) or at or before ``moment``."""
+    utc = moment.astimezone(UTC)
+    midnight = datetime.combine(utc.date(), time(), tzinfo=UTC)
+    if up and midnight < utc:
+        return midnight + timedelta(days=1)
+    return midnight
+
+
+def _per_session(by: str, dialect: BackendDialect, days: _Days) -> Select[Any]:
     """``(key, session id, live messages)`` per session of the range (and per day of
-    it, by day): the messages grouped by session first, so the session's model, source
-    or user is joined to one row per session, not to every message."""
+    it, by day): the whole days from the rollup, the edges counted from the messages
+    (their days are other days than the rollup's, so by day no row repeats)."""
+    parts: list[Select[Any]] = []
+    if not days.none:
+        parts.append(
+            days.whole(
+                select(R.session_id.label("sid"), R.day.label("day"), R.messages.label("n")).where(
+                    R.model == ROLLUP_NO_MODEL, R.messages > 0
+                )
+            )
+        )
+    day = dialect.utc_day(M.timestamp)
+    for since, until, on in days.edges:
+        # The messages of the day's sessions only (the rollup names them), read by the
+        # key's session prefix: no index of the messages' time is needed (or kept).
+        active = select(R.session_id).where(R.day == on, R.model == ROLLUP_NO_MODEL, R.messages > 0)
+        edge = select(M.session_id.label("sid"), day.label("day"), func.count().label("n")).where(
+            M.superseded.is_(None), M.session_id.in_(active)
+        )
+        parts.append(_bounded(edge, M.timestamp, since, until).group_by(M.session_id, day))
+    counted = _union(parts, ("sid", "day", "n"))
     if by == "day":
-        day = day_of(M.timestamp)
-        query = select(day.label("key"), M.session_id, func.count()).where(M.superseded.is_(None))
-        grouped: Select[Any] = _bounded(query, M.timestamp, since, until).group_by(
-            M.session_id, day
-        )
-        return grouped
+        return select(counted.c.day, counted.c.sid, counted.c.n)
     per_session = (
-        _bounded(
-            select(M.session_id.label("sid"), func.count().label("n")).where(
-                M.superseded.is_(None)
-            ),
-            M.timestamp,
-            since,
-            until,
-        )
-        .group_by(M.session_id)
-        .subquery()
+        select(counted.c.sid, func.sum(counted.c.n).label("n")).group_by(counted.c.sid).subquery()
     )
     key = {"model": S.model, "source": S.source, "user": S.user_id}[by]
     return select(key, per_session.c.sid, per_session.c.n).join_from(
@@ -266,11 +333,120 @@ def _per_session(
     )
 
 
+_UNION_TYPES: Final[dict[str, Any]] = {
+    "sid": String(),
+    "day": String(),
+    "n": BigInteger(),
+    "tokens": BigInteger(),
+}
+
+
+def _union(parts: list[Select[Any]], names: tuple[str, ...]) -> Any:
+    """The rows of ``parts`` (each of ``names``) as one subquery."""
+    if not parts:  # typed: a sum of an untyped NULL is a sum of text on PostgreSQL
+        empty = (cast(null(), _UNION_TYPES[name]).label(name) for name in names)
+        return select(*empty).where(false()).subquery()
+    if len(parts) == 1:
+        return parts[0].subquery()
+    return union_all(*parts).subquery()
+
+
+def _calls(
+    conn: Connection,
+    by: str,
+    dialect: BackendDialect,
+    days: _Days,
+    *,
+    book: _PriceBook,
+    sessions: list[str] | None = None,
+) -> list[Any]:
+    """``(key, day, model, calls, reported_cost, tokens...)`` per group key (``by``, or
+    ``session``: the session id, of ``sessions`` only), UTC day and model of the
+    range's calls: the whole days from the rollup, the edges from the records (other
+    days: the rows never overlap)."""
+    found: list[Any] = []
+    if not days.none:
+        model = func.nullif(R.model, ROLLUP_NO_MODEL)
+        # Grouped by the price's period rather than the day (but by day): a model's
+        # prices hold from one valid_from to the next, and a cost is linear in tokens.
+        period = R.day if by == "day" else book.period(R.model, R.day)
+        key: Any = {
+            "day": R.day,
+            "model": model,
+            "source": S.source,
+            "user": S.user_id,
+            "session": R.session_id,
+        }[by]
+        whole = select(
+            key.label("key"),
+            period.label("day"),
+            model.label("model"),
+            func.sum(R.calls).label("calls"),
+            func.sum(R.reported_cost).label("reported_cost"),
+            *(func.sum(R[kind]).label(kind) for kind in TOKEN_KINDS),
+        ).where(R.calls > 0)
+        if by in ("source", "user"):
+            whole = whole.join_from(rollup_table, sessions_table, S.id == R.session_id)
+        if sessions is not None:
+            whole = whole.where(R.session_id.in_(sessions))
+        found += conn.execute(days.whole(whole).group_by(key, period, model)).all()
+    usage_key = _usage_key(by, dialect.utc_day)
+    day = dialect.utc_day(U.occurred_at)
+    for since, until, _on in days.edges:
+        edge = select(
+            usage_key.label("key"),
+            day.label("day"),
+            U.model.label("model"),
+            func.count().label("calls"),
+            func.coalesce(func.sum(U.reported_cost), 0.0).label("reported_cost"),
+            *(func.sum(U[kind]).label(kind) for kind in TOKEN_KINDS),
+        )
+        if by in ("source", "user"):
+            edge = edge.join_from(usage_table, sessions_table, S.id == U.session_id)
+        if sessions is not None:
+            edge = edge.where(U.session_id.in_(sessions))
+        found += conn.execute(
+            _bounded(edge, U.occurred_at, since, until).group_by(usage_key, day, U.model)
+        ).all()
+    return found
+
+
+#: The key of the whole range's percentiles among the groups'.
+_TOTAL: Final = object()
+_NO_LATENCY: Final[dict[str, float | None]] = {"latency_p50": None, "latency_p95": None}
+#: p50 and p95, as the nearest rank (the value at rank ``ceil(a/b * n)``).
+_SHARES: Final = ((50, 100), (95, 100))
+
+
+def _latencies(
+    conn: Connection,
+    by: str,
+    dialect: BackendDialect,
+    since: datetime | None,
+    until: datetime | None,
+) -> dict[Any, dict[str, float | None]]:
+    """The calls' latency p50/p95 per group key, and of the whole range (``_TOTAL``),
+    computed by the database over the range's records that have a latency."""
+    found: dict[Any, dict[str, float | None]] = {}
+    usage_key = _usage_key(by, dialect.utc_day)
+    for key, grouped in ((usage_key, True), (literal(1), False)):
+        timed = select(key.label("key"), U.latency.label("value")).where(U.latency.is_not(None))
+        if grouped and by in ("source", "user"):
+            timed = timed.join_from(usage_table, sessions_table, S.id == U.session_id)
+        ranks = dialect.nearest_ranks(_bounded(timed, U.occurred_at, since, until), _SHARES)
+        for row in conn.execute(ranks):
+            found[row[0] if grouped else _TOTAL] = {
+                "latency_p50": float(row[1]),
+                "latency_p95": float(row[2]),
+            }
+    return found
+
+
 def _usage_key(by: str, day_of: Any) -> ColumnElement[Any]:
     if by == "day":
         key: ColumnElement[Any] = day_of(U.occurred_at)
         return key
-    return {"model": U.model, "source": S.source, "user": S.user_id}[by]
+    return {"model": U.model, "source": S.source, "user": S.user_id, "session": U.session_id}[by]
 
 
 def _bounded(query: Any, column: Any, since: datetime | None, until: datetime | None) -> Any:
@@ -279,6 +455,11 @@ def _bounded(query: Any, column: Any, since: datetime | None, until: datetime | 
     if until is not None:
         query = query.where(column < until)
     return query
+
+
+def _priced_on(day: str) -> date:
+    """The day a group's price is looked up on (``''``: before any price: none)."""
+    return date.fromisoformat(day) if day else date.min
 
 
 class _PriceBook:
@@ -298,6 +479,32 @@ class _PriceBook:
             if valid_from <= day:
                 return per_million
         return None
+
+    def period(self, model: ColumnElement[Any], day: ColumnElement[Any]) -> ColumnElement[Any]:
+        """The first day (``YYYY-MM-DD``) of the period of ``model``'s prices that holds
+        ``day`` (each ``valid_from`` of the model starts one); ``''`` before its first,
+        or for a model without prices (no price: unpriced)."""
+        starts: dict[str, set[date]] = defaultdict(set)
+        for model_name, _kind in self._prices:
+            starts[model_name].update(valid for valid, _ in self._prices[(model_name, _kind)])
+        if not starts:
+            return literal("")
+        return case(
+            *(
+                (
+                    model == name,
+                    case(
+                        *(
+                            (day >= start.isoformat(), start.isoformat())
+                            for start in sorted(days, reverse=True)
+                        ),
+                        else_="",
+                    ),
+                )
+                for name, days in sorted(starts.items())
+            ),
+            else_="",
+        )
 
     def cost(self, model: str | None, day: date, tokens: dict[str, int]) -> float | None:
         """The cost of ``tokens`` of ``model`` on ``day``; ``None``: no input or output
@@ -323,71 +530,56 @@ class _PriceBook:
         return total / 1_000_000
 
 
-def _percentiles(values: list[float]) -> dict[str, float | None]:
-    if not values:
-        return {"latency_p50": None, "latency_p95": None}
-    ordered = sorted(values)
-    return {"latency_p50": _rank(ordered, 0.50), "latency_p95": _rank(ordered, 0.95)}
-
-
-def _rank(ordered: list[float], share: float) -> float:
-    """The nearest-rank percentile."""
-    return ordered[max(math.ceil(share * len(ordered)) - 1, 0)]
-
-
-def _total(rows: list[InsightsRow], latencies: list[float], sessions: int) -> InsightsRow:
+def _total(rows: list[InsightsRow], latency: dict[str, float | None], sessions: int) -> InsightsRow:
     summed = ("calls", *TOKEN_KINDS, "unpriced_calls", "messages")
     values: dict[str, Any] = {name: sum(getattr(row, name) for row in rows) for name in summed}
     values["cost"] = sum(row.cost or 0.0 for row in rows)
     values["reported_cost"] = sum(row.reported_cost for row in rows)
     values["sessions"] = sessions
-    return InsightsRow(key=None, **_unknown_cost(values), **_percentiles(latencies))
+    return InsightsRow(key=None, **_unknown_cost(values), **latency)
 
 
 def _busiest(
-    conn: Connection,
-    book: _PriceBook,
-    *,
-    day_of: Any,
-    since: datetime | None,
-    until: datetime | None,
-    limit: int,
+    conn: Connection, book: _PriceBook, *, dialect: BackendDialect, days: _Days, limit: int
 ) -> list[SessionCost]:
-    tokens = func.sum(U.input_tokens + U.output_tokens)
+    parts: list[Select[Any]] = []
+    if not days.none:
+        parts.append(
+            days.whole(
+                select(
+                    R.session_id.label("sid"), (R.input_tokens + R.output_tokens).label("tokens")
+                ).where(R.calls > 0)
+            )
+        )
+    for since, until, _on in days.edges:
+        edge = select(U.session_id.label("sid"), (U.input_tokens + U.output_tokens).label("tokens"))
+        parts.append(_bounded(edge, U.occurred_at, since, until))
+    spent = _union(parts, ("sid", "tokens"))
+    tokens = func.sum(spent.c.tokens)
     top = (
-        select(U.session_id, tokens.label("tokens"))
-        .group_by(U.session_id)
-        .order_by(tokens.desc(), U.session_id)
+        select(spent.c.sid, tokens.label("tokens"))
+        .group_by(spent.c.sid)
+        .order_by(tokens.desc(), spent.c.sid)
         .limit(limit)
     )
-    top = _bounded(top, U.occurred_at, since, until)
-    ranked = [(row.session_id, int(row.tokens or 0)) for row in conn.execute(top)]
+    ranked = [(row.sid, int(row.tokens or 0)) for row in conn.execute(top)]
     if not ranked:
         return []
     ids = [sid for sid, _ in ranked]
-    day = day_of(U.occurred_at)
-    detail = select(
-        U.session_id,
-        day.label("day"),
-        U.model,
-        func.count().label("calls"),
-        *(func.sum(U[kind]).label(kind) for kind in TOKEN_KINDS),
-    ).where(U.session_id.in_(ids))
-    detail = _bounded(detail, U.occurred_at, since, until).group_by(U.session_id, day, U.model)
     calls: dict[str, int] = defaultdict(int)
     unpriced: dict[str, int] = defaultdict(int)
     costs: dict[str, float] = defaultdict(float)
-    for row in conn.execute(detail):
-        calls[row.session_id] += row.calls
-        spent = book.cost(
+    for row in _calls(conn, "session", dialect, days, book=book, sessions=ids):
+        calls[row.key] += int(row.calls)
+        cost = book.cost(
             row.model,
-            date.fromisoformat(row.day),
+            _priced_on(row.day),
             {kind: int(getattr(row, kind) or 0) for kind in TOKEN_KINDS},
         )
-        if spent is None:
-            unpriced[row.session_id] += row.calls
+        if cost is None:
+            unpriced[row.key] += int(row.calls)
         else:
-            costs[row.session_id] += spent
+            costs[row.key] += cost
     sources = dict(conn.execute(select(S.id, S.source).where(S.id.in_(ids))).all())
     return [
         SessionCost(

@@ -14,11 +14,12 @@ whatever runs concurrently, the transcript is that of some serial order of the c
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Literal
 from uuid import UUID
 
-from sqlalchemy import Connection, Row, and_, delete, insert, literal, select, update
+from sqlalchemy import Connection, Row, and_, delete, func, insert, literal, select, update
 
 from sessionrepo.contract import TranscriptEditor
 from sessionrepo.errors import ConflictError, InvalidArgument, InvalidMessage, NotFound
@@ -31,6 +32,7 @@ from sessionrepo.models.tables import (
 )
 from sessionrepo.models.transcript import last_step
 from sessionrepo.store import codec as _codec
+from sessionrepo.store import rollup as _rollup
 from sessionrepo.store.arguments import check_instance, check_int, check_session_id
 from sessionrepo.store.database import Database
 from sessionrepo.store.search_index import SearchIndex
@@ -252,6 +254,7 @@ class SessionEditor(TranscriptEditor):
                 )
             ).where(M.session_id == source, M.seq <= at_seq)
             conn.execute(insert(messages_table).from_select(columns, copied))
+            _rollup.recount(conn, self._db.dialect, [target])
             self._enqueue(conn, target, 1, at_seq)
             return _session(conn.execute(select(sessions_table).where(S.id == target)).one())
 
@@ -315,12 +318,20 @@ class SessionEditor(TranscriptEditor):
     ) -> None:
         """Mark live messages of ``sid`` (by ``seq``; ``tool_calls`` of them together)
         ``state``: out of the counters and the search index. The caller holds the lock."""
+        day = self._db.dialect.utc_day(M.timestamp)
+        days: Counter[str] = Counter()
         for start in range(0, len(seqs), 500):
-            conn.execute(
-                update(messages_table)
-                .where(M.session_id == sid, M.seq.in_(seqs[start : start + 500]))
-                .values(superseded=state)
+            chosen = and_(M.session_id == sid, M.seq.in_(seqs[start : start + 500]))
+            days.update(
+                {
+                    str(key): int(count)
+                    for key, count in conn.execute(
+                        select(day, func.count()).where(chosen, _live()).group_by(day)
+                    )
+                }
             )
+            conn.execute(update(messages_table).where(chosen).values(superseded=state))
+        _rollup.take_messages(conn, sid, days)
         conn.execute(
             update(sessions_table)
             .where(S.id == sid)

@@ -57,6 +57,7 @@ from sessionrepo.models.tables import (
     search_backlog_table,
     sessions_table,
 )
+from sessionrepo.models.usage import rollup_table
 from sessionrepo.store import tombstones as _tombstones
 from sessionrepo.store.arguments import check_bool, check_optional_text, check_session_id
 from sessionrepo.store.database import Database
@@ -213,6 +214,7 @@ class Eraser:
                 self._db.dialect.forget_search_documents(conn, [sid])
                 conn.execute(delete(adk_sessions_table).where(AS.session_id == sid))
                 conn.execute(delete(messages_table).where(M.session_id == sid))
+                conn.execute(delete(rollup_table).where(rollup_table.c.session_id == sid))
                 conn.execute(delete(outbox_table).where(O.session_id == sid))
                 conn.execute(delete(sessions_table).where(S.id == sid))
                 _tombstones.record(conn, self._db, sid, keys, when=utcnow(), audit_id=audit_id)

@@ -24,6 +24,7 @@ from sessionrepo.contract import (
 from sessionrepo.errors import ArgumentTypeError, InvalidArgument, InvalidMessage, RepoError
 from sessionrepo.models import Session, StoredMessage
 from sessionrepo.models.tables import messages_table, outbox_table, sessions_table
+from sessionrepo.models.usage import rollup_table
 from sessionrepo.store import codec as _codec
 from sessionrepo.store import tombstones as _tombstones
 from sessionrepo.store.append import Appender
@@ -117,6 +118,7 @@ class SessionOperator(SessionOperations):
                 delete(messages_table).where(M.session_id.in_(gone)),
                 execution_options={"preserve_rowcount": True},
             ).rowcount
+            conn.execute(delete(rollup_table).where(rollup_table.c.session_id.in_(gone)))
             conn.execute(delete(sessions_table).where(S.id.in_(gone)))
             self._db.dialect.forget_search_documents(conn, gone)
             parked = conn.execute(

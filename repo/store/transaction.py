@@ -24,14 +24,14 @@ import sessionrepo.observability as _observe
 from sessionrepo.errors import BackendUnavailable, NotFound, RepoError
 from sessionrepo.models import AppendResult, EditResult, Message, Session
 from sessionrepo.models.tables import sessions_table
-from sessionrepo.models.usage import UsageResult, usage_table
+from sessionrepo.models.usage import UsageResult
 from sessionrepo.store import bridge as _aio
 from sessionrepo.store import codec as _codec
 from sessionrepo.store.append import Appender
 from sessionrepo.store.arguments import check_choice
 from sessionrepo.store.database import Database
 from sessionrepo.store.editing import SessionEditor, check_keys
-from sessionrepo.store.usage import check_usage, insert_usage
+from sessionrepo.store.usage import check_usage, insert_usage, usage_writes
 
 S = sessions_table.c
 
@@ -173,13 +173,12 @@ class SessionTransaction:
         connection = self._check_open()
         records = check_usage(usage, [])
         with _boundary(self._database):
-            recorded = insert_usage(connection, self._usage_insert(), self._sid, records)
+            recorded = insert_usage(
+                connection, usage_writes(self._database.dialect), self._sid, records
+            )
         inserted = set(recorded.inserted)
         _observe.record_usage([r for r in records if r.usage_id in inserted])
         return recorded
-
-    def _usage_insert(self) -> Any:
-        return self._database.dialect.insert_ignoring(usage_table, ["session_id", "usage_id"])
 
     def execute(
         self, statement: Executable, parameters: Mapping[str, Any] | None = None

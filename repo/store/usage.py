@@ -17,18 +17,20 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from datetime import datetime
-from typing import Any, Final
+from typing import Any, Final, NamedTuple
 from uuid import UUID
 
 from pydantic import ValidationError
 from sqlalchemy import Connection, Insert, bindparam, case, select, update
 
 import sessionrepo.observability as _observe
+from sessionrepo.dialects.base import BackendDialect
 from sessionrepo.errors import ArgumentTypeError, InvalidMessage, NotFound, QueuedBehindOutbox
 from sessionrepo.models import AppendResult, Message
 from sessionrepo.models.outbox_protocol import holds_fifo
 from sessionrepo.models.tables import outbox_table, sessions_table
 from sessionrepo.models.usage import Usage, UsageResult, usage_table
+from sessionrepo.store import rollup as _rollup
 from sessionrepo.store import tombstones as _tombstones
 from sessionrepo.store.append import Appender, OnConflict
 from sessionrepo.store.codec import PreparedBatch
@@ -41,9 +43,10 @@ Transactions = Callable[[Database, str, dict[str, Any] | None], AbstractContextM
 
 U = usage_table.c
 S = sessions_table.c
-#: The conflict target of every usage insert: a record stored once per session and key.
-USAGE_KEY: Final = ["session_id", "usage_id"]
 O = outbox_table.c  # noqa: E741
+
+#: The key of a usage record (its insert skips a stored one).
+USAGE_KEY: Final = ("session_id", "usage_id")
 
 UsageInput = Usage | Mapping[str, Any] | Sequence[Usage | Mapping[str, Any]] | None
 
@@ -99,20 +102,36 @@ def usage_row(session_id: str, record: Usage) -> dict[str, Any]:
     return row
 
 
+class UsageWrites(NamedTuple):
+    """The statements that write usage: the records' insert (a stored key skipped) and
+    the rollup's upsert."""
+
+    insert: Insert
+    rollup: Insert
+
+
+def usage_writes(dialect: BackendDialect) -> UsageWrites:
+    return UsageWrites(
+        insert=dialect.insert_ignoring(usage_table, USAGE_KEY).returning(U.usage_id),
+        rollup=_rollup.usage_upsert(dialect),
+    )
+
+
 def insert_usage(
-    conn: Connection, insert: Insert, session_id: str, records: Sequence[Usage]
+    conn: Connection, writes: UsageWrites, session_id: str, records: Sequence[Usage]
 ) -> UsageResult:
-    """Insert the records the session lacks and move its token totals by them; the
-    caller holds the session's row lock (a unit of work)."""
+    """Insert the records the session lacks, add them to the rollup and move its token
+    totals by them; the caller holds the session's row lock (a unit of work)."""
     if not records:
         return UsageResult(session_id=session_id)
     inserted: set[UUID] = set()
-    statement = insert.returning(U.usage_id)
+    statement = writes.insert
     for record in records:  # few per call: one model call, or one turn's
         if conn.execute(statement, usage_row(session_id, record)).first() is not None:
             inserted.add(record.usage_id)  # type: ignore[arg-type]
     new = [record for record in records if record.usage_id in inserted]
     if new:
+        _rollup.add_usage(conn, writes.rollup, session_id, new)
         conn.execute(
             update(sessions_table)
             .where(S.id == session_id)
@@ -142,7 +161,7 @@ class UsageLedger:
         self._appender = appender
         self._transactions = transactions
         self._db = database
-        self.insert: Insert = database.dialect.insert_ignoring(usage_table, USAGE_KEY)
+        self.writes = usage_writes(database.dialect)
 
     def append(
         self,
@@ -184,7 +203,7 @@ class UsageLedger:
             result = self._appender.append_locked(
                 tx.connection, sid, tx.next_seq, batch, on_conflict=on_conflict
             )
-            recorded = insert_usage(tx.connection, self.insert, sid, batch.usage)
+            recorded = insert_usage(tx.connection, self.writes, sid, batch.usage)
         _counted(batch.usage, recorded)
         return result
 
@@ -193,7 +212,7 @@ class UsageLedger:
     ) -> UsageResult:
         """Usage without messages, in a unit of work of its own."""
         with self._transactions(self._db, session_id, new_session) as tx:
-            recorded = insert_usage(tx.connection, self.insert, session_id, records)
+            recorded = insert_usage(tx.connection, self.writes, session_id, records)
         _counted(records, recorded)
         return recorded
 
@@ -235,7 +254,7 @@ def restore_usage(
     checked = check_usage(list(records), [])
     if not checked:
         return UsageResult(session_id=session_id)
-    statement = database.dialect.insert_ignoring(usage_table, USAGE_KEY)
+    writes = usage_writes(database.dialect)
 
     def work(conn: Connection) -> UsageResult:
         kept, _ = _tombstones.screen_rows(conn, database, session_id, checked, _usage_key)
@@ -250,8 +269,12 @@ def restore_usage(
         duplicates: list[UUID] = []
         for record in kept:
             row = usage_row(session_id, record)
-            new = conn.execute(statement.returning(U.usage_id), row).first() is not None
+            new = conn.execute(writes.insert, row).first() is not None
             (inserted if new else duplicates).append(row["usage_id"])
+        new_ones = set(inserted)
+        _rollup.add_usage(
+            conn, writes.rollup, session_id, [r for r in kept if r.usage_id in new_ones]
+        )
         if created and refused:
             less_in = S.input_tokens - sum(r.input_tokens for r in refused)
             less_out = S.output_tokens - sum(r.output_tokens for r in refused)

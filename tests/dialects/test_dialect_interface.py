@@ -69,6 +69,7 @@ def test_the_abstract_interface_lists_what_a_backend_must_write() -> None:
         "is_broken_object",
         "text_after",
         "is_damaged",
+        "insert_adding",
         "insert_ignoring",
         "lock_session",
         "insert_new_messages",
@@ -85,6 +86,7 @@ def test_the_abstract_interface_lists_what_a_backend_must_write() -> None:
         "judge_settings",
         "prepare_erasure",
         "scrub_after_erasure",
+        "nearest_ranks",
         "utc_day",
     } == set(BackendDialect.__abstractmethods__)
 

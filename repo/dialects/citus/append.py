@@ -21,8 +21,9 @@ from __future__ import annotations
 import contextlib
 import functools
 import uuid
+from collections import Counter
 from collections.abc import Mapping, Sequence
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any, Final
 
 import psycopg
@@ -44,6 +45,7 @@ from sessionrepo.models.tables import (
     messages_table,
     sessions_table,
 )
+from sessionrepo.models.usage import ROLLUP_MESSAGES, ROLLUP_MESSAGES_ZEROS, ROLLUP_NO_MODEL
 
 #: Rows per ``INSERT … VALUES`` statement (PostgreSQL takes at most 65,535 parameters).
 _ROWS_PER_INSERT: Final = 1000
@@ -142,6 +144,13 @@ def _insert_values(rows: int) -> str:
 #: parked messages, the remembered row gone, the session erased.
 _UNWRITTEN: Final = {"q": "queued", "m": "lost", "x": "erased"}
 
+#: The new messages of one UTC day added to the session's rollup (``INSERT … VALUES``
+#: with the session id: routed to its shard).
+_CITUS_ROLLUP: Final = (
+    f"{ROLLUP_MESSAGES[0]}VALUES (%(sid)s, %(day)s, '{ROLLUP_NO_MODEL}', %(n)s, "
+    f"{ROLLUP_MESSAGES_ZEROS}){ROLLUP_MESSAGES[1]}"
+)
+
 
 class CitusAppend(PostgresAppend):
     """The direct path, one delegated call; the locked path, as routed statements."""
@@ -174,6 +183,9 @@ class CitusAppend(PostgresAppend):
             inserted += connection.exec_driver_sql(_insert_values(len(chunk)), params).rowcount
         if inserted != len(fresh):
             raise lock_bypassed(session_id, len(fresh) - inserted)
+        days = Counter(row["timestamp"].astimezone(UTC).date().isoformat() for row in fresh)
+        for day, count in days.items():  # routed: the session's shard
+            connection.exec_driver_sql(_CITUS_ROLLUP, {"sid": session_id, "day": day, "n": count})
         connection.exec_driver_sql(
             _CITUS_COUNT,
             {

@@ -55,6 +55,13 @@ class CitusEngine(PostgresEngine):
                 return BackendUnavailable(str(translated), code=translated.code, node=found[1])
         return translated
 
+    def nearest_ranks(self, values: Select[Any], shares: Sequence[tuple[int, int]]) -> Select[Any]:
+        # An ordered-set aggregate is not pushed down to the shards: the values are
+        # gathered first (a MATERIALIZED CTE, which Citus plans as an intermediate
+        # result on the coordinator), and ranked there.
+        gathered = values.cte("ranked_values").prefix_with("MATERIALIZED")
+        return self._ranks(gathered, shares)
+
     def select_locked(
         self,
         connection: Connection,

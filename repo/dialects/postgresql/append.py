@@ -33,6 +33,7 @@ from sessionrepo.models.tables import (
     messages_table,
     sessions_table,
 )
+from sessionrepo.models.usage import ROLLUP_MESSAGES, ROLLUP_MESSAGES_ZEROS, ROLLUP_NO_MODEL
 
 
 def _array_type(column: Column[Any]) -> str:
@@ -90,6 +91,19 @@ def _pg_fresh(first_seq: str, held_back: str = "") -> str:
 )"""
 
 
+def _pg_rollup(inserted: str) -> str:
+    """The ``rolled`` CTE: the inserted rows (``fresh`` joined to ``inserted`` on
+    ``inserted``, a column both have) added to the session's rollup per UTC day."""
+    return f"""rolled AS (
+    {ROLLUP_MESSAGES[0]}
+    SELECT %(sid)s, to_char(timezone('UTC', f."timestamp"), 'YYYY-MM-DD'),
+        '{ROLLUP_NO_MODEL}', count(*), {ROLLUP_MESSAGES_ZEROS}
+    FROM fresh f JOIN inserted USING ({inserted})
+    GROUP BY 2
+    {ROLLUP_MESSAGES[1]}
+)"""
+
+
 _PG_INSERT_FRESH = f"""INSERT INTO messages (session_id, seq, {_STORED_NAMES})
     SELECT %(sid)s, seq, {_STORED_NAMES}
     FROM fresh"""
@@ -127,7 +141,8 @@ counted AS (
         ),
         {PG_ACTIVITY}
     WHERE id = %(sid)s AND EXISTS (SELECT 1 FROM inserted)
-)
+),
+{_pg_rollup("client_msg_uuid")}
 SELECT client_msg_uuid, NULL::bytea AS content_hash FROM inserted
 UNION ALL
 SELECT client_msg_uuid, content_hash FROM existing
@@ -233,7 +248,8 @@ queued AS (
     SELECT %(sid)s, min(seq), count(*) FROM inserted
     WHERE %(enqueue)s
     HAVING count(*) > 0
-)
+),
+{_pg_rollup("seq")}
 SELECT 'i', NULL::uuid, NULL::bytea, min(seq), count(*) FROM inserted HAVING count(*) > 0
 UNION ALL
 SELECT 'e', client_msg_uuid, content_hash, NULL, NULL FROM existing

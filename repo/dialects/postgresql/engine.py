@@ -13,7 +13,7 @@ from typing import Any, Final
 
 import psycopg
 import psycopg.errors
-from sqlalchemy import Connection, Engine, Insert, Table, event, func, text
+from sqlalchemy import Connection, Engine, Insert, Select, Table, event, func, select, text
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.engine import URL
@@ -89,6 +89,30 @@ class PostgresEngine(EngineRole):
         return postgresql.insert(table).on_conflict_do_nothing(
             index_elements=list(conflict_columns)
         )
+
+    def insert_adding(
+        self, table: Table, conflict_columns: Sequence[str], added: Sequence[str]
+    ) -> Insert:
+        statement = postgresql.insert(table)
+        return statement.on_conflict_do_update(
+            index_elements=list(conflict_columns),
+            set_={name: table.c[name] + statement.excluded[name] for name in added},
+        )
+
+    def nearest_ranks(self, values: Select[Any], shares: Sequence[tuple[int, int]]) -> Select[Any]:
+        # percentile_disc is the nearest rank: the first value whose position reaches
+        # ceil(share * n) (computed in float8, as Python's math.ceil(share * n)).
+        return self._ranks(values.subquery(), shares)
+
+    @staticmethod
+    def _ranks(given: Any, shares: Sequence[tuple[int, int]]) -> Select[Any]:
+        return select(
+            given.c.key,
+            *(
+                func.percentile_disc(a / b).within_group(given.c.value).label(f"p{index}")
+                for index, (a, b) in enumerate(shares)
+            ),
+        ).group_by(given.c.key)
 
     def utc_day(self, value: ColumnElement[Any]) -> ColumnElement[str]:
         # Whatever the connection's TimeZone setting is.

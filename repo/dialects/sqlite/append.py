@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import sqlite3
 import uuid
+from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from functools import partial
@@ -40,6 +41,7 @@ from sessionrepo.models.tables import (
     messages_table,
     sessions_table,
 )
+from sessionrepo.models.usage import ROLLUP_MESSAGES, ROLLUP_MESSAGES_ZEROS, ROLLUP_NO_MODEL
 
 
 class SQLiteAppend(AppendRole):
@@ -129,6 +131,13 @@ _SQLITE_INSERT = (
 )
 #: An encoded row's values in :data:`MESSAGE_COLUMNS` order.
 _pick_columns = itemgetter(*MESSAGE_COLUMNS)
+#: Where the stored time is in an insert's values (after the place).
+_TIMESTAMP: Final = len(MESSAGE_PLACE) + MESSAGE_COLUMNS.index("timestamp")
+#: The new messages of one UTC day added to the session's rollup.
+_SQLITE_ROLLUP = (
+    f"{ROLLUP_MESSAGES[0]}VALUES (?, ?, '{ROLLUP_NO_MODEL}', ?, {ROLLUP_MESSAGES_ZEROS})"
+    f"{ROLLUP_MESSAGES[1]}"
+)
 
 
 _SQLITE_COUNTS = (
@@ -207,6 +216,8 @@ def _sqlite_insert(
     inserted = executemany(_SQLITE_INSERT, values).rowcount
     if inserted != len(fresh):
         raise lock_bypassed(session_id, len(fresh) - inserted)
+    days = Counter(value[_TIMESTAMP][:10] for value in values)  # UTC text: its day
+    executemany(_SQLITE_ROLLUP, [(session_id, day, count) for day, count in days.items()])
 
 
 def _sqlite_time(value: datetime) -> str:
