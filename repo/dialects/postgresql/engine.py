@@ -20,6 +20,7 @@ from sqlalchemy.engine import URL
 from sqlalchemy.sql.elements import ColumnElement
 
 from sessionrepo.dialects.base import EngineRole, make_engine
+from sessionrepo.dialects.postgresql.tenancy import TENANT_COLUMN, TENANT_TABLES, regrant
 from sessionrepo.errors import BackendUnavailable, RepoError, WriteRejected
 
 #: Key of the PostgreSQL advisory lock held while migrating ("sessrepo" in ASCII).
@@ -52,6 +53,11 @@ class PostgresEngine(EngineRole):
         options.pop("busy_timeout", None)
         options.pop("sqlite_synchronous", None)
         connect_args: dict[str, Any] = {"options": "-c timezone=UTC"}
+        tenant = options.pop("tenant", None)
+        if tenant is not None:
+            # The connection acts as the tenant's role from its start (an operator's
+            # too: the policies then hold it); a role that may not fails to connect.
+            connect_args["options"] += f" -c role={tenant}"
         read_only = bool(options.pop("read_only", False))
         connect_timeout = options.pop("connect_timeout", 10)
         server_timeout = options.pop("server_timeout", None)
@@ -87,8 +93,11 @@ class PostgresEngine(EngineRole):
 
     def insert_ignoring(self, table: Table, conflict_columns: Sequence[str]) -> Insert:
         return postgresql.insert(table).on_conflict_do_nothing(
-            index_elements=list(conflict_columns)
+            index_elements=list(self.unique_key(table.name, conflict_columns))
         )
+
+    def unique_key(self, table: str, columns: Sequence[str]) -> tuple[str, ...]:
+        return (*columns, TENANT_COLUMN) if table in TENANT_TABLES else tuple(columns)
 
     def utc_day(self, value: ColumnElement[Any]) -> ColumnElement[str]:
         # Whatever the connection's TimeZone setting is.
@@ -100,6 +109,9 @@ class PostgresEngine(EngineRole):
         # would count characters through the whole value twice.
         result: ColumnElement[str] = func.left(func.split_part(value, part, 2), length)
         return result
+
+    def after_migration(self, connection: Connection) -> None:
+        regrant(connection)
 
     def lock_for_migration(self, connection: Connection) -> None:
         connection.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": MIGRATION_LOCK_KEY})
