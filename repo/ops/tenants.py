@@ -53,7 +53,7 @@ class TenantInfo:
 
 
 def create_tenant(
-    url: str | URL, name: str, *, password: bool = True, operator: bool = False
+    url: str | URL | None, name: str, *, password: bool = True, operator: bool = False
 ) -> CreatedRole:
     """Make the login role ``name``: a tenant (a gateway's role), or with ``operator``
     the role that sees every tenant and may act as each (``BYPASSRLS``; a member of every
@@ -105,7 +105,7 @@ def create_tenant(
     return CreatedRole(name=name, operator=operator, url=role_url.set(drivername="postgresql"))
 
 
-def list_tenants(url: str | URL) -> list[TenantInfo]:
+def list_tenants(url: str | URL | None) -> list[TenantInfo]:
     """The store's tenants, with how many sessions each holds. On PostgreSQL as a role
     that sees them all (the operator, an administrator); a tenant sees itself."""
     database = Database(url, read_only=True)
@@ -126,7 +126,7 @@ def list_tenants(url: str | URL) -> list[TenantInfo]:
         database.dispose()
 
 
-def drop_tenant(url: str | URL, name: str, *, delete_data: bool = False) -> int:
+def drop_tenant(url: str | URL | None, name: str, *, delete_data: bool = False) -> int:
     """Drop the tenant role ``name``; with ``delete_data``, every row of its first (in
     the same transaction). Without it, refuses while the tenant holds sessions: its rows
     would stay, reachable by no gateway. Returns the sessions deleted."""
@@ -162,7 +162,7 @@ def drop_tenant(url: str | URL, name: str, *, delete_data: bool = False) -> int:
         database.dispose()
 
 
-def _postgres(url: str | URL) -> Database:
+def _postgres(url: str | URL | None) -> Database:
     database = Database(url)
     if database.backend != "postgresql":
         database.dispose()

@@ -159,9 +159,9 @@ def test_two_tenants_keep_the_same_session_id_apart(store: Store) -> None:
         assert a.get_session("discord:123").message_count == 1
 
 
-def _outcome(call: Any) -> tuple[str, str]:
+def _outcome(call: Any, session_id: str) -> tuple[str, str]:
     try:
-        return ("value", repr(call()))
+        return ("value", repr(call(session_id)))
     except Exception as exc:  # the exception's type and text, with the id made neutral
         return (type(exc).__name__, str(exc))
 
@@ -171,23 +171,23 @@ def test_api_calls_on_another_tenants_session_behave_as_on_none(store: Store) ->
         b.append("b-only", [{"role": "user", "content": "private words"}], source="web")
         b.catch_up_search_index()
     with open_repository(store.a, embedder=False) as a:
-        calls = {
-            "get_session": lambda sid: a.get_session(sid),
-            "load_transcript": lambda sid: a.load_transcript(sid),
-            "load_openai": lambda sid: a.load_openai(sid),
+        calls: dict[str, Any] = {
+            "get_session": a.get_session,
+            "load_transcript": a.load_transcript,
+            "load_openai": a.load_openai,
             "end_session": lambda sid: a.end_session(sid, "done"),
-            "reopen_session": lambda sid: a.reopen_session(sid),
+            "reopen_session": a.reopen_session,
             "rewind": lambda sid: a.rewind(sid, 0),
-            "pop_last": lambda sid: a.pop_last(sid),
-            "clear_session": lambda sid: a.clear_session(sid),
+            "pop_last": a.pop_last,
+            "clear_session": a.clear_session,
             "fork_session": lambda sid: a.fork_session(sid, 1, "fork-" + sid),
-            "session_chain": lambda sid: a.session_chain(sid),
+            "session_chain": a.session_chain,
             "count_messages": lambda sid: a.count_messages([sid]),
             "search": lambda sid: [h.session_id for h in a.search("private", session_id=sid)],
         }
         for name, call in calls.items():
-            taken = _outcome(lambda: call("b-only"))
-            missing = _outcome(lambda: call("no-such"))
+            taken = _outcome(call, "b-only")
+            missing = _outcome(call, "no-such")
             assert taken == (missing[0], missing[1].replace("no-such", "b-only")), name
         assert a.list_sessions().sessions == []
         assert a.count_sessions() == 0
@@ -204,7 +204,8 @@ def test_search_as_one_tenant_never_returns_the_others_messages(store: Store) ->
     with open_repository(store.a, embedder=False) as a:
         assert a.search("banana") == []
         hits = a.search("apple")
-        assert hits and {h.session_id for h in hits} <= {"discord:123", "own:apple"}
+        assert hits
+        assert {h.session_id for h in hits} <= {"discord:123", "own:apple"}
         # The shared id's hit is A's message, not B's.
         assert all("banana" not in (h.snippet or "") for h in a.search("shared"))
 
@@ -212,7 +213,8 @@ def test_search_as_one_tenant_never_returns_the_others_messages(store: Store) ->
 def test_doctor_fails_a_gateway_connected_as_a_superuser(store: Store) -> None:
     admin = run_doctor(store.admin)
     check = next(c for c in admin.checks if c.name == "postgresql.tenancy")
-    assert check.status == "fail" and "superuser" in check.detail
+    assert check.status == "fail"
+    assert "superuser" in check.detail
     tenant = run_doctor(store.a)
     check = next(c for c in tenant.checks if c.name == "postgresql.tenancy")
     assert check.status == "ok"

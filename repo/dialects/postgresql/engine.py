@@ -21,7 +21,10 @@ from sqlalchemy.sql.elements import ColumnElement
 
 from sessionrepo.dialects.base import EngineRole, make_engine
 from sessionrepo.dialects.postgresql.tenancy import TENANT_COLUMN, TENANT_TABLES, regrant
-from sessionrepo.errors import BackendUnavailable, RepoError, WriteRejected
+from sessionrepo.errors import BackendUnavailable, RepoError, TenantMismatch, WriteRejected
+
+#: What the server answers a start-up ``role`` the login role is no member of.
+_SET_ROLE_REFUSED: Final = "permission denied to set role"
 
 #: Key of the PostgreSQL advisory lock held while migrating ("sessrepo" in ASCII).
 MIGRATION_LOCK_KEY: Final = 0x7365737372657070 & 0x7FFFFFFFFFFFFFFF
@@ -176,7 +179,14 @@ class PostgresEngine(EngineRole):
         state = self._sqlstate(exc)
         detail = self.describe(exc)
         if state is None:
-            # No SQLSTATE: the connection failed before the server could answer.
+            # No SQLSTATE: the connection failed before the server could answer (or it
+            # refused the start-up options: the tenant's ``role``).
+            if _SET_ROLE_REFUSED in str(exc.orig):
+                return TenantMismatch(
+                    "the role this URL logs in as may not act as the tenant the store was "
+                    "opened for (permission denied to set role): connect with the "
+                    "tenant's own URL"
+                )
             if isinstance(exc, sa_exc.OperationalError | sa_exc.InterfaceError):
                 return BackendUnavailable(detail)
             return RepoError(detail)
