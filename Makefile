@@ -92,7 +92,7 @@ bench: $(STAMP)
 CITUS_CONTRACT := $(addprefix tests/contract/test_,append.py boundary.py concurrency.py \
 	editing.py faithful_storage.py operator_methods.py search.py sessions.py)
 CITUS_TESTS ?= tests/dialects/test_citus.py tests/citus $(CITUS_CONTRACT) tests/integrations -k citus
-CITUS_CI_TESTS := tests/dialects/test_citus.py tests/citus tests/contract/test_append.py \
+CITUS_CI_TESTS := tests/dialects/test_citus.py tests/citus tests/tenancy/test_isolation.py tests/contract/test_append.py \
 	tests/contract/test_search.py tests/contract/test_operator_methods.py \
 	tests/integrations/test_adk.py -k "citus and not async"
 test-citus: $(STAMP)

@@ -194,6 +194,10 @@ class Capabilities:
     #: an append costs no separate read of the tombstones, and one racing an erasure
     #: finds its tombstone. Else the store reads them before the append.
     screens_erasure: bool = False
+    #: A tenant is the role a connection logs in as, its rows kept apart by the server's
+    #: row-level security (``sessionrepo tenants``). Else the file is the tenant: one a
+    #: store (:mod:`sessionrepo.store.tenancy`).
+    tenant_roles: bool = False
 
 
 class EngineRole(ABC):

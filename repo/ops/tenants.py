@@ -110,7 +110,7 @@ def list_tenants(url: str | URL | None) -> list[TenantInfo]:
     that sees them all (the operator, an administrator); a tenant sees itself."""
     database = Database(url, read_only=True)
     try:
-        if database.backend != "postgresql":
+        if not database.dialect.capabilities.tenant_roles:
             return database.read(_file_tenant)
 
         def read(conn: Connection) -> list[TenantInfo]:
@@ -164,7 +164,7 @@ def drop_tenant(url: str | URL | None, name: str, *, delete_data: bool = False) 
 
 def _postgres(url: str | URL | None) -> Database:
     database = Database(url)
-    if database.backend != "postgresql":
+    if not database.dialect.capabilities.tenant_roles:
         database.dispose()
         raise TenantError(
             "tenant roles are PostgreSQL's; a SQLite file is one tenant's "

@@ -125,7 +125,7 @@ def outbox_tenant(primary: Database) -> str | None:
     when there is none); ``None`` (the file's, whichever) where neither names one."""
     if primary.tenant is not None:
         return primary.tenant
-    if primary.backend != "postgresql":
+    if not primary.dialect.capabilities.tenant_roles:
         return None
     role = primary.url.username or os.environ.get("PGUSER") or getpass.getuser()
     return role if TENANT_NAME.match(role) else None

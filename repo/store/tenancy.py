@@ -32,7 +32,7 @@ def check_tenant(database: Database) -> None:
     tenant = database.tenant
     if tenant is None:
         return
-    if database.backend == "postgresql":
+    if database.dialect.capabilities.tenant_roles:
         role = database.read(lambda conn: conn.exec_driver_sql("SELECT current_user").scalar())
         if role != tenant:
             raise TenantMismatch(
