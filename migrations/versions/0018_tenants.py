@@ -66,7 +66,7 @@ _TENANT_TABLES = (
 )
 #: The policy every tenant table gets: the row's tenant is the connecting role.
 _POLICY = "tenant_isolation"
-_OWN_ROW = "tenant = current_user"
+_OWN_ROW = "tenant = CAST(current_user AS text)"
 #: A tenant is a role name (PostgreSQL's NAMEDATALEN - 1).
 _TENANT_LENGTH = 63
 

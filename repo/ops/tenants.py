@@ -69,6 +69,7 @@ def create_tenant(
     try:
 
         def create(conn: Connection) -> None:
+            _one_connection_per_node(conn)
             _require_admin(conn)
             if conn.exec_driver_sql(
                 "SELECT 1 FROM pg_roles WHERE rolname = %(n)s", {"n": name}
@@ -114,12 +115,18 @@ def list_tenants(url: str | URL | None) -> list[TenantInfo]:
             return database.read(_file_tenant)
 
         def read(conn: Connection) -> list[TenantInfo]:
+            # Two statements: Citus takes no subquery over a reference table correlated
+            # with a distributed one.
+            counts = dict(
+                conn.exec_driver_sql("SELECT tenant, count(*) FROM sessions GROUP BY tenant").all()
+            )
             rows = conn.exec_driver_sql(
-                "SELECT t.tenant, t.created_at, "
-                "(SELECT count(*) FROM sessions s WHERE s.tenant = t.tenant) "
-                "FROM tenants t ORDER BY t.tenant"
+                "SELECT tenant, created_at FROM tenants ORDER BY tenant"
             ).all()
-            return [TenantInfo(name=r[0], created_at=r[1], sessions=int(r[2])) for r in rows]
+            return [
+                TenantInfo(name=name, created_at=created, sessions=int(counts.get(name, 0)))
+                for name, created in rows
+            ]
 
         return database.read(read)
     finally:
@@ -134,6 +141,7 @@ def drop_tenant(url: str | URL | None, name: str, *, delete_data: bool = False) 
     try:
 
         def drop(conn: Connection) -> int:
+            _one_connection_per_node(conn)
             _require_admin(conn)
             if not conn.exec_driver_sql(
                 "SELECT 1 FROM tenants WHERE tenant = %(n)s", {"n": name}
@@ -171,6 +179,13 @@ def _postgres(url: str | URL | None) -> Database:
             "(open it with tenant=NAME), its file permissions the boundary"
         )
     return database
+
+
+def _one_connection_per_node(conn: Connection) -> None:
+    """Citus makes or changes a role only in a transaction that reaches each node over one
+    connection (its grants on distributed tables too). On plain PostgreSQL a placeholder
+    setting, without effect (as ``migrations/env.py`` sets it)."""
+    conn.exec_driver_sql("SET LOCAL citus.multi_shard_modify_mode TO 'sequential'")
 
 
 def _require_admin(conn: Connection) -> None:
