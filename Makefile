@@ -94,8 +94,9 @@ CITUS_CONTRACT := $(addprefix tests/contract/test_,append.py boundary.py concurr
 	editing.py faithful_storage.py operator_methods.py search.py sessions.py)
 CITUS_ERASURE := $(addprefix tests/ops/test_,erase.py erase_race.py erased_copies.py retention.py)
 CITUS_TESTS ?= tests/dialects/test_citus.py tests/citus $(CITUS_CONTRACT) $(CITUS_ERASURE) \
-	tests/integrations -k citus
-CITUS_CI_TESTS := tests/dialects/test_citus.py tests/citus tests/contract/test_append.py \
+	tests/tenancy/test_isolation.py tests/integrations -k citus
+CITUS_CI_TESTS := tests/dialects/test_citus.py tests/citus tests/tenancy/test_isolation.py \
+	tests/contract/test_append.py \
 	tests/contract/test_search.py tests/contract/test_operator_methods.py \
 	tests/ops/test_erase_race.py tests/integrations/test_adk.py -k "citus and not async"
 test-citus: $(STAMP)

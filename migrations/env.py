@@ -8,6 +8,9 @@ The URL comes from, in order: a connection handed in by sessionrepo
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 from alembic import context
 from sqlalchemy import Connection
 
@@ -38,8 +41,43 @@ def _include_name(name: str | None, type_: str, parent_names: object) -> bool:
     return not (name or "").startswith(_UNMODELLED_PREFIXES)
 
 
+#: PostgreSQL's tenant column (migration 0018): the database's, filled by its default and
+#: filtered by row-level security, never named by the application, so in no model but
+#: ``tenants``. The comparison leaves it out, and with it the unique and foreign keys it
+#: was appended to (they are compared on SQLite, whose tables are the models' exactly;
+#: ``tests/tenancy/test_schema.py`` checks that on PostgreSQL every key of a tenant table
+#: is the model's with ``tenant`` last, under a forced policy).
+_TENANT = "tenant"
+_TENANT_KEYS = ("unique_constraint", "foreign_key_constraint")
+
+
+def _tenant_filter(tenant_tables: frozenset[str]) -> Callable[..., bool]:
+    def include(item: Any, name: str | None, type_: str, reflected: bool, compare_to: Any) -> bool:
+        table = getattr(item, "table", None)
+        if getattr(table, "name", None) not in tenant_tables:
+            return True
+        if type_ == "column":
+            return not (reflected and name == _TENANT)
+        return type_ not in _TENANT_KEYS
+
+    return include
+
+
+def _tenant_tables(connection: Connection) -> frozenset[str]:
+    """The tables whose ``tenant`` column is the database's alone (no model names it)."""
+    if connection.dialect.name != "postgresql":
+        return frozenset()
+    rows = connection.exec_driver_sql(
+        "SELECT table_name FROM information_schema.columns "
+        "WHERE table_schema = current_schema() AND column_name = 'tenant'"
+    ).scalars()
+    modelled = {table.name for table in target_metadata.tables.values() if _TENANT in table.columns}
+    return frozenset(rows) - modelled
+
+
 def _migrate(connection: Connection) -> None:
-    dialect_for(connection.dialect.name).lock_for_migration(connection)
+    dialect = dialect_for(connection.dialect.name)
+    dialect.lock_for_migration(connection)
     if connection.dialect.name == "postgresql":
         # Citus: the migration's distributed commands over one connection per worker,
         # from the transaction's start (a distributed function's DDL, migration 0014,
@@ -52,9 +90,11 @@ def _migrate(connection: Connection) -> None:
         render_as_batch=connection.dialect.name == "sqlite",
         compare_type=True,
         include_name=_include_name,
+        include_object=_tenant_filter(_tenant_tables(connection)),
     )
     with context.begin_transaction():
         context.run_migrations()
+        dialect.after_migration(connection)
 
 
 def run_offline() -> None:

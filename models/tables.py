@@ -55,6 +55,8 @@ NAMING_CONVENTION: Final = {
 }
 
 ID_LENGTH: Final = 255
+#: A tenant is a PostgreSQL role name (NAMEDATALEN - 1 bytes).
+TENANT_LENGTH: Final = 63
 #: How far behind an append's time the indexed ``sessions.last_active_at`` may stay: an
 #: append rewrites it (and the listing's four indexes with it) only when it is further
 #: behind than this, else it records ``last_active_lag_us``, in no index. The same for every
@@ -374,6 +376,21 @@ class SemanticIndexStateRow(Base):
     cleared: Mapped[int] = mapped_column(server_default=text("0"))
 
 
+class TenantRow(Base):
+    """A tenant of the store (migration 0018). On PostgreSQL the tenant is the role a
+    connection logs in as, and every table holding a tenant's data carries it in a
+    ``tenant`` column that the database fills (``DEFAULT current_user``) and filters
+    (row-level security): the application never names that column, so it is in no model
+    here. This table lists the tenant roles ``sessionrepo tenants create`` made. On
+    SQLite, where the file is the boundary, it holds at most one row: the file's tenant."""
+
+    __tablename__ = "tenants"
+    __table_args__ = (PrimaryKeyConstraint("tenant"),)
+
+    tenant: Mapped[str] = mapped_column(String(TENANT_LENGTH))
+    created_at: Mapped[datetime]
+
+
 sessions_table: Table = SessionRow.__table__  # type: ignore[assignment]
 messages_table: Table = MessageRow.__table__  # type: ignore[assignment]
 outbox_table: Table = OutboxRow.__table__  # type: ignore[assignment]
@@ -381,6 +398,7 @@ search_state_table: Table = SearchIndexStateRow.__table__  # type: ignore[assign
 search_backlog_table: Table = SearchBacklogRow.__table__  # type: ignore[assignment]
 embeddings_table: Table = MessageEmbeddingRow.__table__  # type: ignore[assignment]
 semantic_state_table: Table = SemanticIndexStateRow.__table__  # type: ignore[assignment]
+tenants_table: Table = TenantRow.__table__  # type: ignore[assignment]
 
 #: Where a message sits: the columns of ``messages`` that are not the message's own.
 MESSAGE_PLACE: Final = ("session_id", "seq")

@@ -22,6 +22,7 @@ from sessionrepo.errors import (
     SchemaOutOfDate,
     SearchIndexUnavailable,
     SemanticSearchUnavailable,
+    TenantMismatch,
     WriteRejected,
 )
 from sessionrepo.models import (
@@ -78,6 +79,7 @@ __all__ = [
     "SessionTransaction",
     "SessionUnitOfWork",
     "StoredMessage",
+    "TenantMismatch",
     "TranscriptEditor",
     "TranscriptProblem",
     "TranscriptWriter",

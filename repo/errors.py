@@ -121,6 +121,12 @@ class SchemaOutOfDate(RepoError):
     """The database's schema revision is not the one this code was built for."""
 
 
+class TenantMismatch(RepoError):
+    """The store was opened for a tenant it does not serve to this connection: on
+    PostgreSQL the role logged in as is not that tenant (nor may act as it); a SQLite
+    file belongs to another tenant. Nothing was read or written."""
+
+
 class NotARepository(RepoError):
     """The URL names a SQLite file that is not a sessionrepo store (another application's
     database, or not SQLite at all), or, opened read-only, no file at all. Nothing was

@@ -38,6 +38,7 @@ from sessionrepo.store.repository import (
     SessionRepository,
     check_open_arguments,
     choose_embedder,
+    with_tenant,
 )
 from sessionrepo.store.schema import check_schema
 from sessionrepo.store.semantic import DEFAULT_VECTOR_MEMORY
@@ -95,7 +96,7 @@ async def open_async_repository(
     calls = TaskPool()
 
     def open_() -> SessionRepository:
-        database = Database(url, asynchronous=True, read_only=read_only, **options)
+        database = Database(url, asynchronous=True, read_only=read_only, **with_tenant(options))
         check_schema(
             database,
             auto_migrate=False if read_only else auto_migrate,

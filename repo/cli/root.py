@@ -18,6 +18,7 @@ from sessionrepo.cli import (
     search,
     serve,
     sessions,
+    tenants,
 )
 from sessionrepo.cli._common import Group, share_url_options, url_option
 
@@ -74,5 +75,6 @@ main.add_command(hermes.import_hermes)
 main.add_command(demo.demo)
 main.add_command(serve.serve)
 main.add_command(insights.insights_)
+main.add_command(tenants.tenants)
 # After the last command: each gets the group's URL options (demo opens none of them).
 share_url_options(main, skip={"demo"})

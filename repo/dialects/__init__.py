@@ -19,7 +19,7 @@ store (they import :mod:`sessionrepo.search`, the models and the errors, never t
 store).
 """
 
-from sessionrepo.dialects.base import READ_ONLY, BackendDialect, Capabilities
+from sessionrepo.dialects.base import READ_ONLY, TENANT_NAME, BackendDialect, Capabilities
 from sessionrepo.dialects.citus import CitusDialect
 from sessionrepo.dialects.postgresql import PostgresDialect
 from sessionrepo.dialects.registry import dialect_for, for_server
@@ -28,6 +28,7 @@ from sessionrepo.dialects.urls import database_file, default_database_path, norm
 
 __all__ = [
     "READ_ONLY",
+    "TENANT_NAME",
     "BackendDialect",
     "Capabilities",
     "CitusDialect",

@@ -20,6 +20,7 @@ carry only the reasons for their choices.
 from __future__ import annotations
 
 import functools
+import re
 import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
@@ -73,6 +74,10 @@ LOOKUP_CHUNK: Final = 500
 _B = search_backlog_table.c
 _M = messages_table.c
 _T = TypeVar("_T")
+
+#: A tenant's name (``open_repository(tenant=...)``): a PostgreSQL role name that needs no
+#: quoting anywhere, the same rule on SQLite (a store can move between backends).
+TENANT_NAME: Final = re.compile(r"^[a-z][a-z0-9_]{0,62}$")
 
 
 #: A new session's columns that an append sets from the session's defaults; the
@@ -189,6 +194,10 @@ class Capabilities:
     #: an append costs no separate read of the tombstones, and one racing an erasure
     #: finds its tombstone. Else the store reads them before the append.
     screens_erasure: bool = False
+    #: A tenant is the role a connection logs in as, its rows kept apart by the server's
+    #: row-level security (``sessionrepo tenants``). Else the file is the tenant: one a
+    #: store (:mod:`sessionrepo.store.tenancy`).
+    tenant_roles: bool = False
 
 
 class EngineRole(ABC):
@@ -263,10 +272,23 @@ class EngineRole(ABC):
         default does nothing: SQLite's migration transaction holds the write lock."""
         return
 
+    def after_migration(self, connection: Connection) -> None:
+        """Last in the migration's transaction (after the revisions, ran or not). The
+        default does nothing; PostgreSQL grants the tenant roles their rights on every
+        table (a revision's new tables too)."""
+        return
+
     @abstractmethod
     def insert_ignoring(self, table: Table, conflict_columns: Sequence[str]) -> Insert:
         """``INSERT ... ON CONFLICT (conflict_columns) DO NOTHING``: only that key may be
-        skipped; any other constraint violation still raises."""
+        skipped; any other constraint violation still raises. ``conflict_columns`` is the
+        key as the model declares it (:meth:`unique_key` makes it the backend's)."""
+
+    def unique_key(self, table: str, columns: Sequence[str]) -> tuple[str, ...]:
+        """A unique key of ``table``, as the model declares it (``columns``), as it is on
+        this backend: what an ``ON CONFLICT`` names. The models' exactly by default;
+        PostgreSQL's tenant tables end every key with the database's ``tenant``."""
+        return tuple(columns)
 
     @abstractmethod
     def insert_adding(

@@ -21,13 +21,14 @@ refused, saying why, when it is not.
 from __future__ import annotations
 
 import errno
+import getpass
 import os
 from pathlib import Path
 from typing import Any, Final
 
 from sqlalchemy.engine import URL
 
-from sessionrepo.dialects import database_file, normalize_url, safe_url
+from sessionrepo.dialects import TENANT_NAME, database_file, normalize_url, safe_url
 from sessionrepo.errors import (
     ArgumentTypeError,
     BackendUnavailable,
@@ -57,7 +58,11 @@ _OPEN_CODES: Final = frozenset({"SQLITE_CANTOPEN", "SQLITE_READONLY", "SQLITE_PE
 
 
 def open_outbox_database(
-    url: str | URL, *, asynchronous: bool = False, read_only: bool = False
+    url: str | URL,
+    *,
+    asynchronous: bool = False,
+    read_only: bool = False,
+    tenant: str | None = None,
 ) -> Database:
     """A separate outbox store. A SQLite file is created private (mode 0600) where there
     is none, kept durable (WAL, ``synchronous=FULL``) and migrated by the same Alembic
@@ -81,13 +86,18 @@ def open_outbox_database(
             reason that may pass (a full disk, an I/O error, too many open files).
 
     A file read ``immutable`` shows so in its ``display_url`` (the URI it was opened by).
+
+    ``tenant``: the tenant whose messages the file parks (:func:`outbox_tenant`); a file
+    holds one tenant's, as a SQLite store does (:mod:`sessionrepo.store.tenancy`), and
+    another tenant's writer is refused with
+    :class:`~sessionrepo.errors.TenantMismatch`.
     """
     if not isinstance(url, str | URL):
         raise ArgumentTypeError(
             "outbox_url", f"must be a string or a URL, got {type(url).__name__}"
         )
     parsed = normalize_url(url)
-    options: dict[str, Any] = {}
+    options: dict[str, Any] = {} if tenant is None else {"tenant": tenant}
     path = _sqlite_path(parsed)
     if database_file(parsed) is not None:
         options["sqlite_synchronous"] = "FULL"
@@ -107,6 +117,18 @@ def open_outbox_database(
             raise
         raise _explained(exc, path, read_only=read_only) from exc
     return database
+
+
+def outbox_tenant(primary: Database) -> str | None:
+    """The tenant a writer on ``primary`` parks for: the one it was opened for, else on
+    PostgreSQL the role it logs in as (known without a connection: an outbox is for
+    when there is none); ``None`` (the file's, whichever) where neither names one."""
+    if primary.tenant is not None:
+        return primary.tenant
+    if not primary.dialect.capabilities.tenant_roles:
+        return None
+    role = primary.url.username or os.environ.get("PGUSER") or getpass.getuser()
+    return role if TENANT_NAME.match(role) else None
 
 
 def reading_database(url: str | URL) -> Database:

@@ -37,7 +37,7 @@ from sessionrepo.outbox.attempt import Attempt, WritePath
 from sessionrepo.outbox.deadline import Calls
 from sessionrepo.outbox.drain import Drainer
 from sessionrepo.outbox.edits import apply_edit, edit_message
-from sessionrepo.outbox.opening import open_outbox_database
+from sessionrepo.outbox.opening import open_outbox_database, outbox_tenant
 from sessionrepo.outbox.outage import LOGGERS, Outage
 from sessionrepo.outbox.table import Outbox, drainer_id
 from sessionrepo.store import bridge as _aio
@@ -155,13 +155,24 @@ class TranscriptWriter(ResilientWriter):
                 )
         self._repository = repository
         url = outbox_url or os.environ.get("SESSIONREPO_OUTBOX_URL") or None
+        tenant = outbox_tenant(repository.database)
         if url is None:
             # Its own pool: writes stuck on the primary's pool must not block parking.
+            # As the same tenant: on PostgreSQL, parked rows are the tenant's rows.
+            same_role: dict[str, Any] = {}
+            if repository.database.tenant is not None:
+                same_role["tenant"] = repository.database.tenant
             outbox_db = Database(
-                repository.database.url, pool_size=2, max_overflow=4, asynchronous=asynchronous
+                repository.database.url,
+                pool_size=2,
+                max_overflow=4,
+                asynchronous=asynchronous,
+                **same_role,
             )
         else:
-            outbox_db = open_outbox_database(url, asynchronous=asynchronous)
+            # The file is one tenant's (as a SQLite store is): rows parked for one tenant
+            # are never drained into another's.
+            outbox_db = open_outbox_database(url, asynchronous=asynchronous, tenant=tenant)
         self._outbox = Outbox(outbox_db)
         #: Parked messages live in the primary itself: the append checks for them in
         #: its own statement (no question of its own to the outbox).

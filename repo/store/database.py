@@ -17,6 +17,7 @@ from sqlalchemy.engine import URL
 
 from sessionrepo.dialects import (
     READ_ONLY,
+    TENANT_NAME,
     BackendDialect,
     dialect_for,
     for_server,
@@ -58,6 +59,17 @@ def _check_synchronous(value: object, field: str) -> str:
     return level
 
 
+def _check_tenant(value: object, field: str) -> str:
+    """A tenant's name: a PostgreSQL role name that needs no quoting (both backends take
+    the same names, so a store can move between them)."""
+    name = check_text(value, field)
+    if not TENANT_NAME.match(name):
+        raise InvalidArgument(
+            field, f"{name!r}: lower-case letters, digits and _, starting with a letter, at most 63"
+        )
+    return name
+
+
 def _check_optional_seconds(value: object, field: str) -> float | None:
     return None if value is None else check_seconds(value, field)
 
@@ -75,6 +87,7 @@ ENGINE_OPTIONS: dict[str, Callable[[Any, str], object]] = {
     "sqlite_synchronous": _check_synchronous,
     "connect_timeout": _check_optional_seconds,
     "search_config": check_text,
+    "tenant": _check_tenant,
 }
 
 
@@ -128,6 +141,9 @@ class Database:
         #: yields to the event loop.
         self.asynchronous = asynchronous
         self.read_only = read_only
+        #: The tenant this database was opened for (``None``: whoever the connection is);
+        #: checked when a repository opens it (:mod:`sessionrepo.store.tenancy`).
+        self.tenant: str | None = engine_options.get("tenant")
         self._engine_options = dict(engine_options)
         self._bounded: dict[float, Database] = {}
         self._server_found = False

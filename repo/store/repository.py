@@ -7,6 +7,7 @@ docstrings state the guarantees; its methods check their arguments
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime
 from typing import Any, Literal
@@ -1009,7 +1010,9 @@ def open_repository(
             a read of its best rows, not a read of every vector. A store whose vectors
             do not fit is not kept (each query reads them). See
             :class:`sessionrepo.store.semantic.VectorCache`.
-        **options: engine options: ``pool_size``, ``max_overflow``, ``busy_timeout``
+        **options: engine options: ``tenant`` (the tenant the store must serve this
+            connection as; default ``$SESSIONREPO_TENANT``; see README, "Several
+            gateways, one store"), ``pool_size``, ``max_overflow``, ``busy_timeout``
             (SQLite, seconds), ``sqlite_synchronous`` (default ``"FULL"``),
             ``connect_timeout`` (PostgreSQL, seconds), ``search_config`` (PostgreSQL
             text search configuration, default ``simple``), ``attempts`` (lock-race
@@ -1026,7 +1029,7 @@ def open_repository(
     check_open_arguments(auto_migrate, require_connection, search_index, read_only, append_memory)
     check_int(semantic_memory, "semantic_memory", minimum=0)
     embedder = choose_embedder(embedder) or False  # checked before anything is opened
-    database = Database(url, read_only=read_only, **options)
+    database = Database(url, read_only=read_only, **with_tenant(options))
     schema.check_schema(
         database,
         auto_migrate=False if read_only else auto_migrate,
@@ -1039,6 +1042,15 @@ def open_repository(
         embedder=embedder,
         semantic_memory=semantic_memory,
     )
+
+
+def with_tenant(options: dict[str, Any]) -> dict[str, Any]:
+    """The engine options, with ``tenant`` from ``SESSIONREPO_TENANT`` when not given (as
+    the URL comes from ``SESSIONREPO_DATABASE_URL``): every command and the console then
+    act as that tenant (an operator's role as one of them)."""
+    if "tenant" not in options and os.environ.get("SESSIONREPO_TENANT"):
+        return {**options, "tenant": os.environ["SESSIONREPO_TENANT"]}
+    return options
 
 
 def check_open_arguments(

@@ -22,6 +22,7 @@ from sqlalchemy.engine import URL
 
 from sessionrepo.errors import BackendUnavailable, RepoError, SchemaOutOfDate
 from sessionrepo.store.database import Database
+from sessionrepo.store.tenancy import check_tenant
 
 #: Alembic's loggers that speak at INFO when nothing is migrated: its plugins as it is
 #: imported, and every ``MigrationContext`` ("Context impl SQLiteImpl.", ...).
@@ -199,6 +200,7 @@ def check_schema(
 
     def check(database: Database) -> None:
         ensure_current(database, auto_migrate=migrate)
+        check_tenant(database)
 
     if defer:
         database.check_on_first_use(check)

@@ -46,8 +46,20 @@ from datetime import UTC, datetime, timedelta
 from functools import partial
 from typing import Any, Final, NamedTuple
 
-from sqlalchemy import Connection, and_, bindparam, column, delete, func, or_, select, text
+from sqlalchemy import (
+    Connection,
+    TextClause,
+    and_,
+    bindparam,
+    column,
+    delete,
+    func,
+    or_,
+    select,
+    text,
+)
 
+from sessionrepo.dialects import BackendDialect
 from sessionrepo.errors import SemanticSearchUnavailable
 from sessionrepo.models.message import parse_uuid, utcnow
 from sessionrepo.models.search import SearchHit
@@ -93,14 +105,17 @@ RRF_K: Final = 60
 SNIPPET_CHARS: Final = 200
 QUERY_CACHE: Final = 128
 
-# The same statement on SQLite (3.24+) and PostgreSQL: a row per (session_id, seq).
-_UPSERT: Final = text(
-    "INSERT INTO message_embeddings (session_id, seq, content_hash, vector, generation) "
-    "VALUES (:session_id, :seq, :content_hash, :vector, :generation) "
-    "ON CONFLICT (session_id, seq) DO UPDATE SET "
-    "content_hash = excluded.content_hash, vector = excluded.vector, "
-    "generation = excluded.generation"
-)
+
+def _upsert(dialect: BackendDialect) -> TextClause:
+    """A row per message (SQLite 3.24+ and PostgreSQL alike, but for the key's columns)."""
+    key = ", ".join(dialect.unique_key("message_embeddings", ("session_id", "seq")))
+    return text(
+        "INSERT INTO message_embeddings (session_id, seq, content_hash, vector, generation) "
+        "VALUES (:session_id, :seq, :content_hash, :vector, :generation) "
+        f"ON CONFLICT ({key}) DO UPDATE SET "
+        "content_hash = excluded.content_hash, vector = excluded.vector, "
+        "generation = excluded.generation"
+    )
 
 
 #: A session whose newest message has no row yet (``sessions`` not aliased): one probe
@@ -994,7 +1009,7 @@ class _Batch:
             generation = next_generation(conn)
             for value in values:
                 value["generation"] = generation
-            conn.execute(_UPSERT, values)
+            conn.execute(_upsert(self.database.dialect), values)
 
         self.database.write(write)
         self.looked += len(values)

@@ -62,6 +62,8 @@ EXPECTED = {
     # Migration 0013 (search by meaning).
     "message_embeddings": "session_id",
     "semantic_index_state": None,
+    # Migration 0018 (tenants).
+    "tenants": None,
 }
 
 

@@ -136,7 +136,7 @@ def _insert_values(rows: int) -> str:
     )
     return (
         f"INSERT INTO messages (session_id, seq, {_STORED_NAMES}) VALUES {values} "
-        "ON CONFLICT (session_id, client_msg_uuid) DO NOTHING"
+        "ON CONFLICT (session_id, client_msg_uuid, tenant) DO NOTHING"
     )
 
 

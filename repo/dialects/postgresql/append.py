@@ -128,7 +128,7 @@ WITH {_PG_INPUT},
 inserted AS (
     {_PG_INSERT_FRESH}
     ORDER BY seq
-    ON CONFLICT (session_id, client_msg_uuid) DO NOTHING
+    ON CONFLICT (session_id, client_msg_uuid, tenant) DO NOTHING
     RETURNING client_msg_uuid
 ),
 counted AS (
@@ -222,7 +222,7 @@ created AS (
         %(now)s
     WHERE NOT EXISTS (SELECT 1 FROM visible) AND NOT EXISTS (SELECT 1 FROM parked)
         AND NOT EXISTS (SELECT 1 FROM lost) AND NOT EXISTS (SELECT 1 FROM erased)
-    ON CONFLICT (id) DO NOTHING
+    ON CONFLICT (id, tenant) DO NOTHING
     RETURNING 1
 ),
 inserted AS (

@@ -22,4 +22,5 @@ class PostgresDialect(
         connect_may_hang=True,
         retry_waits_out_bound=False,
         screens_erasure=True,
+        tenant_roles=True,
     )

@@ -20,7 +20,11 @@ from sqlalchemy.engine import URL
 from sqlalchemy.sql.elements import ColumnElement
 
 from sessionrepo.dialects.base import EngineRole, make_engine
-from sessionrepo.errors import BackendUnavailable, RepoError, WriteRejected
+from sessionrepo.dialects.postgresql.tenancy import TENANT_COLUMN, TENANT_TABLES, regrant
+from sessionrepo.errors import BackendUnavailable, RepoError, TenantMismatch, WriteRejected
+
+#: What the server answers a start-up ``role`` the login role is no member of.
+_SET_ROLE_REFUSED: Final = "permission denied to set role"
 
 #: Key of the PostgreSQL advisory lock held while migrating ("sessrepo" in ASCII).
 MIGRATION_LOCK_KEY: Final = 0x7365737372657070 & 0x7FFFFFFFFFFFFFFF
@@ -52,6 +56,11 @@ class PostgresEngine(EngineRole):
         options.pop("busy_timeout", None)
         options.pop("sqlite_synchronous", None)
         connect_args: dict[str, Any] = {"options": "-c timezone=UTC"}
+        tenant = options.pop("tenant", None)
+        if tenant is not None:
+            # The connection acts as the tenant's role from its start (an operator's
+            # too: the policies then hold it); a role that may not fails to connect.
+            connect_args["options"] += f" -c role={tenant}"
         read_only = bool(options.pop("read_only", False))
         connect_timeout = options.pop("connect_timeout", 10)
         server_timeout = options.pop("server_timeout", None)
@@ -87,7 +96,7 @@ class PostgresEngine(EngineRole):
 
     def insert_ignoring(self, table: Table, conflict_columns: Sequence[str]) -> Insert:
         return postgresql.insert(table).on_conflict_do_nothing(
-            index_elements=list(conflict_columns)
+            index_elements=list(self.unique_key(table.name, conflict_columns))
         )
 
     def insert_adding(
@@ -95,7 +104,7 @@ class PostgresEngine(EngineRole):
     ) -> Insert:
         statement = postgresql.insert(table)
         return statement.on_conflict_do_update(
-            index_elements=list(conflict_columns),
+            index_elements=list(self.unique_key(table.name, conflict_columns)),
             set_={name: table.c[name] + statement.excluded[name] for name in added},
         )
 
@@ -114,6 +123,9 @@ class PostgresEngine(EngineRole):
             ),
         ).group_by(given.c.key)
 
+    def unique_key(self, table: str, columns: Sequence[str]) -> tuple[str, ...]:
+        return (*columns, TENANT_COLUMN) if table in TENANT_TABLES else tuple(columns)
+
     def utc_day(self, value: ColumnElement[Any]) -> ColumnElement[str]:
         # Whatever the connection's TimeZone setting is.
         day: ColumnElement[str] = func.to_char(func.timezone("UTC", value), "YYYY-MM-DD")
@@ -124,6 +136,9 @@ class PostgresEngine(EngineRole):
         # would count characters through the whole value twice.
         result: ColumnElement[str] = func.left(func.split_part(value, part, 2), length)
         return result
+
+    def after_migration(self, connection: Connection) -> None:
+        regrant(connection)
 
     def lock_for_migration(self, connection: Connection) -> None:
         connection.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": MIGRATION_LOCK_KEY})
@@ -188,7 +203,14 @@ class PostgresEngine(EngineRole):
         state = self._sqlstate(exc)
         detail = self.describe(exc)
         if state is None:
-            # No SQLSTATE: the connection failed before the server could answer.
+            # No SQLSTATE: the connection failed before the server could answer (or it
+            # refused the start-up options: the tenant's ``role``).
+            if _SET_ROLE_REFUSED in str(exc.orig):
+                return TenantMismatch(
+                    "the role this URL logs in as may not act as the tenant the store was "
+                    "opened for (permission denied to set role): connect with the "
+                    "tenant's own URL"
+                )
             if isinstance(exc, sa_exc.OperationalError | sa_exc.InterfaceError):
                 return BackendUnavailable(detail)
             return RepoError(detail)

@@ -7,6 +7,7 @@ from typing import Final
 from sqlalchemy import Connection, text
 
 from sessionrepo.dialects.base import ProbeRole
+from sessionrepo.dialects.postgresql.tenancy import role_rights, tenant_count
 from sessionrepo.models.doctor import Check
 
 #: Oldest PostgreSQL major version sessionrepo is tested on.
@@ -34,6 +35,10 @@ class PostgresProbes(ProbeRole):
         settings["in_recovery"] = str(
             connection.execute(text("SELECT pg_is_in_recovery()")).scalar()
         )
+        rights = role_rights(connection)
+        settings["role"] = rights.role
+        settings["role_bypass"] = rights.describe() if rights.bypasses else ""
+        settings["tenants"] = str(tenant_count(connection))
         return settings
 
     def judge_settings(self, settings: dict[str, str]) -> list[Check]:
@@ -106,4 +111,33 @@ class PostgresProbes(ProbeRole):
                 fix="point --url at the primary server",
             )
         )
+        checks.append(_judge_tenancy(settings))
         return checks
+
+
+def _judge_tenancy(settings: dict[str, str]) -> Check:
+    """Whether the connecting role is held to the tenants' policies: a failure once the
+    store has tenant roles (it could read and change all of theirs), a warning before."""
+    bypass, tenants = settings["role_bypass"], int(settings["tenants"])
+    if not bypass:
+        return Check(
+            name="tenancy",
+            status="ok",
+            detail=f"role {settings['role']!r} is held to the row-level security policies",
+        )
+    if tenants:
+        return Check(
+            name="tenancy",
+            status="fail",
+            detail=f"{bypass}: it reads and changes every tenant's conversations "
+            f"({tenants} tenant roles), the policies do not hold it",
+            fix="connect each gateway as its own tenant role (`sessionrepo tenants create "
+            "NAME`); keep this role for migrations and the operator",
+        )
+    return Check(
+        name="tenancy",
+        status="warn",
+        detail=f"{bypass}: the store has no tenant roles yet, so there is no one else's "
+        "data to reach; once it has, this role reads and changes all of it",
+        fix="connect each gateway as its own tenant role (`sessionrepo tenants create NAME`)",
+    )

@@ -147,6 +147,7 @@ class SQLiteEngine(EngineRole):
     ) -> Engine:
         options.pop("connect_timeout", None)  # PostgreSQL's; a file has nothing to connect
         options.pop("search_config", None)
+        options.pop("tenant", None)  # the file is the tenant (sessionrepo.store.tenancy)
         busy_timeout = float(options.pop("busy_timeout", 10.0))
         server_timeout = options.pop("server_timeout", None)
         if server_timeout is not None:

@@ -1,0 +1,224 @@
+"""Tenants: several gateways in one store, kept apart by PostgreSQL's row-level security
+
+On PostgreSQL (and Citus) every table that holds a tenant's data gets a ``tenant`` column,
+``DEFAULT current_user``: a row belongs to the role that wrote it. Its primary key, its
+unique keys and the foreign keys between such tables gain ``tenant`` as their last column,
+so a session id is unique within its tenant only (two tenants may both have
+``discord:123``, and neither can tell). Each table then has row-level security enabled
+and *forced* (its owner is held to it too) with one policy, ``tenant = current_user``,
+for reading and writing: the tenant comes from the role the connection logged in as,
+not from a setting a gateway could change, and a role whose name is no tenant's sees
+nothing. Citus refuses subqueries in policies; this one has none, and each distributed
+table carries the tenant itself.
+
+Existing rows get the tenant of the role that runs this migration (``current_user``): a
+store that had one role keeps working as that role's tenant.
+
+The application never names the column (it is the database's): it is not in the
+models, ``alembic check`` leaves it out (``migrations/env.py``), and
+``tests/tenancy/test_schema.py`` checks what this revision made.
+
+Store-wide tables stay without a tenant: ``privacy_keys`` (the tombstone key),
+``usage_prices``, ``search_index_state`` (the health of the one search index) and
+``alembic_version``. What a tenant role may do with them is a grant
+(``sessionrepo tenants``), not a policy.
+
+``tenants`` (new, on both backends): the tenants of the store. On PostgreSQL one row per
+tenant role ``sessionrepo tenants create`` made (a tenant sees its own row). On SQLite,
+where the file is the boundary (one tenant a file), at most one row: the file's tenant,
+written when the store is first opened for a named tenant.
+
+Revision ID: 0018
+Revises: 0015
+Create Date: 2026-12-02
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+
+import sqlalchemy as sa
+from alembic import context, op
+
+revision: str = "0018"
+down_revision: str | None = "0015"
+branch_labels: str | Sequence[str] | None = None
+depends_on: str | Sequence[str] | None = None
+
+#: The tables that hold a tenant's data (as of this revision; frozen).
+_TENANT_TABLES = (
+    "sessions",
+    "messages",
+    "search_backlog",
+    "message_search",
+    "message_embeddings",
+    "adk_sessions",
+    "usage_records",
+    "adk_app_states",
+    "adk_user_states",
+    "erased_sessions",
+    "erased_messages",
+    "privacy_audit",
+    "retention_policies",
+    "semantic_index_state",
+    "pending_outbox",
+)
+#: The policy every tenant table gets: the row's tenant is the connecting role.
+_POLICY = "tenant_isolation"
+_OWN_ROW = "tenant = CAST(current_user AS text)"
+#: A tenant is a role name (PostgreSQL's NAMEDATALEN - 1).
+_TENANT_LENGTH = 63
+
+
+def upgrade() -> None:
+    op.create_table(
+        "tenants",
+        sa.Column("tenant", sa.String(_TENANT_LENGTH), nullable=False),
+        sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
+        sa.PrimaryKeyConstraint("tenant", name=op.f("pk_tenants")),
+    )
+    bind = op.get_bind()
+    if bind.dialect.name != "postgresql":
+        return
+    if not context.is_offline_mode() and _has_citus(bind):
+        op.execute("SELECT create_reference_table('tenants')")
+    op.execute("ALTER TABLE tenants ALTER COLUMN tenant SET DEFAULT current_user")
+    tables = ["tenants", *(t for t in _TENANT_TABLES if _exists(t))]
+    for table in tables[1:]:
+        # A constant for the rows there are (who migrates), then the connecting role for
+        # every row written after: Citus takes a constant default on a distributed table.
+        op.execute(
+            f"ALTER TABLE {table} ADD COLUMN tenant VARCHAR({_TENANT_LENGTH}) NOT NULL "
+            f"DEFAULT {_quoted_current_user(bind)}"
+        )
+        op.execute(f"ALTER TABLE {table} ALTER COLUMN tenant SET DEFAULT current_user")
+    _extend_keys(bind, tables[1:])
+    _retarget_functions(bind)
+    for table in tables:
+        op.execute(f"ALTER TABLE {table} ENABLE ROW LEVEL SECURITY")
+        op.execute(f"ALTER TABLE {table} FORCE ROW LEVEL SECURITY")
+        op.execute(f"CREATE POLICY {_POLICY} ON {table} USING ({_OWN_ROW}) WITH CHECK ({_OWN_ROW})")
+
+
+def _has_citus(bind: sa.Connection) -> bool:
+    return (
+        bind.exec_driver_sql("SELECT 1 FROM pg_extension WHERE extname = 'citus'").first()
+        is not None
+    )
+
+
+def _exists(table: str) -> bool:
+    if context.is_offline_mode():
+        return True
+    return (
+        op.get_bind().exec_driver_sql("SELECT to_regclass(%(t)s)", {"t": table}).scalar()
+        is not None
+    )
+
+
+def _quoted_current_user(bind: sa.Connection) -> str:
+    if context.is_offline_mode():
+        return "current_user"
+    name = bind.exec_driver_sql("SELECT current_user").scalar_one()
+    return "'" + str(name).replace("'", "''") + "'"
+
+
+#: ``PRIMARY KEY (a, b)``, ``UNIQUE (a, b)``, ``FOREIGN KEY (a) REFERENCES t(b) ...``.
+_KEY = re.compile(r"^(PRIMARY KEY|UNIQUE) \((?P<columns>[^)]*)\)(?P<rest>.*)$")
+_FOREIGN = re.compile(
+    r"^FOREIGN KEY \((?P<columns>[^)]*)\) REFERENCES (?P<table>[\w.\"]+)\((?P<target>[^)]*)\)"
+    r"(?P<rest>.*)$"
+)
+
+
+def _extend_keys(bind: sa.Connection, tables: Sequence[str]) -> None:
+    """Every primary, unique and foreign key of the tenant tables gets ``tenant`` last:
+    the foreign keys are dropped first and made again last (they need the new keys)."""
+    if context.is_offline_mode():
+        raise RuntimeError("revision 0018 reads the catalog: run it online")
+    rows = bind.exec_driver_sql(
+        "SELECT conrelid::regclass::text, conname, contype, pg_get_constraintdef(oid) "
+        "FROM pg_constraint WHERE contype IN ('p', 'u', 'f') "
+        "AND conrelid = ANY(%(tables)s::regclass[]) ORDER BY conrelid::regclass::text, conname",
+        {"tables": list(tables)},
+    ).all()
+    keys = [(t, name, definition) for t, name, kind, definition in rows if kind != "f"]
+    foreign = [(t, name, definition) for t, name, kind, definition in rows if kind == "f"]
+    for table, name, _ in foreign:
+        op.execute(f"ALTER TABLE {table} DROP CONSTRAINT {name}")
+    for table, name, definition in keys:
+        match = _KEY.match(definition)
+        if match is None:
+            raise RuntimeError(f"{table}.{name}: unexpected key {definition!r}")
+        op.execute(f"ALTER TABLE {table} DROP CONSTRAINT {name}")
+        op.execute(
+            f"ALTER TABLE {table} ADD CONSTRAINT {name} {match.group(1)} "
+            f"({match['columns']}, tenant){match['rest']}"
+        )
+    for table, name, definition in foreign:
+        match = _FOREIGN.match(definition)
+        if match is None:
+            raise RuntimeError(f"{table}.{name}: unexpected foreign key {definition!r}")
+        op.execute(
+            f"ALTER TABLE {table} ADD CONSTRAINT {name} FOREIGN KEY ({match['columns']}, tenant) "
+            f"REFERENCES {match['table']}({match['target']}, tenant){match['rest']}"
+        )
+
+
+#: The Citus append function (0014 and its later versions) names the session key in an
+#: ``ON CONFLICT``: the same text with ``tenant`` appended, whatever else the function says.
+_FUNCTION = "sessionrepo_append"
+_SESSION_CONFLICT = ("ON CONFLICT (id) DO NOTHING", "ON CONFLICT (id, tenant) DO NOTHING")
+
+
+def _retarget_functions(bind: sa.Connection, *, back: bool = False) -> None:
+    old, new = reversed(_SESSION_CONFLICT) if back else _SESSION_CONFLICT
+    definitions = bind.exec_driver_sql(
+        "SELECT pg_get_functiondef(oid) FROM pg_proc "
+        "WHERE proname = %(name)s AND pronamespace = current_schema()::regnamespace",
+        {"name": _FUNCTION},
+    ).scalars()
+    for definition in list(definitions):
+        if old not in definition:
+            raise RuntimeError(f"{_FUNCTION}: no {old!r} to change")
+        bind.exec_driver_sql(definition.replace(old, new))
+
+
+def downgrade() -> None:
+    bind = op.get_bind()
+    if bind.dialect.name == "postgresql":
+        tables = [t for t in _TENANT_TABLES if _exists(t)]
+        for table in ["tenants", *tables]:
+            op.execute(f"DROP POLICY IF EXISTS {_POLICY} ON {table}")
+            op.execute(f"ALTER TABLE {table} NO FORCE ROW LEVEL SECURITY")
+            op.execute(f"ALTER TABLE {table} DISABLE ROW LEVEL SECURITY")
+        _retarget_functions(bind, back=True)
+        _narrow_keys(bind, tables)
+        for table in tables:
+            op.execute(f"ALTER TABLE {table} DROP COLUMN tenant")
+    op.drop_table("tenants")
+
+
+def _narrow_keys(bind: sa.Connection, tables: Sequence[str]) -> None:
+    """The keys as they were: ``tenant`` taken out again. Fails (as it must) when two
+    tenants hold the same key: the store cannot go back to one tenant then."""
+    rows = bind.exec_driver_sql(
+        "SELECT conrelid::regclass::text, conname, contype, pg_get_constraintdef(oid) "
+        "FROM pg_constraint WHERE contype IN ('p', 'u', 'f') "
+        "AND conrelid = ANY(%(tables)s::regclass[]) ORDER BY conrelid::regclass::text, conname",
+        {"tables": list(tables)},
+    ).all()
+    keys = [(t, name, definition) for t, name, kind, definition in rows if kind != "f"]
+    foreign = [(t, name, definition) for t, name, kind, definition in rows if kind == "f"]
+    for table, name, _ in foreign:
+        op.execute(f"ALTER TABLE {table} DROP CONSTRAINT {name}")
+    for table, name, definition in keys:
+        op.execute(f"ALTER TABLE {table} DROP CONSTRAINT {name}")
+        op.execute(f"ALTER TABLE {table} ADD CONSTRAINT {name} {_without_tenant(definition)}")
+    for table, name, definition in foreign:
+        op.execute(f"ALTER TABLE {table} ADD CONSTRAINT {name} {_without_tenant(definition)}")
+
+
+def _without_tenant(definition: str) -> str:
+    return definition.replace(", tenant)", ")")
