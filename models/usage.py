@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 import uuid
+from collections.abc import Sequence
 from datetime import date, datetime
 from typing import Any, Final, Literal
 
@@ -222,13 +223,19 @@ ROLLUP_COUNTS: Final = ("messages", "calls", *TOKEN_KINDS)
 ROLLUP_SUMS: Final = (*ROLLUP_COUNTS, "reported_cost")
 #: The rollup's columns, key first.
 ROLLUP_COLUMNS: Final = (*ROLLUP_KEY, *ROLLUP_SUMS)
-#: The append statements' upsert of a session's new messages, one row per UTC day: a
-#: dialect puts its rows (``session_id, day, messages``, then zeros) between the two.
-ROLLUP_MESSAGES: Final = (
-    f"INSERT INTO usage_rollup ({', '.join(ROLLUP_COLUMNS)}) ",
-    f" ON CONFLICT ({', '.join(ROLLUP_KEY)}) "
-    "DO UPDATE SET messages = usage_rollup.messages + excluded.messages",
-)
+
+
+def rollup_messages(key: Sequence[str] = ROLLUP_KEY) -> tuple[str, str]:
+    """The append statements' upsert of a session's new messages, one row per UTC day: a
+    dialect puts its rows (``session_id, day, messages``, then zeros) between the two
+    halves, and names the rollup's unique key as its backend has it (``key``)."""
+    return (
+        f"INSERT INTO usage_rollup ({', '.join(ROLLUP_COLUMNS)}) ",
+        f" ON CONFLICT ({', '.join(key)}) "
+        "DO UPDATE SET messages = usage_rollup.messages + excluded.messages",
+    )
+
+
 #: The values of the other columns of a messages' row: zero calls, tokens and cost.
 ROLLUP_MESSAGES_ZEROS: Final = ", ".join(["0"] * (len(ROLLUP_SUMS) - 1))
 

@@ -9,11 +9,12 @@
   upsert is routed to the shard that holds the session's messages.
 - The backfill: the rollup of every stored message and usage record (one
   ``INSERT ... SELECT``, grouped by session: on Citus pushed down to the shards).
-- On Citus, ``sessionrepo_append`` (0014) is replaced by the same function that also
-  adds its messages to the rollup (one routed upsert per run of one UTC day's messages).
+- On Citus, ``sessionrepo_append`` (0016's, same signature) is replaced by the same
+  function that also adds its messages to the rollup (one routed upsert per run of one
+  UTC day's messages).
 
 Revision ID: 0017
-Revises: 0015
+Revises: 0016
 Create Date: 2026-12-02
 """
 
@@ -25,7 +26,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision: str = "0017"
-down_revision: str | None = "0015"
+down_revision: str | None = "0016"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
@@ -78,7 +79,7 @@ def _backfill(dialect: str) -> str:
     )
 
 
-# A frozen copy of 0014's function (as of that revision) with the rollup's upsert.
+# A frozen copy of 0016's function (as of that revision) with the rollup's upsert.
 #: The function's name, and the argument Citus routes its calls by.
 FUNCTION = "sessionrepo_append"
 DISTRIBUTION_ARG = "p_session_id"
@@ -136,9 +137,11 @@ _ARGUMENTS = ",\n    ".join(
         "p_behind_outbox boolean",
         "p_verify_seq bigint",
         "p_verify_key uuid",
+        "p_erased_probe bytea",
         # What it did: 'i' (inserted o_inserted rows from o_first_seq, none when
         # o_first_seq is NULL), 'q' (nothing: parked messages), 'm' (nothing: the row
-        # p_verify_* names is not stored); with 'i', the keys already stored and hashes.
+        # p_verify_* names is not stored), 'x' (nothing: the session was erased); with
+        # 'i', the keys already stored and their hashes.
         "OUT o_kind text",
         "OUT o_keys uuid[]",
         "OUT o_hashes bytea[]",
@@ -185,6 +188,13 @@ BEGIN
     -- Appenders to one session queue here; each statement after it (READ COMMITTED)
     -- sees what the appender before committed.
     SELECT next_seq INTO v_next FROM sessions WHERE id = {DISTRIBUTION_ARG} FOR UPDATE;
+    -- Right after the lock: an erasure that committed while the call waited is seen here.
+    IF p_erased_probe IS NOT NULL AND EXISTS (
+        SELECT 1 FROM erased_sessions WHERE session_hash = p_erased_probe
+    ) THEN
+        o_kind := 'x';
+        RETURN;
+    END IF;
     IF p_verify_seq IS NOT NULL AND NOT EXISTS (
         SELECT 1 FROM messages
         WHERE session_id = {DISTRIBUTION_ARG} AND seq = p_verify_seq
@@ -267,7 +277,7 @@ _AFTER_LOOP = f"""
 
 def _create(*, rollup: bool) -> str:
     """The function's ``CREATE OR REPLACE``: with the rollup's upsert (this revision), or
-    as 0014 made it (its downgrade)."""
+    as 0016 made it (its downgrade)."""
     return _CREATE_TEMPLATE.replace("{in_loop}", _IN_LOOP if rollup else "").replace(
         "{after_loop}", _AFTER_LOOP if rollup else ""
     )

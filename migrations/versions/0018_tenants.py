@@ -29,7 +29,7 @@ where the file is the boundary (one tenant a file), at most one row: the file's 
 written when the store is first opened for a named tenant.
 
 Revision ID: 0018
-Revises: 0015
+Revises: 0017
 Create Date: 2026-12-02
 """
 
@@ -42,7 +42,7 @@ import sqlalchemy as sa
 from alembic import context, op
 
 revision: str = "0018"
-down_revision: str | None = "0015"
+down_revision: str | None = "0017"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
@@ -63,6 +63,7 @@ _TENANT_TABLES = (
     "retention_policies",
     "semantic_index_state",
     "pending_outbox",
+    "usage_rollup",
 )
 #: The policy every tenant table gets: the row's tenant is the connecting role.
 _POLICY = "tenant_isolation"
@@ -94,7 +95,8 @@ def upgrade() -> None:
         )
         op.execute(f"ALTER TABLE {table} ALTER COLUMN tenant SET DEFAULT current_user")
     _extend_keys(bind, tables[1:])
-    _retarget_functions(bind)
+    if not context.is_offline_mode():  # a script is for plain PostgreSQL (no function)
+        _retarget_functions(bind)
     for table in tables:
         op.execute(f"ALTER TABLE {table} ENABLE ROW LEVEL SECURITY")
         op.execute(f"ALTER TABLE {table} FORCE ROW LEVEL SECURITY")
@@ -136,7 +138,8 @@ def _extend_keys(bind: sa.Connection, tables: Sequence[str]) -> None:
     """Every primary, unique and foreign key of the tenant tables gets ``tenant`` last:
     the foreign keys are dropped first and made again last (they need the new keys)."""
     if context.is_offline_mode():
-        raise RuntimeError("revision 0018 reads the catalog: run it online")
+        op.execute(_extend_keys_in_the_server(tables))
+        return
     rows = bind.exec_driver_sql(
         "SELECT conrelid::regclass::text, conname, contype, pg_get_constraintdef(oid) "
         "FROM pg_constraint WHERE contype IN ('p', 'u', 'f') "
@@ -166,23 +169,66 @@ def _extend_keys(bind: sa.Connection, tables: Sequence[str]) -> None:
         )
 
 
-#: The Citus append function (0014 and its later versions) names the session key in an
-#: ``ON CONFLICT``: the same text with ``tenant`` appended, whatever else the function says.
+#: The same, for a script (``migrate --sql``): the catalog is read where it runs.
+_EXTEND_KEYS_DO = r"""
+DO $extend$
+DECLARE
+    r record;
+BEGIN
+    CREATE TEMPORARY TABLE sessionrepo_0018_keys ON COMMIT DROP AS
+        SELECT conrelid::regclass::text AS tbl, conname, contype,
+            pg_get_constraintdef(oid) AS definition
+        FROM pg_constraint WHERE contype IN ('p', 'u', 'f')
+        AND conrelid = ANY(ARRAY[{tables}]::regclass[]);
+    FOR r IN SELECT * FROM sessionrepo_0018_keys WHERE contype = 'f' LOOP
+        EXECUTE format('ALTER TABLE %s DROP CONSTRAINT %I', r.tbl, r.conname);
+    END LOOP;
+    FOR r IN SELECT * FROM sessionrepo_0018_keys WHERE contype <> 'f' ORDER BY tbl, conname
+    LOOP
+        EXECUTE format('ALTER TABLE %s DROP CONSTRAINT %I', r.tbl, r.conname);
+        EXECUTE format('ALTER TABLE %s ADD CONSTRAINT %I %s', r.tbl, r.conname,
+            regexp_replace(r.definition, '^(PRIMARY KEY|UNIQUE) \(([^)]*)\)',
+                '\1 (\2, tenant)'));
+    END LOOP;
+    FOR r IN SELECT * FROM sessionrepo_0018_keys WHERE contype = 'f' ORDER BY tbl, conname
+    LOOP
+        EXECUTE format('ALTER TABLE %s ADD CONSTRAINT %I %s', r.tbl, r.conname,
+            regexp_replace(r.definition,
+                '^FOREIGN KEY \(([^)]*)\) REFERENCES ([^(]+)\(([^)]*)\)',
+                'FOREIGN KEY (\1, tenant) REFERENCES \2(\3, tenant)'));
+    END LOOP;
+END
+$extend$
+"""
+
+
+def _extend_keys_in_the_server(tables: Sequence[str]) -> str:
+    return _EXTEND_KEYS_DO.replace("{tables}", ", ".join(f"'{t}'" for t in tables))
+
+
+#: The Citus append function (0014, 0016, 0017) names unique keys in its ``ON CONFLICT``
+#: clauses (a session's, the rollup's): each gets ``tenant`` appended, whatever else the
+#: function says.
 _FUNCTION = "sessionrepo_append"
-_SESSION_CONFLICT = ("ON CONFLICT (id) DO NOTHING", "ON CONFLICT (id, tenant) DO NOTHING")
+_CONFLICT = re.compile(r"ON CONFLICT \((?P<columns>[^)]*)\)")
 
 
 def _retarget_functions(bind: sa.Connection, *, back: bool = False) -> None:
-    old, new = reversed(_SESSION_CONFLICT) if back else _SESSION_CONFLICT
+    def retarget(match: re.Match[str]) -> str:
+        columns = [c.strip() for c in match["columns"].split(",")]
+        columns = [c for c in columns if c != "tenant"] if back else [*columns, "tenant"]
+        return f"ON CONFLICT ({', '.join(columns)})"
+
     definitions = bind.exec_driver_sql(
         "SELECT pg_get_functiondef(oid) FROM pg_proc "
         "WHERE proname = %(name)s AND pronamespace = current_schema()::regnamespace",
         {"name": _FUNCTION},
     ).scalars()
     for definition in list(definitions):
-        if old not in definition:
-            raise RuntimeError(f"{_FUNCTION}: no {old!r} to change")
-        bind.exec_driver_sql(definition.replace(old, new))
+        changed, count = _CONFLICT.subn(retarget, definition)
+        if count == 0:
+            raise RuntimeError(f"{_FUNCTION}: no ON CONFLICT to change")
+        bind.exec_driver_sql(changed)
 
 
 def downgrade() -> None:

@@ -117,14 +117,13 @@ def list_tenants(url: str | URL | None) -> list[TenantInfo]:
         def read(conn: Connection) -> list[TenantInfo]:
             # Two statements: Citus takes no subquery over a reference table correlated
             # with a distributed one.
-            counts = dict(
-                conn.exec_driver_sql("SELECT tenant, count(*) FROM sessions GROUP BY tenant").all()
-            )
+            counted = conn.exec_driver_sql("SELECT tenant, count(*) FROM sessions GROUP BY tenant")
+            counts: dict[str, int] = {name: int(n) for name, n in counted}
             rows = conn.exec_driver_sql(
                 "SELECT tenant, created_at FROM tenants ORDER BY tenant"
             ).all()
             return [
-                TenantInfo(name=name, created_at=created, sessions=int(counts.get(name, 0)))
+                TenantInfo(name=name, created_at=created, sessions=counts.get(name, 0))
                 for name, created in rows
             ]
 

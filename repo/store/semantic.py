@@ -7,16 +7,17 @@ out of the live transcript). ``semantic_index_state`` names the model (name and
 dimension) the vectors are of, so that a store never compares vectors of two models, and
 holds the catch-up's watermark.
 
-The append never embeds (its speed does not change): :meth:`SemanticIndex.catch_up` does,
-called by ``search`` (a bounded amount), by a ``TranscriptWriter``'s drainer beside the
-keyword catch-up, and on demand. It looks at the sessions active since its watermark (the
-sessions' ``last_active_at``, less a slack for transactions that commit late) whose
-newest message has no row yet (whether there is any, the statement that reads the state
-row answers: a search with nothing to embed costs that one read before its scan), reads each one's messages that have no row or a row of
-other content, embeds them *outside* any transaction, and upserts the rows in short
-transactions of their own. An edit that changes a message (compaction moves seqs) leaves
-a row whose hash is not the message's: searches ignore it, and the session's next
-catch-up embeds it again. Superseded messages get a NULL vector.
+The append never embeds (its speed does not change): :meth:`SemanticIndex.catch_up`
+does, called by ``search`` (a bounded amount), by a ``TranscriptWriter``'s drainer
+beside the keyword catch-up, and on demand. It looks at the sessions active since its
+watermark (the sessions' ``last_active_at``, less a slack for transactions that commit
+late) whose newest message has no row yet (whether there is any, the statement that
+reads the state row answers: a search with nothing to embed costs that one read before
+its scan), reads each one's messages that have no row or a row of other content, embeds
+them *outside* any transaction, and upserts the rows in short transactions of their own.
+An edit that changes a message (compaction moves seqs) leaves a row whose hash is not
+the message's: searches ignore it, and the session's next catch-up embeds it again.
+Superseded messages get a NULL vector.
 
 Every transaction that writes vectors increments ``semantic_index_state.generation`` and
 stamps its rows with it (the state row's lock orders those commits), so a process that

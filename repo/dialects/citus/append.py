@@ -39,13 +39,19 @@ from sessionrepo.dialects.base import (
     lock_bypassed,
 )
 from sessionrepo.dialects.postgresql.append import PG_ACTIVITY, PostgresAppend, direct_parameters
+from sessionrepo.dialects.postgresql.tenancy import TENANT_COLUMN
 from sessionrepo.models.tables import (
     ACTIVITY_GRANULARITY,
     MESSAGE_COLUMNS,
     messages_table,
     sessions_table,
 )
-from sessionrepo.models.usage import ROLLUP_MESSAGES, ROLLUP_MESSAGES_ZEROS, ROLLUP_NO_MODEL
+from sessionrepo.models.usage import (
+    ROLLUP_KEY,
+    ROLLUP_MESSAGES_ZEROS,
+    ROLLUP_NO_MODEL,
+    rollup_messages,
+)
 
 #: Rows per ``INSERT … VALUES`` statement (PostgreSQL takes at most 65,535 parameters).
 _ROWS_PER_INSERT: Final = 1000
@@ -146,9 +152,10 @@ _UNWRITTEN: Final = {"q": "queued", "m": "lost", "x": "erased"}
 
 #: The new messages of one UTC day added to the session's rollup (``INSERT … VALUES``
 #: with the session id: routed to its shard).
+_ROLLUP = rollup_messages((*ROLLUP_KEY, TENANT_COLUMN))
 _CITUS_ROLLUP: Final = (
-    f"{ROLLUP_MESSAGES[0]}VALUES (%(sid)s, %(day)s, '{ROLLUP_NO_MODEL}', %(n)s, "
-    f"{ROLLUP_MESSAGES_ZEROS}){ROLLUP_MESSAGES[1]}"
+    f"{_ROLLUP[0]}VALUES (%(sid)s, %(day)s, '{ROLLUP_NO_MODEL}', %(n)s, "
+    f"{ROLLUP_MESSAGES_ZEROS}){_ROLLUP[1]}"
 )
 
 

@@ -26,6 +26,7 @@ from sessionrepo.dialects.base import (
     DirectResult,
     lock_bypassed,
 )
+from sessionrepo.dialects.postgresql.tenancy import TENANT_COLUMN
 from sessionrepo.models.outbox_protocol import parked_rows_sql
 from sessionrepo.models.tables import (
     ACTIVITY_GRANULARITY,
@@ -33,7 +34,12 @@ from sessionrepo.models.tables import (
     messages_table,
     sessions_table,
 )
-from sessionrepo.models.usage import ROLLUP_MESSAGES, ROLLUP_MESSAGES_ZEROS, ROLLUP_NO_MODEL
+from sessionrepo.models.usage import (
+    ROLLUP_KEY,
+    ROLLUP_MESSAGES_ZEROS,
+    ROLLUP_NO_MODEL,
+    rollup_messages,
+)
 
 
 def _array_type(column: Column[Any]) -> str:
@@ -91,16 +97,20 @@ def _pg_fresh(first_seq: str, held_back: str = "") -> str:
 )"""
 
 
+#: The rollup's upsert, its key with the row's tenant (see ``tenancy``).
+_ROLLUP = rollup_messages((*ROLLUP_KEY, TENANT_COLUMN))
+
+
 def _pg_rollup(inserted: str) -> str:
     """The ``rolled`` CTE: the inserted rows (``fresh`` joined to ``inserted`` on
     ``inserted``, a column both have) added to the session's rollup per UTC day."""
     return f"""rolled AS (
-    {ROLLUP_MESSAGES[0]}
+    {_ROLLUP[0]}
     SELECT %(sid)s, to_char(timezone('UTC', f."timestamp"), 'YYYY-MM-DD'),
         '{ROLLUP_NO_MODEL}', count(*), {ROLLUP_MESSAGES_ZEROS}
     FROM fresh f JOIN inserted USING ({inserted})
     GROUP BY 2
-    {ROLLUP_MESSAGES[1]}
+    {_ROLLUP[1]}
 )"""
 
 

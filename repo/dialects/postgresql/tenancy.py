@@ -47,6 +47,7 @@ TENANT_TABLES: Final = frozenset(
         "retention_policies",
         "semantic_index_state",
         "pending_outbox",
+        "usage_rollup",
     }
 )
 TENANT_COLUMN: Final = "tenant"

@@ -41,7 +41,7 @@ from sessionrepo.models.tables import (
     messages_table,
     sessions_table,
 )
-from sessionrepo.models.usage import ROLLUP_MESSAGES, ROLLUP_MESSAGES_ZEROS, ROLLUP_NO_MODEL
+from sessionrepo.models.usage import ROLLUP_MESSAGES_ZEROS, ROLLUP_NO_MODEL, rollup_messages
 
 
 class SQLiteAppend(AppendRole):
@@ -134,9 +134,9 @@ _pick_columns = itemgetter(*MESSAGE_COLUMNS)
 #: Where the stored time is in an insert's values (after the place).
 _TIMESTAMP: Final = len(MESSAGE_PLACE) + MESSAGE_COLUMNS.index("timestamp")
 #: The new messages of one UTC day added to the session's rollup.
+_ROLLUP = rollup_messages()
 _SQLITE_ROLLUP = (
-    f"{ROLLUP_MESSAGES[0]}VALUES (?, ?, '{ROLLUP_NO_MODEL}', ?, {ROLLUP_MESSAGES_ZEROS})"
-    f"{ROLLUP_MESSAGES[1]}"
+    f"{_ROLLUP[0]}VALUES (?, ?, '{ROLLUP_NO_MODEL}', ?, {ROLLUP_MESSAGES_ZEROS}){_ROLLUP[1]}"
 )
 
 
