@@ -13,7 +13,7 @@ import psycopg
 import pytest
 from sqlalchemy.engine import make_url
 
-from sessionrepo import NotFound, open_repository
+from sessionrepo import NotFound, TenantMismatch, open_repository
 from sessionrepo.dialects.postgresql.tenancy import TENANT_TABLES
 from sessionrepo.models.privacy import RetentionPolicy
 from sessionrepo.models.usage import Usage
@@ -229,6 +229,25 @@ def test_search_as_one_tenant_never_returns_the_others_messages(store: Store) ->
         assert {h.session_id for h in hits} <= {"discord:123", "own:apple"}
         # The shared id's hit is A's message, not B's.
         assert all("banana" not in (h.snippet or "") for h in a.search("shared"))
+
+
+def test_a_tenants_reindex_rebuilds_its_own_entries_and_leaves_the_others(store: Store) -> None:
+    """``reindex`` as a tenant: its entries rebuilt (the policies hold the rebuild to
+    them), the other tenant's untouched; as a role that sees every tenant, refused
+    before anything is changed (its rebuild would write the entries as its own)."""
+    _fill(store.a, "apple")
+    _fill(store.b, "banana")
+    with open_repository(store.a, embedder=False) as a:
+        assert a.reindex() == 2  # its two live messages (the erased session has none)
+    with open_repository(store.b, embedder=False) as b:
+        assert {h.session_id for h in b.search("banana")} == {"discord:123", "own:banana"}
+    with open_repository(store.a, embedder=False) as a:
+        assert {h.session_id for h in a.search("apple")} == {"discord:123", "own:apple"}
+    with open_repository(store.admin, embedder=False) as admin:
+        with pytest.raises(TenantMismatch, match="as each tenant"):
+            admin.reindex()
+    with open_repository(store.b, embedder=False) as b:
+        assert len(b.search("banana")) == 2
 
 
 def test_doctor_fails_a_gateway_connected_as_a_superuser(store: Store) -> None:

@@ -10,6 +10,7 @@ from sqlalchemy import Connection, Row, text
 
 from sessionrepo.dialects.base import IndexEntry, SearchOrder, SearchRole
 from sessionrepo.dialects.hits import bind_times, page_of_hits, run_search
+from sessionrepo.errors import TenantMismatch
 from sessionrepo.search.query import Query, SearchFilters
 
 #: The search index (the migrations made it so; a test checks they agree). The indexes
@@ -21,13 +22,24 @@ _SEARCH_TABLE_DDL = (
     " ts TIMESTAMP WITH TIME ZONE NOT NULL,"
     " role VARCHAR(16) NOT NULL,"
     " document TSVECTOR NOT NULL,"
-    " CONSTRAINT pk_message_search PRIMARY KEY (session_id, seq))"
+    " tenant VARCHAR(63) DEFAULT CURRENT_USER NOT NULL,"
+    " CONSTRAINT pk_message_search PRIMARY KEY (session_id, seq, tenant))"
+)
+#: Whether the policies hold this connection (a tenant's role), so that it sees its own rows.
+_POLICIES_HOLD = "SELECT row_security_active('message_search')"
+#: Whether a message is stored of a tenant other than the connecting role.
+_OTHER_TENANTS_MESSAGES = (
+    "SELECT EXISTS (SELECT 1 FROM messages WHERE tenant <> CAST(current_user AS text))"
 )
 _SEARCH_INDEX_DDL = (
     "CREATE INDEX ix_message_search_ts ON message_search (ts)",
     "CREATE INDEX ix_message_search_session_ts ON message_search (session_id, ts)",
     "CREATE INDEX ix_message_search_document ON message_search USING gin (document)",
 )
+
+
+def _one_tenant_seen(connection: Connection) -> bool:
+    return bool(connection.exec_driver_sql(_POLICIES_HOLD).scalar())
 
 
 class PostgresSearch(SearchRole):
@@ -96,12 +108,30 @@ class PostgresSearch(SearchRole):
         # the rebuild then empties a backlog nobody holds, and no catch-up can be
         # waiting for message_search while this transaction waits for its rows.
         connection.exec_driver_sql("LOCK TABLE search_backlog IN EXCLUSIVE MODE")
+        if _one_tenant_seen(connection):
+            # A tenant's role (the policies hold it): it rebuilds its own entries, which
+            # are all it sees and all the rebuild writes (another tenant's stay).
+            connection.exec_driver_sql("DELETE FROM message_search")
+            return
+        # Every row is this role's to rebuild (a store of one tenant, rebuilt by it or by
+        # the schema owner or an administrator): the rows the rebuild writes get the
+        # connecting role as their tenant, so a role the policies do not hold may not
+        # rebuild other tenants' entries.
+        if connection.exec_driver_sql(_OTHER_TENANTS_MESSAGES).scalar():
+            raise TenantMismatch(
+                "this store holds several tenants' messages: rebuild the search index as "
+                "each tenant (its URL from `sessionrepo tenants create`), each rebuild "
+                "its own entries"
+            )
         connection.exec_driver_sql("TRUNCATE message_search")
         connection.exec_driver_sql("DROP INDEX IF EXISTS ix_message_search_document")
         connection.exec_driver_sql("DROP INDEX IF EXISTS ix_message_search_ts")
         connection.exec_driver_sql("DROP INDEX IF EXISTS ix_message_search_session_ts")
 
     def finish_search_index(self, connection: Connection) -> None:
+        if _one_tenant_seen(connection):
+            connection.exec_driver_sql("ANALYZE message_search")
+            return  # the indexes stayed (a tenant rebuilds its own rows only)
         connection.exec_driver_sql("SET LOCAL maintenance_work_mem = '256MB'")
         for statement in _SEARCH_INDEX_DDL:
             connection.exec_driver_sql(statement)
