@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import re
 import traceback
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -32,6 +33,7 @@ from sessionrepo import (
 )
 from sessionrepo.cli import main
 from sessionrepo.dialects import normalize_url, safe_url
+from sessionrepo.ops.tenants import create_tenant, drop_tenant
 from sessionrepo.store.database import Database
 
 from support.cli_tree import LEAVES, command_at
@@ -101,9 +103,20 @@ def _arguments(path: tuple[str, ...], files: Path, out: Path, n: int) -> list[st
         ("insights",): [],
         ("backup",): [str(out / f"backup-{n}.backup")],
         ("restore-backup",): [str(files / "store.backup")],
+        ("tenants", "create"): [_tenant(path, n), "--url-file", str(out / f"tenant-{n}.url")],
+        ("tenants", "list"): [],
+        ("tenants", "drop"): [_tenant(path, n)],
     }
     assert path in arguments, f"new command {' '.join(path)}: give it arguments here"
     return arguments[path]
+
+
+#: The roles ``tenants create`` and ``drop`` are run on (made and dropped by the test).
+_TAG = uuid.uuid4().hex[:8]
+
+
+def _tenant(path: tuple[str, ...], n: int) -> str:
+    return f"secrets_{_TAG}_{path[-1]}_{n}"
 
 
 def _store(url: str, files: Path) -> None:
@@ -204,7 +217,11 @@ def test_no_command_shows_the_password(
             args += [*outbox, secret_url]
         if path == ("prune",):
             args.append("--yes")
+        if path == ("tenants", "drop"):
+            create_tenant(url, _tenant(path, n))
         result = _invoke(args)
+        if path == ("tenants", "create") and result.exit_code == 0:
+            drop_tenant(url, _tenant(path, n))
         # 3: hermes notes; 1 for restore-backup: a session another test changed in the
         # shared store since the backup (a mismatch, listed) is a finding, not an error.
         allowed = (0, 1, 3) if path == ("restore-backup",) else (0, 3)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import click
 
-from sessionrepo.cli._common import Group, count, printable, when
+from sessionrepo.cli._common import Group, count, printable, rfc3339, when
 from sessionrepo.dialects import safe_url
 from sessionrepo.ops.tenants import create_tenant, drop_tenant, list_tenants
 
@@ -25,8 +25,8 @@ def tenants() -> None:
 
     \b
     Example:
-        sessionrepo --url postgresql://admin@db/chat tenants create discord --url-file discord.url
-        sessionrepo --url postgresql://admin@db/chat tenants list
+        sessionrepo tenants create discord --url-file discord.url
+        sessionrepo tenants list
     """
 
 
@@ -44,13 +44,21 @@ def tenants() -> None:
     is_flag=True,
     help="The operator's role instead: sees every tenant (BYPASSRLS), may act as each.",
 )
+@click.option("--json", "as_json", is_flag=True, help="The new role as one JSON object.")
 @click.pass_obj
-def create(url: str | None, name: str, url_file: Path | None, operator: bool) -> None:
+def create(
+    url: str | None, name: str, url_file: Path | None, operator: bool, as_json: bool
+) -> None:
     """Make the login role NAME for one gateway (a tenant) and print its URL.
 
     The role has only what a gateway needs: its own rows of the conversation tables,
     reading the store-wide ones; no DDL, no TRUNCATE, no BYPASSRLS, owner of nothing.
     The password is never printed: it is in --url-file only.
+
+    \b
+    Example:
+        sessionrepo tenants create discord --url-file /etc/gateway/discord.url
+        sessionrepo tenants create ops --operator --url-file /etc/sessionrepo/ops.url
     """
     if url_file is not None and url_file.exists():
         raise click.ClickException(f"{url_file} exists already: choose a new file")
@@ -60,6 +68,15 @@ def create(url: str | None, name: str, url_file: Path | None, operator: bool) ->
         with os.fdopen(descriptor, "w") as out:
             out.write(created.url.render_as_string(hide_password=False) + "\n")
     kind = "operator" if operator else "tenant"
+    if as_json:
+        record = {
+            "tenant": created.name,
+            "kind": kind,
+            "url": safe_url(created.url),
+            "url_file": None if url_file is None else str(url_file),
+        }
+        click.echo(json.dumps(record))
+        return
     click.echo(f"{kind} {created.name}: {safe_url(created.url)}")
     if url_file is not None:
         click.echo(f"its URL, with the password, is in {url_file} (mode 0600)")
@@ -70,10 +87,15 @@ def create(url: str | None, name: str, url_file: Path | None, operator: bool) ->
 @click.pass_obj
 def list_(url: str | None, as_json: bool) -> None:
     """The store's tenants and how many sessions each holds (on PostgreSQL, as the
-    operator or an administrator; a tenant's role sees itself)."""
+    operator or an administrator; a tenant's role sees itself).
+
+    \b
+    Example:
+        sessionrepo tenants list --json
+    """
     for tenant in list_tenants(url):
         if as_json:
-            created = None if tenant.created_at is None else tenant.created_at.isoformat()
+            created = None if tenant.created_at is None else rfc3339(tenant.created_at)
             record = {"tenant": tenant.name, "created_at": created, "sessions": tenant.sessions}
             click.echo(json.dumps(record))
         else:
@@ -88,11 +110,20 @@ def list_(url: str | None, as_json: bool) -> None:
     is_flag=True,
     help="Delete every row of the tenant first (else a tenant holding sessions is kept).",
 )
+@click.option("--json", "as_json", is_flag=True, help="What was dropped as one JSON object.")
 @click.pass_obj
-def drop(url: str | None, name: str, delete_data: bool) -> None:
+def drop(url: str | None, name: str, delete_data: bool, as_json: bool) -> None:
     """Drop the tenant role NAME (with --delete-data, all its conversations first, in
-    the same transaction)."""
+    the same transaction).
+
+    \b
+    Example:
+        sessionrepo tenants drop discord --delete-data
+    """
     sessions = drop_tenant(url, name, delete_data=delete_data)
+    if as_json:
+        click.echo(json.dumps({"tenant": name, "sessions_deleted": sessions}))
+        return
     click.echo(
         f"dropped tenant {name}" + (f" and {count(sessions, 'session')}" if sessions else "")
     )

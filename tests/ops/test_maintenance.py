@@ -503,6 +503,9 @@ def _healthy_postgres() -> dict[str, str]:
         "TimeZone": "UTC",
         "default_transaction_read_only": "off",
         "in_recovery": "False",
+        "role": "gateway",
+        "role_bypass": "",
+        "tenants": "0",
     }
 
 
@@ -510,6 +513,8 @@ def _healthy_postgres() -> dict[str, str]:
     ("setting", "value", "status"),
     [
         (None, None, "ok"),
+        ("role_bypass", "superuser", "ok"),  # no tenant roles: one gateway's store
+        ("tenants", "2", "ok"),  # a tenant's role, held to the policies
         ("synchronous_commit", "off", "fail"),
         ("synchronous_commit", "local", "ok"),
         ("fsync", "off", "fail"),
@@ -531,6 +536,16 @@ def test_judge_postgres(setting: str | None, value: str | None, status: str) -> 
     worst = {c.status for c in checks} - {"ok"}
     assert worst == ({status} if status != "ok" else set())
     assert all(c.fix for c in checks if c.status != "ok")
+
+
+def test_judge_postgres_fails_a_role_that_bypasses_the_policies_of_a_store_with_tenants() -> None:
+    settings = {**_healthy_postgres(), "role_bypass": "superuser", "tenants": "2"}
+
+    [tenancy] = [c for c in PostgresDialect().judge_settings(settings) if c.name == "tenancy"]
+
+    assert tenancy.status == "fail"
+    assert "2 tenant roles" in tenancy.detail
+    assert tenancy.fix
 
 
 @pytest.mark.parametrize(

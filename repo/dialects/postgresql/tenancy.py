@@ -117,15 +117,12 @@ def role_rights(connection: Connection) -> RoleRights:
 
 
 def tenant_count(connection: Connection) -> int:
-    """The tenant roles ``sessionrepo tenants create`` made: members of the gateway role
-    (0 on a server where it does not exist)."""
-    return int(
-        connection.exec_driver_sql(
-            "SELECT count(*) FROM pg_auth_members m JOIN pg_roles g ON g.oid = m.roleid "
-            "WHERE g.rolname = %(g)s",
-            {"g": GATEWAY_ROLE},
-        ).scalar_one()
-    )
+    """The store's tenants (rows of its ``tenants`` table, which ``sessionrepo tenants
+    create`` writes): the roles of a server are shared by its databases, a store's
+    tenants are its own. As a role the policies hold, the tenant itself (or none)."""
+    if connection.exec_driver_sql("SELECT to_regclass('tenants')").scalar() is None:
+        return 0  # not migrated yet (doctor says so in a check of its own)
+    return int(connection.exec_driver_sql("SELECT count(*) FROM tenants").scalar_one())
 
 
 def check_tenant_name(name: str) -> str:
