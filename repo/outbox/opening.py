@@ -21,14 +21,13 @@ refused, saying why, when it is not.
 from __future__ import annotations
 
 import errno
-import getpass
 import os
 from pathlib import Path
 from typing import Any, Final
 
 from sqlalchemy.engine import URL
 
-from sessionrepo.dialects import TENANT_NAME, database_file, normalize_url, safe_url
+from sessionrepo.dialects import database_file, normalize_url, safe_url
 from sessionrepo.errors import (
     ArgumentTypeError,
     BackendUnavailable,
@@ -87,7 +86,7 @@ def open_outbox_database(
 
     A file read ``immutable`` shows so in its ``display_url`` (the URI it was opened by).
 
-    ``tenant``: the tenant whose messages the file parks (:func:`outbox_tenant`); a file
+    ``tenant``: the tenant whose messages the file parks (the writer's ``tenant=``); a file
     holds one tenant's, as a SQLite store does (:mod:`sessionrepo.store.tenancy`), and
     another tenant's writer is refused with
     :class:`~sessionrepo.errors.TenantMismatch`.
@@ -117,18 +116,6 @@ def open_outbox_database(
             raise
         raise _explained(exc, path, read_only=read_only) from exc
     return database
-
-
-def outbox_tenant(primary: Database) -> str | None:
-    """The tenant a writer on ``primary`` parks for: the one it was opened for, else on
-    PostgreSQL the role it logs in as (known without a connection: an outbox is for
-    when there is none); ``None`` (the file's, whichever) where neither names one."""
-    if primary.tenant is not None:
-        return primary.tenant
-    if not primary.dialect.capabilities.tenant_roles:
-        return None
-    role = primary.url.username or os.environ.get("PGUSER") or getpass.getuser()
-    return role if TENANT_NAME.match(role) else None
 
 
 def reading_database(url: str | URL) -> Database:

@@ -37,7 +37,7 @@ from sessionrepo.outbox.attempt import Attempt, WritePath
 from sessionrepo.outbox.deadline import Calls
 from sessionrepo.outbox.drain import Drainer
 from sessionrepo.outbox.edits import apply_edit, edit_message
-from sessionrepo.outbox.opening import open_outbox_database, outbox_tenant
+from sessionrepo.outbox.opening import open_outbox_database
 from sessionrepo.outbox.outage import LOGGERS, Outage
 from sessionrepo.outbox.table import Outbox, drainer_id
 from sessionrepo.store import bridge as _aio
@@ -155,7 +155,9 @@ class TranscriptWriter(ResilientWriter):
                 )
         self._repository = repository
         url = outbox_url or os.environ.get("SESSIONREPO_OUTBOX_URL") or None
-        tenant = outbox_tenant(repository.database)
+        # A repository opened for a tenant binds its outbox to it; one opened without
+        # (a store of one gateway, or a role's URL alone) leaves the file unbound.
+        tenant = repository.database.tenant
         if url is None:
             # Its own pool: writes stuck on the primary's pool must not block parking.
             # As the same tenant: on PostgreSQL, parked rows are the tenant's rows.

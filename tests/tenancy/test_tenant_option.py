@@ -126,11 +126,12 @@ def test_an_outbox_file_is_drained_only_into_its_own_tenant(
 ) -> None:
     _, a, b, _ = pg_store
     outbox = tmp_path / "outbox.db"
-    repo = open_repository(a)
+    # Bound by the tenant the repository was opened for (a URL alone binds nothing).
+    repo = open_repository(a, tenant=_role(a))
     writer = TranscriptWriter(repo, outbox_url=str(outbox))
     writer.close()
     repo.close()
-    other = open_repository(b)
+    other = open_repository(b, tenant=_role(b))
     try:
         with pytest.raises(TenantMismatch, match=_role(a)):
             TranscriptWriter(other, outbox_url=str(outbox))
