@@ -86,12 +86,12 @@ def create_tenant(
             if operator:
                 # A member of every tenant role: it may act as one (SET ROLE). Its own
                 # rights are granted to it directly (a store may have no tenant yet).
-                for tenant in _members(conn, GATEWAY_ROLE):
+                for tenant in _store_tenants(conn):
                     conn.exec_driver_sql(f"GRANT {tenant} TO {name}")
                 for statement in grant_statements(_tables(conn), schema, grantee=name):
                     conn.exec_driver_sql(statement)
             else:
-                for member in _members(conn, OPERATOR_ROLE):
+                for member in _store_operators(conn):
                     conn.exec_driver_sql(f"GRANT {name} TO {member}")
                 conn.execute(
                     tenants_table.insert().values(
@@ -212,6 +212,25 @@ def _tables(conn: Connection) -> list[str]:
             "SELECT tablename FROM pg_tables WHERE schemaname = current_schema() ORDER BY 1"
         ).scalars()
     )
+
+
+# A server's roles are shared by its databases: an operator acts for this store's tenants
+# only (the rows of its `tenants` table), and a new tenant is given to this store's
+# operators only (those granted its tables), never to another store's.
+
+
+def _store_tenants(conn: Connection) -> list[str]:
+    return list(conn.exec_driver_sql("SELECT tenant FROM tenants ORDER BY 1").scalars())
+
+
+def _store_operators(conn: Connection) -> list[str]:
+    return [
+        member
+        for member in _members(conn, OPERATOR_ROLE)
+        if conn.exec_driver_sql(
+            "SELECT has_table_privilege(%(r)s, 'tenants', 'SELECT')", {"r": member}
+        ).scalar()
+    ]
 
 
 def _members(conn: Connection, group: str) -> list[str]:

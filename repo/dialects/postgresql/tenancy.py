@@ -160,12 +160,18 @@ def grant_statements(tables: Sequence[str], schema: str, grantee: str = GATEWAY_
 
 def regrant(connection: Connection) -> None:
     """After a migration: the gateway role's (and each operator's) privileges on every
-    table, the new ones too. Nothing where no tenant role was ever made."""
+    table, the new ones too. Only for the roles this store's ``tenants create`` granted
+    (they can read its ``tenants`` table): a server's roles are shared by its databases,
+    and a role made for another store gets nothing here. Nothing where none was made."""
+    if connection.exec_driver_sql("SELECT to_regclass('tenants')").scalar() is None:
+        return  # before revision 0018 (a downgrade): no tenant roles to keep
     roles = list(
         connection.exec_driver_sql(
+            "SELECT rolname FROM ("
             "SELECT rolname FROM pg_roles WHERE rolname = %(g)s UNION ALL "
             "SELECT r.rolname FROM pg_auth_members m JOIN pg_roles g ON g.oid = m.roleid "
-            "JOIN pg_roles r ON r.oid = m.member WHERE g.rolname = %(o)s",
+            "JOIN pg_roles r ON r.oid = m.member WHERE g.rolname = %(o)s"
+            ") granted WHERE has_table_privilege(rolname, 'tenants', 'SELECT')",
             {"g": GATEWAY_ROLE, "o": OPERATOR_ROLE},
         ).scalars()
     )
