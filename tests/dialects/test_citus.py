@@ -62,6 +62,8 @@ EXPECTED = {
     # Migration 0013 (search by meaning).
     "message_embeddings": "session_id",
     "semantic_index_state": None,
+    # Migration 0017 (the usage report's rollup).
+    "usage_rollup": "session_id",
     # Migration 0018 (tenants).
     "tenants": None,
 }
@@ -156,9 +158,13 @@ def test_later_ddl_reaches_the_distributed_tables(citus_url: str) -> None:
             conn.execute(text("CREATE INDEX ix_messages_edited ON messages (edited_at)"))
             conn.execute(
                 text(
-                    "CREATE TABLE message_edits (session_id VARCHAR(255) NOT NULL "
-                    "REFERENCES sessions (id) ON DELETE CASCADE, "
-                    "seq BIGINT NOT NULL, note TEXT, PRIMARY KEY (session_id, seq))"
+                    # A tenant's data: its tenant column and keys as 0018 made them.
+                    "CREATE TABLE message_edits (session_id VARCHAR(255) NOT NULL, "
+                    "seq BIGINT NOT NULL, note TEXT, "
+                    "tenant VARCHAR(63) NOT NULL DEFAULT current_user, "
+                    "PRIMARY KEY (session_id, seq, tenant), "
+                    "FOREIGN KEY (session_id, tenant) REFERENCES sessions (id, tenant) "
+                    "ON DELETE CASCADE)"
                 )
             )
             return distribute_schema(conn, also=["message_edits"])
@@ -174,7 +180,7 @@ def test_later_ddl_reaches_the_distributed_tables(citus_url: str) -> None:
             lambda conn: conn.execute(text("INSERT INTO message_edits VALUES ('s', 1, 'n')"))
         )
     finally:
-        database.write(lambda conn: conn.execute(text("DROP TABLE message_edits")))
+        database.write(lambda conn: conn.execute(text("DROP TABLE IF EXISTS message_edits")))
         database.write(lambda conn: conn.execute(text("DROP INDEX ix_messages_edited")))
         database.write(
             lambda conn: conn.execute(text("ALTER TABLE messages DROP COLUMN edited_at"))
