@@ -41,6 +41,7 @@ from sessionrepo.models import SearchHit, Session, SessionSummary, StoredMessage
 from sessionrepo.models.outbox import OutboxStatus
 from sessionrepo.ops import DoctorReport, Selection, export_sessions, run_doctor
 from sessionrepo.outbox.table import Outbox
+from sessionrepo.search.embedders import Embedder
 from sessionrepo.search.query import parse_query
 from sessionrepo.store.repository import SessionRepository
 from sessionrepo.web import views
@@ -204,13 +205,14 @@ class Console:
         outbox: Outbox,
         outbox_url: str | None,
         guard: Guard,
+        embedder: Embedder | bool | None = None,
     ) -> None:
         self.repository = repository
         self.url = url
         self.outbox = outbox
         self.outbox_url = outbox_url
         self.guard = guard
-        self.tenants = Tenants(repository)
+        self.tenants = Tenants(repository, embedder)
         self.reindexing = BackgroundReindex(repository)
         self.templates = jinja2.Environment(
             loader=jinja2.FileSystemLoader(_HERE / "templates"),
@@ -315,6 +317,7 @@ def create_app(
     allow_writes: bool = False,
     metrics: bool = False,
     session_lifetime: float = SESSION_LIFETIME,
+    embedder: Embedder | bool | None = None,
 ) -> FastAPI:
     """The console over ``repository`` (served by ``sessionrepo serve``).
 
@@ -328,6 +331,10 @@ def create_app(
             prometheus-client's global registry unless one was enabled before) and export
             them, with this store's and outbox's gauges, at ``/metrics``.
         session_lifetime: seconds a sign-in lasts (with ``token``).
+        embedder: what the tenants' repositories of an operator's console embed semantic
+            searches with (see :mod:`sessionrepo.web.tenants`): ``None`` (the default:
+            one default embedder, the ``semantic`` extra's, shared by them all),
+            ``False`` (none), or an :class:`~sessionrepo.search.embedders.Embedder`.
     """
     console = Console(
         repository,
@@ -335,6 +342,7 @@ def create_app(
         outbox=outbox if outbox is not None else Outbox.of(repository),
         outbox_url=outbox_url,
         guard=Guard(token=token, allow_writes=allow_writes, session_lifetime=session_lifetime),
+        embedder=embedder,
     )
     watching: list[observability.Watch] = []
 

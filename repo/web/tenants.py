@@ -27,6 +27,7 @@ from sessionrepo.dialects.postgresql.tenancy import role_rights, tenant_count
 from sessionrepo.errors import NotFound, RepoError
 from sessionrepo.observability.tenants import tenant_of
 from sessionrepo.ops.tenants import TenantInfo, list_tenants
+from sessionrepo.search.embedders import Embedder, default_embedder
 from sessionrepo.store.repository import SessionRepository, open_repository
 
 
@@ -48,8 +49,9 @@ class Tenants:
     """The console's tenants: whether it is the operator's, and one repository per tenant
     it has shown."""
 
-    def __init__(self, repository: SessionRepository) -> None:
+    def __init__(self, repository: SessionRepository, embedder: Embedder | bool | None) -> None:
         self.base = repository
+        self._embedder = embedder
         self._operator: bool | None = None
         self._opened: dict[str, SessionRepository] = {}
         self._lock = threading.Lock()
@@ -111,15 +113,13 @@ class Tenants:
             if opened is None:
                 if self._closed:
                     raise RepoError("the console is closing")
-                base = self.base
-                # As the console's own repository is, with its embedder (one model in
-                # memory, whatever the number of tenants shown: the repository has no
-                # public accessor for it, the store's semantic index holds it).
-                embedder = base._semantic.embedder
+                if self._embedder is None:
+                    # One for every tenant shown: one model in memory, not one per tenant.
+                    self._embedder = default_embedder() or False
                 opened = self._opened[tenant] = open_repository(
-                    base.database.url,
-                    read_only=base.database.read_only,
-                    embedder=embedder if embedder is not None else False,
+                    self.base.database.url,
+                    read_only=self.base.database.read_only,
+                    embedder=self._embedder,
                     tenant=tenant,
                 )
         return opened
