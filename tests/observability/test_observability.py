@@ -19,6 +19,7 @@ from sqlalchemy.engine import make_url
 from sessionrepo import (
     InvalidMessage,
     Message,
+    SessionRepository,
     SessionStore,
     TranscriptWriter,
     observability,
@@ -224,7 +225,7 @@ def test_off_by_default_and_after_disabling() -> None:
 
 
 def test_usage_is_labelled_by_the_tenant_of_the_ledger_it_went_into(
-    repo: SessionStore, registry: CollectorRegistry, tenant: str
+    repo: SessionRepository, registry: CollectorRegistry, tenant: str
 ) -> None:
     call = Usage(usage_id=uuid.uuid4(), model="m", input_tokens=7, reported_cost=0.5)
     repo.record_usage("s1", [call])

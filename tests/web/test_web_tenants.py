@@ -64,11 +64,11 @@ def store(postgres_server: PostgresServer) -> Iterator[Store]:
         with psycopg.connect(_conninfo(admin), autocommit=True) as conn:
             for role in roles:
                 if conn.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", [role]).fetchone():
-                    conn.execute(f"DROP OWNED BY {role}")  # type: ignore[arg-type]
+                    conn.execute(f"DROP OWNED BY {role}")
         postgres_server.drop(name)
         with psycopg.connect(_conninfo(postgres_server.url_for("postgres")), autocommit=True) as c:
             for role in roles:
-                c.execute(f"DROP ROLE IF EXISTS {role}")  # type: ignore[arg-type]
+                c.execute(f"DROP ROLE IF EXISTS {role}")
 
 
 def _csrf(page: str) -> str:
