@@ -12,6 +12,7 @@ from sessionrepo.errors import QueuedBehindOutbox
 from sessionrepo.models import AppendResult
 from sessionrepo.models.outbox import DrainReport, WriteResult
 from sessionrepo.observability.switches import Metrics, state
+from sessionrepo.observability.tenants import tenant_of
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -19,6 +20,14 @@ F = TypeVar("F", bound=Callable[..., Any])
 def _backend(target: Any) -> str:
     repository = getattr(target, "_repository", target)
     return str(getattr(repository, "backend", "unknown"))
+
+
+def _tenant(target: Any) -> str:
+    """The tenant of a repository, of a writer's repository, or of an appender's
+    database (its ``_db``: the appender is the store's own)."""
+    repository = getattr(target, "_repository", target)
+    database = getattr(repository, "database", None) or getattr(repository, "_db", None)
+    return tenant_of(database)
 
 
 def _span(operation: str, target: Any, session_id: str | None) -> Any:
@@ -148,14 +157,14 @@ def _record_append(
 ) -> None:
     if metrics is None:
         return
-    backend = _backend(target)
     if isinstance(error, QueuedBehindOutbox):
         return  # a writer's batch queued behind parked ones: the write's metrics count it
-    metrics.append_seconds.labels(backend).observe(elapsed)
+    backend, tenant = _backend(target), _tenant(target)
+    metrics.append_seconds.labels(backend, tenant).observe(elapsed)
     if error is not None:
-        metrics.append_errors.labels(backend, type(error).__name__).inc()
+        metrics.append_errors.labels(backend, type(error).__name__, tenant).inc()
         return
-    metrics.appends.labels(backend).inc()
+    metrics.appends.labels(backend, tenant).inc()
     for outcome, keys in (
         ("inserted", result.inserted),
         ("duplicate", result.duplicates),
@@ -163,30 +172,30 @@ def _record_append(
         ("erased", result.erased),
     ):
         if keys:
-            metrics.messages.labels(backend, outcome).inc(len(keys))
+            metrics.messages.labels(backend, outcome, tenant).inc(len(keys))
 
 
 def _record_load(
     metrics: Metrics | None, target: Any, result: Any, error: Any, elapsed: float
 ) -> None:
     if metrics is not None:
-        backend = _backend(target)
-        metrics.loads.labels(backend).inc()
-        metrics.load_seconds.labels(backend).observe(elapsed)
+        labels = (_backend(target), _tenant(target))
+        metrics.loads.labels(*labels).inc()
+        metrics.load_seconds.labels(*labels).observe(elapsed)
 
 
 def _record_search(
     metrics: Metrics | None, target: Any, result: Any, error: Any, elapsed: float
 ) -> None:
     if metrics is not None:
-        metrics.search_seconds.labels(_backend(target)).observe(elapsed)
+        metrics.search_seconds.labels(_backend(target), _tenant(target)).observe(elapsed)
 
 
 def _record_catch_up(
     metrics: Metrics | None, target: Any, result: Any, error: Any, elapsed: float
 ) -> None:
     if metrics is not None and isinstance(result, int) and result:
-        metrics.indexed.labels(_backend(target)).inc(result)
+        metrics.indexed.labels(_backend(target), _tenant(target)).inc(result)
 
 
 def _record_write(
@@ -195,10 +204,11 @@ def _record_write(
     if metrics is None:
         return
     status = "error" if error is not None else result.status
-    metrics.writes.labels(status).inc()
-    metrics.write_seconds.labels(status).observe(elapsed)
+    tenant = _tenant(target)
+    metrics.writes.labels(status, tenant).inc()
+    metrics.write_seconds.labels(status, tenant).observe(elapsed)
     if error is None and result.parked:
-        metrics.parked.inc(result.parked)
+        metrics.parked.labels(tenant).inc(result.parked)
 
 
 def _record_drain(
@@ -206,7 +216,8 @@ def _record_drain(
 ) -> None:
     if metrics is None or error is not None:
         return
-    metrics.drains.inc()
+    tenant = _tenant(target)
+    metrics.drains.labels(tenant).inc()
     for name, amount in (
         ("replayed", result.replayed),
         ("duplicate", result.duplicates),
@@ -216,7 +227,7 @@ def _record_drain(
         ("dead", result.dead),
     ):
         if amount:
-            metrics.drained.labels(name).inc(amount)
+            metrics.drained.labels(name, tenant).inc(amount)
 
 
 #: ``Appender.append`` (every append: ``SessionRepository.append``, ``append_prepared``,
@@ -236,20 +247,21 @@ instrument_write: Final = _instrument("write", _first_session, _record_write)
 instrument_drain: Final = _instrument("drain", _keyword_session, _record_drain)
 
 
-def record_usage(records: Any) -> None:
-    """Count usage records the ledger inserted (``Usage`` objects), when metrics are on:
-    after the commit on the ledger's own paths; inside a caller's unit of work
-    (``SessionTransaction.record_usage``) at the insert, so a rollback after it counts
-    records that were not kept."""
+def record_usage(records: Any, database: Any = None) -> None:
+    """Count usage records the ledger inserted (``Usage`` objects) into ``database`` (the
+    ledger's: its tenant labels them), when metrics are on: after the commit on the
+    ledger's own paths; inside a caller's unit of work (``SessionTransaction.record_usage``)
+    at the insert, so a rollback after it counts records that were not kept."""
     metrics = state.metrics
-    if metrics is None:
+    if metrics is None or not records:
         return
+    tenant = tenant_of(database)
     for record in records:
         model = record.model or ""
-        metrics.usage_calls.labels(model).inc()
+        metrics.usage_calls.labels(model, tenant).inc()
         for kind in ("input", "output", "cache_read", "cache_write", "reasoning"):
             count = getattr(record, f"{kind}_tokens")
             if count:
-                metrics.usage_tokens.labels(model, kind).inc(count)
+                metrics.usage_tokens.labels(model, kind, tenant).inc(count)
         if record.reported_cost:
-            metrics.usage_cost.labels(model, record.currency).inc(record.reported_cost)
+            metrics.usage_cost.labels(model, record.currency, tenant).inc(record.reported_cost)

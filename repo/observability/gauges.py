@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Final, Protocol
+from typing import TYPE_CHECKING, Any, Final, Protocol
 
 from sessionrepo.errors import InvalidArgument
 from sessionrepo.models.outbox import OutboxStatus
 from sessionrepo.observability.switches import METRICS, metrics_registry
+from sessionrepo.observability.tenants import tenant_of
 
 if TYPE_CHECKING:  # pragma: no cover - the optional dependency's types
     from prometheus_client import CollectorRegistry
@@ -18,12 +19,18 @@ class _Outbox(Protocol):
     @property
     def display_url(self) -> str: ...
 
+    @property
+    def database(self) -> Any: ...
+
     def status(self, *, limit: int = 100) -> OutboxStatus: ...
 
 
 class _Store(Protocol):
     @property
     def display_url(self) -> str: ...
+
+    @property
+    def database(self) -> Any: ...
 
     def search_index_backlog(self) -> int: ...
 
@@ -47,39 +54,47 @@ class Watch:
         from prometheus_client.core import GaugeMetricFamily
 
         up = GaugeMetricFamily(
-            "sessionrepo_watch_up", _MEANING["sessionrepo_watch_up"], labels=["source", "at"]
+            "sessionrepo_watch_up",
+            _MEANING["sessionrepo_watch_up"],
+            labels=["source", "at", "tenant"],
         )
         if self.outbox is not None:
             where = self.outbox.display_url
+            # The gateway's tenant when its store is watched too: an outbox file opened
+            # for no tenant is unbound, yet what it parks is the gateway's.
+            tenant = tenant_of(
+                self.store.database if self.store is not None else self.outbox.database
+            )
             try:
                 status = self.outbox.status(limit=1)
             except Exception:  # a scrape must answer even while the database is down
-                up.add_metric(["outbox", where], 0.0)
+                up.add_metric(["outbox", where, tenant], 0.0)
             else:
-                up.add_metric(["outbox", where], 1.0)
+                up.add_metric(["outbox", where, tenant], 1.0)
                 for name, value in (
                     ("sessionrepo_outbox_pending", status.pending),
                     ("sessionrepo_outbox_dead", status.dead),
                     ("sessionrepo_outbox_oldest_pending_age_seconds", status.oldest_pending_age),
                 ):
-                    family = GaugeMetricFamily(name, _MEANING[name], labels=["outbox"])
-                    family.add_metric([where], float(value))
+                    family = GaugeMetricFamily(name, _MEANING[name], labels=["outbox", "tenant"])
+                    family.add_metric([where, tenant], float(value))
                     yield family
         if self.store is not None:
             where = self.store.display_url
+            tenant = tenant_of(self.store.database)
             try:
                 backlog = self.store.search_index_backlog()
                 state, _ = self.store.search_index_state()
             except Exception:
-                up.add_metric(["store", where], 0.0)
+                up.add_metric(["store", where, tenant], 0.0)
             else:
-                up.add_metric(["store", where], 1.0)
+                up.add_metric(["store", where, tenant], 1.0)
                 for name, value in (
                     ("sessionrepo_search_backlog", backlog),
                     ("sessionrepo_search_index_stale", int(state != "ok")),
                 ):
-                    family = GaugeMetricFamily(name, _MEANING[name], labels=["store"])
-                    family.add_metric([where], float(value))
+                    family = GaugeMetricFamily(name, _MEANING[name], labels=["store", "tenant"])
+                    family.add_metric([where, tenant], float(value))
                     yield family
         yield up
 

@@ -14,12 +14,13 @@ if TYPE_CHECKING:  # pragma: no cover - the optional dependencies' types
     from prometheus_client import CollectorRegistry
 
 #: Every metric: name, type, labels and meaning (the README's table is made from it).
+#: Every one carries ``tenant`` (see :mod:`sessionrepo.observability.tenants`).
 METRICS: Final = (
-    ("sessionrepo_appends_total", "counter", "backend", "Batches appended to the primary."),
+    ("sessionrepo_appends_total", "counter", "backend, tenant", "Batches appended to the primary."),
     (
         "sessionrepo_messages_total",
         "counter",
-        "backend, outcome",
+        "backend, outcome, tenant",
         "Messages of appended batches by outcome: inserted, duplicate (already stored, "
         "same content), conflict (key stored with other content), erased (key an erasure "
         "removed from the session: refused).",
@@ -27,99 +28,104 @@ METRICS: Final = (
     (
         "sessionrepo_append_seconds",
         "histogram",
-        "backend",
+        "backend, tenant",
         "Time of one append (one transaction), failed ones included.",
     ),
-    ("sessionrepo_append_errors_total", "counter", "backend, error", "Appends that raised."),
+    (
+        "sessionrepo_append_errors_total",
+        "counter",
+        "backend, error, tenant",
+        "Appends that raised.",
+    ),
     (
         "sessionrepo_writes_total",
         "counter",
-        "status",
+        "status, tenant",
         "TranscriptWriter.write calls: stored (in the primary), parked (in the outbox), "
         "error (raised; nothing acknowledged).",
     ),
     (
         "sessionrepo_write_seconds",
         "histogram",
-        "status",
+        "status, tenant",
         "Time of one write, parking included (bounded by the writer's deadline).",
     ),
     (
         "sessionrepo_messages_parked_total",
         "counter",
-        "",
+        "tenant",
         "Messages parked in the outbox by writes (a rising rate: the primary is failing).",
     ),
     (
         "sessionrepo_drained_messages_total",
         "counter",
-        "result",
+        "result, tenant",
         "Parked messages handled by drains: replayed, duplicate, conflict, erased, failed (kept "
         "for a retry), dead (set aside).",
     ),
-    ("sessionrepo_drains_total", "counter", "", "Drain runs."),
+    ("sessionrepo_drains_total", "counter", "tenant", "Drain runs."),
     (
         "sessionrepo_usage_calls_total",
         "counter",
-        "model",
+        "model, tenant",
         "Model calls recorded in the usage ledger (each once: a re-sent record is not counted).",
     ),
     (
         "sessionrepo_usage_tokens_total",
         "counter",
-        "model, kind",
+        "model, kind, tenant",
         "Tokens of the model calls recorded, by kind (input, output, cache_read, "
         "cache_write, reasoning).",
     ),
     (
         "sessionrepo_usage_reported_cost_total",
         "counter",
-        "model, currency",
+        "model, currency, tenant",
         "The cost the providers reported for the calls recorded (computed cost: insights).",
     ),
-    ("sessionrepo_loads_total", "counter", "backend", "Transcript loads."),
-    ("sessionrepo_load_seconds", "histogram", "backend", "Time of one transcript load."),
-    ("sessionrepo_search_seconds", "histogram", "backend", "Time of one search."),
+    ("sessionrepo_loads_total", "counter", "backend, tenant", "Transcript loads."),
+    ("sessionrepo_load_seconds", "histogram", "backend, tenant", "Time of one transcript load."),
+    ("sessionrepo_search_seconds", "histogram", "backend, tenant", "Time of one search."),
     (
         "sessionrepo_search_indexed_total",
         "counter",
-        "backend",
+        "backend, tenant",
         "Messages indexed by search catch-ups (its rate is the catch-up rate).",
     ),
     (
         "sessionrepo_outbox_pending",
         "gauge",
-        "outbox",
+        "outbox, tenant",
         "Messages waiting in the outbox (read at scrape time from each watched outbox).",
     ),
     (
         "sessionrepo_outbox_dead",
         "gauge",
-        "outbox",
+        "outbox, tenant",
         "Messages set aside as dead: an operator must look, then retry-dead.",
     ),
     (
         "sessionrepo_outbox_oldest_pending_age_seconds",
         "gauge",
-        "outbox",
+        "outbox, tenant",
         "Age of the oldest pending outbox row (0: none); growing: nothing drains.",
     ),
     (
         "sessionrepo_search_backlog",
         "gauge",
-        "store",
+        "store, tenant",
         "Appended messages waiting for the search catch-up.",
     ),
     (
         "sessionrepo_search_index_stale",
         "gauge",
-        "store",
+        "store, tenant",
         "1 when the search index is stale (search refuses until a reindex), else 0.",
     ),
     (
         "sessionrepo_watch_up",
         "gauge",
-        "source, at",
+        "source, at, tenant",
         "1 when this scrape read the watched outbox or store, 0 when it could not (its "
         "database is down: the other gauges of it are missing).",
     ),

@@ -177,7 +177,7 @@ class SessionTransaction:
                 connection, usage_writes(self._database.dialect), self._sid, records
             )
         inserted = set(recorded.inserted)
-        _observe.record_usage([r for r in records if r.usage_id in inserted])
+        _observe.record_usage([r for r in records if r.usage_id in inserted], self._database)
         return recorded
 
     def execute(

@@ -147,11 +147,11 @@ def insert_usage(
     )
 
 
-def _counted(records: Sequence[Usage], recorded: UsageResult) -> None:
-    """The metrics of the records ``recorded`` inserted (committed)."""
+def _counted(records: Sequence[Usage], recorded: UsageResult, database: Database) -> None:
+    """The metrics of the records ``recorded`` inserted (committed) into ``database``."""
     inserted = set(recorded.inserted)
     if inserted:
-        _observe.record_usage([r for r in records if r.usage_id in inserted])
+        _observe.record_usage([r for r in records if r.usage_id in inserted], database)
 
 
 class UsageLedger:
@@ -204,7 +204,7 @@ class UsageLedger:
                 tx.connection, sid, tx.next_seq, batch, on_conflict=on_conflict
             )
             recorded = insert_usage(tx.connection, self.writes, sid, batch.usage)
-        _counted(batch.usage, recorded)
+        _counted(batch.usage, recorded, database)
         return result
 
     def record(
@@ -213,7 +213,7 @@ class UsageLedger:
         """Usage without messages, in a unit of work of its own."""
         with self._transactions(self._db, session_id, new_session) as tx:
             recorded = insert_usage(tx.connection, self.writes, session_id, records)
-        _counted(records, recorded)
+        _counted(records, recorded, self._db)
         return recorded
 
     def list(self, session_id: str) -> list[Usage]:

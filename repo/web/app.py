@@ -41,16 +41,20 @@ from sessionrepo.models import SearchHit, Session, SessionSummary, StoredMessage
 from sessionrepo.models.outbox import OutboxStatus
 from sessionrepo.ops import DoctorReport, Selection, export_sessions, run_doctor
 from sessionrepo.outbox.table import Outbox
+from sessionrepo.search.embedders import Embedder
 from sessionrepo.search.query import parse_query
 from sessionrepo.store.repository import SessionRepository
 from sessionrepo.web import views
 from sessionrepo.web.reindex import BackgroundReindex, ReindexProgress
 from sessionrepo.web.security import COOKIE, SESSION_LIFETIME, Guard, local_path
+from sessionrepo.web.tenants import Scope, Tenants
 
 log = logging.getLogger("sessionrepo.web")
 
 _HERE: Final = Path(__file__).resolve().parent
 MAX_SEQ: Final = 2**63 - 1
+#: The pages that list (sessions, hits, totals, rows): the tenant picker keeps one as is.
+_LISTING_PAGES: Final = frozenset({"/", "/search", "/insights", "/health", "/audit"})
 #: What a write form's redirect says it did (a fixed text per key: nothing echoed).
 _DONE: Final = {
     "ended": "The session was ended.",
@@ -142,6 +146,14 @@ Text = Annotated[str | None, Query(max_length=1024)]
 Since = Annotated[
     str | None, Query(max_length=64, description="ISO date or time (UTC when no zone)")
 ]
+Tenant = Annotated[
+    str | None,
+    Query(
+        max_length=63,
+        description="the tenant whose conversations to read (a console that sees several: "
+        "the operator's); a console of one tenant takes none, or its own",
+    ),
+]
 
 
 def _optional(value: str | None) -> str | None:
@@ -193,12 +205,14 @@ class Console:
         outbox: Outbox,
         outbox_url: str | None,
         guard: Guard,
+        embedder: Embedder | bool | None = None,
     ) -> None:
         self.repository = repository
         self.url = url
         self.outbox = outbox
         self.outbox_url = outbox_url
         self.guard = guard
+        self.tenants = Tenants(repository, embedder)
         self.reindexing = BackgroundReindex(repository)
         self.templates = jinja2.Environment(
             loader=jinja2.FileSystemLoader(_HERE / "templates"),
@@ -207,6 +221,7 @@ class Console:
         )
         self.templates.filters["when"] = _when
         self.templates.filters["age"] = _age
+        self.templates.filters["tenanted"] = _tenanted
         self.templates.globals.update(
             allow_writes=guard.allow_writes,
             csrf_token=guard.csrf_token,
@@ -215,9 +230,50 @@ class Console:
             backend=repository.backend,
         )
 
-    def page(self, name: str, status: int = 200, **context: Any) -> HTMLResponse:
-        html = self.templates.get_template(name).render(**context)
+    def page(
+        self, name: str, status: int = 200, scope: Scope | None = None, **context: Any
+    ) -> HTMLResponse:
+        """``name`` rendered; with ``scope``, its tenant kept in the page's links and
+        forms (the ``tenanted`` filter, ``_tenant.html``) and its picker shown."""
+        html = self.templates.get_template(name).render(
+            tenant=None if scope is None else scope.tenant,
+            tenants=None if scope is None else scope.choices,
+            **context,
+        )
         return HTMLResponse(html, status)
+
+    def scope(self, tenant: str | None) -> Scope:
+        """What a request with ``tenant=`` reads (see :mod:`sessionrepo.web.tenants`)."""
+        return self.tenants.scope(_optional(tenant))
+
+    def read(self, tenant: str | None) -> tuple[SessionRepository, Scope]:
+        """The repository a JSON call or a form reads or writes, and its scope.
+
+        Raises:
+            InvalidArgument: the operator's console and no tenant named.
+        """
+        scope = self.scope(tenant)
+        if scope.repository is None:
+            raise InvalidArgument(
+                "tenant", "this console sees several tenants: name one (tenant=NAME)"
+            )
+        return scope.repository, scope
+
+    def choose(self, request: Request, scope: Scope) -> HTMLResponse:
+        """The operator's page before a tenant is chosen: the tenants, their session
+        counts, each a link to the page asked for, as that tenant."""
+        path = request.url.path
+        # A listing asked for is shown as the tenant, its filters kept; a session's page
+        # is not (its id is per tenant): the tenant's sessions instead.
+        kept = [] if path not in _LISTING_PAGES else request.query_params.multi_items()
+        target = path if path in _LISTING_PAGES else "/"
+
+        def link(name: str) -> str:
+            return (
+                target + "?" + urlencode([*(i for i in kept if i[0] != "tenant"), ("tenant", name)])
+            )
+
+        return self.page("tenants.html", scope=scope, listed=self.tenants.listed(), link=link)
 
     def health(self) -> Health:
         doctor = run_doctor(self.url, outbox_url=self.outbox_url)
@@ -245,9 +301,9 @@ class Console:
             reindex=self.reindexing.progress,
         )
 
-    def export(self, session_id: str) -> bytes:
+    def export(self, repository: SessionRepository, session_id: str) -> bytes:
         out = io.BytesIO()
-        export_sessions(self.repository, out, Selection(session_ids=(session_id,)))
+        export_sessions(repository, out, Selection(session_ids=(session_id,)))
         return out.getvalue()
 
 
@@ -261,6 +317,7 @@ def create_app(
     allow_writes: bool = False,
     metrics: bool = False,
     session_lifetime: float = SESSION_LIFETIME,
+    embedder: Embedder | bool | None = None,
 ) -> FastAPI:
     """The console over ``repository`` (served by ``sessionrepo serve``).
 
@@ -274,6 +331,10 @@ def create_app(
             prometheus-client's global registry unless one was enabled before) and export
             them, with this store's and outbox's gauges, at ``/metrics``.
         session_lifetime: seconds a sign-in lasts (with ``token``).
+        embedder: what the tenants' repositories of an operator's console embed semantic
+            searches with (see :mod:`sessionrepo.web.tenants`): ``None`` (the default:
+            one default embedder, the ``semantic`` extra's, shared by them all),
+            ``False`` (none), or an :class:`~sessionrepo.search.embedders.Embedder`.
     """
     console = Console(
         repository,
@@ -281,6 +342,7 @@ def create_app(
         outbox=outbox if outbox is not None else Outbox.of(repository),
         outbox_url=outbox_url,
         guard=Guard(token=token, allow_writes=allow_writes, session_lifetime=session_lifetime),
+        embedder=embedder,
     )
     watching: list[observability.Watch] = []
 
@@ -294,6 +356,7 @@ def create_app(
         finally:
             for watched in watching:
                 watched.close()
+            console.tenants.close()
 
     app = FastAPI(
         lifespan=lifespan,
@@ -366,11 +429,11 @@ def _error_handlers(app: FastAPI, console: Console) -> None:
 
 
 def _pages(app: FastAPI, console: Console) -> None:
-    repository = console.repository
-
     @app.get("/", include_in_schema=False)
     def sessions_page(
+        request: Request,
         *,
+        tenant: Tenant = None,
         source: Text = None,
         user: Text = None,
         status: Text = None,
@@ -383,8 +446,11 @@ def _pages(app: FastAPI, console: Console) -> None:
             "status": _optional(status),
             "since": _optional(since),
         }
+        scope = console.scope(tenant)
+        if scope.repository is None:
+            return console.choose(request, scope)
         page = views.listing_page(
-            repository,
+            scope.repository,
             source=filters["source"],
             user_id=filters["user"],
             status=_status(status),
@@ -397,6 +463,7 @@ def _pages(app: FastAPI, console: Console) -> None:
             next_link = "/?" + urlencode({**kept, "cursor": page.next_cursor})
         return console.page(
             "sessions.html",
+            scope=scope,
             page=page,
             filters=filters,
             paged=cursor is not None,
@@ -407,11 +474,21 @@ def _pages(app: FastAPI, console: Console) -> None:
 
     @app.get("/session", include_in_schema=False)
     def session_page(
-        id: SessionId, after: Seq = None, before: Seq = None, done: Text = None
+        request: Request,
+        *,
+        id: SessionId,
+        after: Seq = None,
+        before: Seq = None,
+        done: Text = None,
+        tenant: Tenant = None,
     ) -> Response:
-        page = views.transcript_page(repository, id, after=after, before=before)
+        scope = console.scope(tenant)
+        if scope.repository is None:
+            return console.choose(request, scope)
+        page = views.transcript_page(scope.repository, id, after=after, before=before)
         return console.page(
             "session.html",
+            scope=scope,
             page=page,
             done=_DONE.get(done or ""),
             link=lambda **args: "/session?" + urlencode({"id": id, **args}),
@@ -427,19 +504,22 @@ def _pages(app: FastAPI, console: Console) -> None:
         )
 
     @app.get("/session/export", include_in_schema=False)
-    def export_page(id: SessionId) -> Response:
-        return _export(console, id)
+    def export_page(id: SessionId, tenant: Tenant = None) -> Response:
+        return _export(console, console.read(tenant)[0], id)
 
-    def one_message(session_id: str, seq: int) -> StoredMessage:
+    def one_message(tenant: str | None, session_id: str, seq: int) -> StoredMessage:
+        repository, _ = console.read(tenant)
         found = repository.load_transcript(session_id, after_seq=seq - 1, limit=1)
         if not found or found[0].seq != seq:
             raise NotFound(f"no message #{seq} in session {session_id!r}")
         return found[0]
 
     @app.get("/session/message", include_in_schema=False)
-    def whole_message(id: SessionId, seq: Annotated[int, Query(ge=1, le=MAX_SEQ)]) -> Response:
+    def whole_message(
+        id: SessionId, seq: Annotated[int, Query(ge=1, le=MAX_SEQ)], tenant: Tenant = None
+    ) -> Response:
         """One message whole, as plain text: what the transcript page cut."""
-        text = views.whole_text(one_message(id, seq))
+        text = views.whole_text(one_message(tenant, id, seq))
         return Response(text, media_type="text/plain; charset=utf-8")
 
     @app.get("/session/image", include_in_schema=False)
@@ -447,9 +527,10 @@ def _pages(app: FastAPI, console: Console) -> None:
         id: SessionId,
         seq: Annotated[int, Query(ge=1, le=MAX_SEQ)],
         part: Annotated[int, Query(ge=0, le=100_000)],
+        tenant: Tenant = None,
     ) -> Response:
         """A message's raster image by itself (one too big to draw on the page)."""
-        found = views.image_data(one_message(id, seq).content, part)
+        found = views.image_data(one_message(tenant, id, seq).content, part)
         if found is None:
             raise NotFound(f"no raster image in part {part} of message #{seq}")
         media, data = found
@@ -457,7 +538,9 @@ def _pages(app: FastAPI, console: Console) -> None:
 
     @app.get("/search", include_in_schema=False)
     def search_page(
+        request: Request,
         *,
+        tenant: Tenant = None,
         q: Annotated[str | None, Query(max_length=1024)] = None,
         source: Text = None,
         role: Text = None,
@@ -480,11 +563,14 @@ def _pages(app: FastAPI, console: Console) -> None:
             "order": _order(order),
             "mode": mode if mode in ("semantic", "hybrid") else "keyword",
         }
+        scope = console.scope(tenant)
+        if scope.repository is None:
+            return console.choose(request, scope)
         results = None
         next_link = previous_link = None
         if q and parse_query(q).positive:
             results = views.search_page(
-                repository,
+                scope.repository,
                 q,
                 cursor=cursor,
                 order=fields["order"],  # type: ignore[arg-type]
@@ -503,6 +589,7 @@ def _pages(app: FastAPI, console: Console) -> None:
                 previous_link = "/search?" + urlencode({**kept, "cursor": results.previous_cursor})
         return console.page(
             "search.html",
+            scope=scope,
             fields=fields,
             asked=bool(q),
             results=results,
@@ -514,23 +601,44 @@ def _pages(app: FastAPI, console: Console) -> None:
         )
 
     @app.get("/insights", include_in_schema=False)
-    def insights_page(since: Since = None, until: Since = None) -> Response:
+    def insights_page(
+        request: Request, since: Since = None, until: Since = None, tenant: Tenant = None
+    ) -> Response:
+        scope = console.scope(tenant)
+        if scope.repository is None:
+            return console.choose(request, scope)
         bounds = {"since": _moment(since, "since"), "until": _moment(until, "until")}
         return console.page(
             "insights.html",
+            scope=scope,
             fields={"since": since or "", "until": until or ""},
-            **views.insights_page(repository, **bounds),
+            **views.insights_page(scope.repository, **bounds),
         )
 
     @app.get("/health", include_in_schema=False)
-    def health_page(done: Text = None) -> Response:
-        return console.page("health.html", health=console.health(), done=_DONE.get(done or ""))
+    def health_page(done: Text = None, tenant: Tenant = None) -> Response:
+        # The store's health, whoever asks (the doctor, the outbox, the one search
+        # index): the tenant is only kept in the page's links.
+        try:
+            scope = console.scope(tenant)
+        except BackendUnavailable:
+            scope = None  # the primary is down: the health page is what shows it
+        return console.page(
+            "health.html", scope=scope, health=console.health(), done=_DONE.get(done or "")
+        )
 
     @app.get("/audit", include_in_schema=False)
-    def audit_page(done: Text = None) -> Response:
-        entries = console.repository.privacy_audit(limit=200)
+    def audit_page(request: Request, done: Text = None, tenant: Tenant = None) -> Response:
+        scope = console.scope(tenant)
+        if scope.repository is None:
+            return console.choose(request, scope)
+        entries = scope.repository.privacy_audit(limit=200)
         return console.page(
-            "audit.html", entries=entries, done=_DONE.get(done or ""), visible=views.visible
+            "audit.html",
+            scope=scope,
+            entries=entries,
+            done=_DONE.get(done or ""),
+            visible=views.visible,
         )
 
     @app.get("/login", include_in_schema=False)
@@ -584,8 +692,8 @@ def answer_text(text: str, status: int) -> Response:
     return Response(text + "\n", status, media_type="text/plain")
 
 
-def _export(console: Console, session_id: str) -> Response:
-    body = console.export(session_id)
+def _export(console: Console, repository: SessionRepository, session_id: str) -> Response:
+    body = console.export(repository, session_id)
     name = "".join(c if c.isalnum() or c in "-_." else "_" for c in session_id)[:100]
     return Response(
         body,
@@ -595,8 +703,6 @@ def _export(console: Console, session_id: str) -> Response:
 
 
 def _api(app: FastAPI, console: Console) -> None:
-    repository = console.repository
-
     @app.get(
         "/api/sessions", response_model=None, responses={200: {"model": SessionList}, **_ERRORS}
     )
@@ -608,10 +714,11 @@ def _api(app: FastAPI, console: Console) -> None:
         since: Since = None,
         cursor: Text = None,
         limit: Annotated[int, Query(ge=1, le=1000)] = views.LISTING_PAGE,
+        tenant: Tenant = None,
     ) -> Response:
         """Sessions, newest activity first, a page at a time (keyset cursor)."""
         page = views.listing_page(
-            repository,
+            console.read(tenant)[0],
             source=source,
             user_id=user_id,
             status=status,
@@ -624,8 +731,9 @@ def _api(app: FastAPI, console: Console) -> None:
     @app.get(
         "/api/session", response_model=None, responses={200: {"model": SessionDetail}, **_ERRORS}
     )
-    def api_session(id: SessionId) -> Response:
+    def api_session(id: SessionId, tenant: Tenant = None) -> Response:
         """A session, its continuation chain (ancestors) and the chain's tip."""
+        repository, _ = console.read(tenant)
         session = repository.get_session(id)
         chain = [s.id for s in repository.session_chain(id)]
         tip = repository.resolve_tip(id).id
@@ -642,8 +750,10 @@ def _api(app: FastAPI, console: Console) -> None:
         after: Seq = None,
         before: Seq = None,
         limit: Annotated[int, Query(ge=1, le=1000)] = views.TRANSCRIPT_PAGE,
+        tenant: Tenant = None,
     ) -> Response:
         """A page of the transcript, in ``seq`` order (``after``: forward, ``before``: back)."""
+        repository, _ = console.read(tenant)
         if after is not None and before is not None:
             raise InvalidArgument("before", "give after or before, not both")
         if before is not None:
@@ -668,9 +778,9 @@ def _api(app: FastAPI, console: Console) -> None:
             **_ERRORS,
         },
     )
-    def api_export(id: SessionId) -> Response:
+    def api_export(id: SessionId, tenant: Tenant = None) -> Response:
         """The session in the ``sessionrepo export`` format (JSON Lines), as a download."""
-        return _export(console, id)
+        return _export(console, console.read(tenant)[0], id)
 
     @app.get(
         "/api/search", response_model=None, responses={200: {"model": SearchResults}, **_ERRORS}
@@ -687,10 +797,11 @@ def _api(app: FastAPI, console: Console) -> None:
         order: Annotated[Literal["rank", "newest"], Query()] = "rank",
         cursor: Annotated[int, Query(ge=0, le=1_000_000)] = 0,
         limit: Annotated[int, Query(ge=1, le=1000)] = views.SEARCH_PAGE,
+        tenant: Tenant = None,
     ) -> Response:
         """Messages matching ``q``: words, "phrases", ``prefix*``, ``-excluded``."""
         page = views.search_page(
-            repository,
+            console.read(tenant)[0],
             q,
             cursor=cursor,
             limit=limit,
@@ -711,8 +822,6 @@ def _api(app: FastAPI, console: Console) -> None:
 
 
 def _writes(app: FastAPI, console: Console) -> None:
-    repository = console.repository
-
     async def checked(
         request: Request, page_of: Callable[[dict[str, str]], str]
     ) -> dict[str, str] | Response:
@@ -730,34 +839,42 @@ def _writes(app: FastAPI, console: Console) -> None:
             return console.page("error.html", 403, message=problem, back=page_of(form))
         return form
 
+    def kept(form: dict[str, str]) -> str | None:
+        """The form's tenant when it names one of this store's (else none: never echoed)."""
+        try:
+            return console.scope(form.get("tenant")).tenant
+        except RepoError:
+            return None
+
     def session_of(form: dict[str, str]) -> str:
-        return "/session?" + urlencode({"id": form.get("id", "")})
+        return with_tenant("/session?" + urlencode({"id": form.get("id", "")}), kept(form))
 
     def health_of(form: dict[str, str]) -> str:
-        return "/health"
+        return with_tenant("/health", kept(form))
 
-    def back_to_session(session_id: str, done: str) -> Response:
-        return RedirectResponse("/session?" + urlencode({"id": session_id, "done": done}), 303)
+    def back_to_session(form: dict[str, str], done: str) -> Response:
+        target = "/session?" + urlencode({"id": form.get("id", ""), "done": done})
+        return RedirectResponse(with_tenant(target, kept(form)), 303)
 
     @app.post("/actions/end", include_in_schema=False)
     async def end(request: Request) -> Response:
         form = await checked(request, session_of)
         if isinstance(form, Response):
             return form
-        sid = form.get("id", "")
+        repository, _ = await run_in_threadpool(console.read, form.get("tenant"))
         ended = await run_in_threadpool(
-            repository.end_session, sid, form.get("reason") or "operator"
+            repository.end_session, form.get("id", ""), form.get("reason") or "operator"
         )
-        return back_to_session(sid, "ended" if ended else "not-ended")
+        return back_to_session(form, "ended" if ended else "not-ended")
 
     @app.post("/actions/reopen", include_in_schema=False)
     async def reopen(request: Request) -> Response:
         form = await checked(request, session_of)
         if isinstance(form, Response):
             return form
-        sid = form.get("id", "")
-        reopened = await run_in_threadpool(repository.reopen_session, sid)
-        return back_to_session(sid, "reopened" if reopened else "not-reopened")
+        repository, _ = await run_in_threadpool(console.read, form.get("tenant"))
+        reopened = await run_in_threadpool(repository.reopen_session, form.get("id", ""))
+        return back_to_session(form, "reopened" if reopened else "not-reopened")
 
     @app.post("/actions/erase", include_in_schema=False)
     async def erase(request: Request) -> Response:
@@ -771,10 +888,11 @@ def _writes(app: FastAPI, console: Console) -> None:
                 message="tick the box to confirm the erasure",
                 back=session_of(form),
             )
+        repository, scope = await run_in_threadpool(console.read, form.get("tenant"))
         await run_in_threadpool(
             lambda: repository.erase(session_id=form.get("id", ""), actor="console")
         )
-        return RedirectResponse("/audit?done=erased", 303)
+        return RedirectResponse(with_tenant("/audit?done=erased", scope.tenant), 303)
 
     @app.post("/actions/retry-dead", include_in_schema=False)
     async def retry_dead(request: Request) -> Response:
@@ -782,7 +900,7 @@ def _writes(app: FastAPI, console: Console) -> None:
         if isinstance(form, Response):
             return form
         await run_in_threadpool(console.outbox.retry_dead, form.get("session") or None)
-        return RedirectResponse("/health?done=retried", 303)
+        return RedirectResponse(with_tenant("/health?done=retried", kept(form)), 303)
 
     @app.post("/actions/reindex", include_in_schema=False)
     async def reindex(request: Request) -> Response:
@@ -790,9 +908,8 @@ def _writes(app: FastAPI, console: Console) -> None:
         if isinstance(form, Response):
             return form
         started = console.reindexing.start()
-        return RedirectResponse(
-            "/health?done=" + ("reindex-started" if started else "reindex-running"), 303
-        )
+        done = "reindex-started" if started else "reindex-running"
+        return RedirectResponse(with_tenant("/health?done=" + done, kept(form)), 303)
 
 
 async def _form(request: Request) -> dict[str, str]:
@@ -800,6 +917,21 @@ async def _form(request: Request) -> dict[str, str]:
     body = await request.body()
     fields = parse_qs(body.decode("utf-8", "replace"), keep_blank_values=True)
     return {name: values[0] for name, values in fields.items()}
+
+
+@jinja2.pass_context
+def _tenanted(context: jinja2.runtime.Context, url: str) -> str:
+    """``url`` (one of the console's own) with the page's ``tenant=``, when one was chosen:
+    every link and redirect of an operator's page stays with its tenant."""
+    tenant = context.get("tenant")
+    return url if not tenant else with_tenant(url, tenant)
+
+
+def with_tenant(url: str, tenant: str | None) -> str:
+    if not tenant:
+        return url
+    path, mark, fragment = url.partition("#")
+    return path + ("&" if "?" in path else "?") + urlencode({"tenant": tenant}) + mark + fragment
 
 
 def _when(value: datetime | None) -> str:

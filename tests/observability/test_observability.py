@@ -5,6 +5,7 @@ search gauges are read at scrape time, and spans carry ids and counts, never con
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterator
 from typing import Any
 
@@ -13,15 +14,18 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from prometheus_client import CollectorRegistry, generate_latest
+from sqlalchemy.engine import make_url
 
 from sessionrepo import (
     InvalidMessage,
     Message,
+    SessionRepository,
     SessionStore,
     TranscriptWriter,
     observability,
     open_repository,
 )
+from sessionrepo.models.usage import Usage
 
 pytestmark = pytest.mark.contract
 
@@ -48,33 +52,42 @@ def spans() -> Iterator[InMemorySpanExporter]:
     provider.shutdown()
 
 
+@pytest.fixture
+def tenant(database_url: str) -> str:
+    """The tenant label of a repository opened on ``database_url`` for none in
+    particular: a fresh SQLite file's is ``default``, a PostgreSQL one's the role its URL
+    logs in as."""
+    url = make_url(database_url)
+    return "default" if url.get_backend_name() == "sqlite" else str(url.username)
+
+
 def value(registry: CollectorRegistry, name: str, **labels: str) -> float:
     found = registry.get_sample_value(name, labels)
     return 0.0 if found is None else found
 
 
 def test_appends_count_inserted_duplicate_and_conflicting_messages(
-    repo: SessionStore, registry: CollectorRegistry
+    repo: SessionStore, registry: CollectorRegistry, tenant: str
 ) -> None:
-    backend = repo.backend
+    labels = {"backend": repo.backend, "tenant": tenant}
     first = Message(role="user", content="hello")
     repo.append("s1", [first, Message(role="assistant", content="hi")])
     repo.append("s1", [first, first.model_copy(update={"content": "changed"})])
-    assert value(registry, "sessionrepo_appends_total", backend=backend) == 2
-    assert value(registry, "sessionrepo_messages_total", backend=backend, outcome="inserted") == 2
-    assert value(registry, "sessionrepo_messages_total", backend=backend, outcome="duplicate") == 1
-    assert value(registry, "sessionrepo_messages_total", backend=backend, outcome="conflict") == 1
-    assert value(registry, "sessionrepo_append_seconds_count", backend=backend) == 2
-    assert value(registry, "sessionrepo_append_seconds_sum", backend=backend) > 0
+    assert value(registry, "sessionrepo_appends_total", **labels) == 2
+    assert value(registry, "sessionrepo_messages_total", **labels, outcome="inserted") == 2
+    assert value(registry, "sessionrepo_messages_total", **labels, outcome="duplicate") == 1
+    assert value(registry, "sessionrepo_messages_total", **labels, outcome="conflict") == 1
+    assert value(registry, "sessionrepo_append_seconds_count", **labels) == 2
+    assert value(registry, "sessionrepo_append_seconds_sum", **labels) > 0
     repo.load_transcript("s1")
     repo.search("hello")
-    assert value(registry, "sessionrepo_loads_total", backend=backend) == 1
-    assert value(registry, "sessionrepo_search_seconds_count", backend=backend) == 1
+    assert value(registry, "sessionrepo_loads_total", **labels) == 1
+    assert value(registry, "sessionrepo_search_seconds_count", **labels) == 1
     assert b"sessionrepo_append_seconds_bucket" in generate_latest(registry)
 
 
 def test_writes_parks_and_drains_are_counted(
-    database_url: str, tmp_path: Any, registry: CollectorRegistry
+    database_url: str, tmp_path: Any, registry: CollectorRegistry, tenant: str
 ) -> None:
     outbox = str(tmp_path / "outbox.db")
     down = open_repository(DOWN_PRIMARY, require_connection=False)
@@ -85,17 +98,29 @@ def test_writes_parks_and_drains_are_counted(
             watch = observability.watch(down, writer.outbox)
             try:
                 assert (
-                    value(registry, "sessionrepo_outbox_pending", outbox=writer.outbox.display_url)
+                    value(
+                        registry,
+                        "sessionrepo_outbox_pending",
+                        outbox=writer.outbox.display_url,
+                        tenant="gateway",
+                    )
                     == 3
                 )
                 # The store is down: its gauges are missing, and the scrape says so.
                 assert (
-                    value(registry, "sessionrepo_watch_up", source="store", at=down.display_url)
+                    value(
+                        registry,
+                        "sessionrepo_watch_up",
+                        source="store",
+                        at=down.display_url,
+                        tenant="gateway",
+                    )
                     == 0
                 )
                 assert (
                     registry.get_sample_value(
-                        "sessionrepo_search_backlog", {"store": down.display_url}
+                        "sessionrepo_search_backlog",
+                        {"store": down.display_url, "tenant": "gateway"},
                     )
                     is None
                 )
@@ -103,8 +128,9 @@ def test_writes_parks_and_drains_are_counted(
                 watch.close()
     finally:
         down.close()
-    assert value(registry, "sessionrepo_writes_total", status="parked") == 1
-    assert value(registry, "sessionrepo_messages_parked_total") == 3
+    # The down primary's URL logs in as ``gateway``: its writes are that tenant's.
+    assert value(registry, "sessionrepo_writes_total", status="parked", tenant="gateway") == 1
+    assert value(registry, "sessionrepo_messages_parked_total", tenant="gateway") == 3
 
     primary = open_repository(database_url)
     try:
@@ -117,28 +143,45 @@ def test_writes_parks_and_drains_are_counted(
         observability.watch(primary, writer.outbox).close()
     finally:
         primary.close()
-    assert value(registry, "sessionrepo_drains_total") == 1
-    assert value(registry, "sessionrepo_drained_messages_total", result="replayed") == 3
-    assert value(registry, "sessionrepo_writes_total", status="stored") == 1
-    assert value(registry, "sessionrepo_writes_total", status="error") == 1
-    assert value(registry, "sessionrepo_write_seconds_count", status="parked") == 1
+    assert value(registry, "sessionrepo_drains_total", tenant=tenant) == 1
+    assert (
+        value(registry, "sessionrepo_drained_messages_total", result="replayed", tenant=tenant) == 3
+    )
+    assert value(registry, "sessionrepo_writes_total", status="stored", tenant=tenant) == 1
+    assert value(registry, "sessionrepo_writes_total", status="error", tenant=tenant) == 1
+    assert (
+        value(registry, "sessionrepo_write_seconds_count", status="parked", tenant="gateway") == 1
+    )
 
 
 def test_watched_gauges_are_read_at_each_scrape(
-    database_url: str, registry: CollectorRegistry
+    database_url: str, registry: CollectorRegistry, tenant: str
 ) -> None:
     repository = open_repository(database_url)
     try:
         watch = observability.watch(repository, None)
         repository.append("s1", [Message(role="user", content="to index")])
         store = repository.display_url
-        assert value(registry, "sessionrepo_search_backlog", store=store) == 1
-        assert value(registry, "sessionrepo_search_index_stale", store=store) == 0
+        assert value(registry, "sessionrepo_search_backlog", store=store, tenant=tenant) == 1
+        assert value(registry, "sessionrepo_search_index_stale", store=store, tenant=tenant) == 0
         assert repository.catch_up_search_index() == 1
-        assert value(registry, "sessionrepo_search_backlog", store=store) == 0
-        assert value(registry, "sessionrepo_search_indexed_total", backend=repository.backend) == 1
+        assert value(registry, "sessionrepo_search_backlog", store=store, tenant=tenant) == 0
+        assert (
+            value(
+                registry,
+                "sessionrepo_search_indexed_total",
+                backend=repository.backend,
+                tenant=tenant,
+            )
+            == 1
+        )
         watch.close()
-        assert registry.get_sample_value("sessionrepo_search_backlog", {"store": store}) is None
+        assert (
+            registry.get_sample_value(
+                "sessionrepo_search_backlog", {"store": store, "tenant": tenant}
+            )
+            is None
+        )
     finally:
         repository.close()
 
@@ -179,3 +222,81 @@ def test_off_by_default_and_after_disabling() -> None:
     from sessionrepo import SessionRepository
 
     assert SessionRepository.load_transcript.__wrapped__.__name__ == "load_transcript"  # type: ignore[attr-defined]
+
+
+def test_usage_is_labelled_by_the_tenant_of_the_ledger_it_went_into(
+    repo: SessionRepository, registry: CollectorRegistry, tenant: str
+) -> None:
+    call = Usage(usage_id=uuid.uuid4(), model="m", input_tokens=7, reported_cost=0.5)
+    repo.record_usage("s1", [call])
+    repo.record_usage("s1", [call])  # the same key: not counted again
+    assert value(registry, "sessionrepo_usage_calls_total", model="m", tenant=tenant) == 1
+    assert (
+        value(registry, "sessionrepo_usage_tokens_total", model="m", kind="input", tenant=tenant)
+        == 7
+    )
+    assert (
+        value(
+            registry,
+            "sessionrepo_usage_reported_cost_total",
+            model="m",
+            currency="USD",
+            tenant=tenant,
+        )
+        == 0.5
+    )
+
+
+def test_usage_recorded_in_a_unit_of_work_is_labelled_too(
+    database_url: str, registry: CollectorRegistry, tenant: str
+) -> None:
+    repository = open_repository(database_url)
+    with repository, repository.session_transaction("s1") as tx:
+        tx.record_usage([Usage(usage_id=uuid.uuid4(), model="m", output_tokens=3)])
+    assert (
+        value(registry, "sessionrepo_usage_tokens_total", model="m", kind="output", tenant=tenant)
+        == 3
+    )
+
+
+@pytest.mark.sqlite
+def test_a_sqlite_file_is_labelled_by_the_tenant_that_claimed_it(
+    tmp_path: Any, registry: CollectorRegistry
+) -> None:
+    path = f"sqlite:///{tmp_path / 'discord.db'}"
+    with open_repository(path, tenant="discord") as claimed:
+        claimed.append("s1", [Message(role="user", content="hi")])
+    # Opened again for none in particular: still the claimed file's tenant.
+    with open_repository(path) as reopened:
+        reopened.load_transcript("s1")
+        reopened.load_transcript("s1")
+    assert value(registry, "sessionrepo_appends_total", backend="sqlite", tenant="discord") == 1
+    assert value(registry, "sessionrepo_loads_total", backend="sqlite", tenant="discord") == 2
+    assert value(registry, "sessionrepo_loads_total", backend="sqlite", tenant="default") == 0
+
+
+def test_the_tenant_label_takes_one_value_whatever_the_traffic(
+    repo: SessionStore, registry: CollectorRegistry, tenant: str
+) -> None:
+    for n in range(20):
+        repo.append(f"s{n}", [Message(role="user", content="hi")], user_id=f"user-{n}")
+        repo.load_transcript(f"s{n}")
+    labelled = {
+        sample.labels.get("tenant")
+        for family in registry.collect()
+        for sample in family.samples
+        if family.name.startswith("sessionrepo_")
+    }
+    assert labelled == {tenant}
+
+
+def test_the_login_role_is_read_from_the_url_without_connecting(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from sessionrepo.observability.tenants import login_role
+
+    assert login_role(make_url("postgresql://discord:secret@db/chat")) == "discord"
+    assert login_role(make_url("postgresql:///chat?host=/run&user=slack")) == "slack"
+    assert login_role(make_url("postgresql://ops@db/chat?options=-c%20role%3Dteams")) == "teams"
+    monkeypatch.setenv("PGUSER", "from_environment")
+    assert login_role(make_url("postgresql:///chat")) == "from_environment"

@@ -43,7 +43,10 @@ def _delete_messages_behind_its_back(database_url: str, session_id: str) -> None
 def test_a_resend_after_its_rows_vanished_is_one_append(
     repo: SessionRepository, database_url: str, registry: CollectorRegistry
 ) -> None:
-    backend = repo.backend
+    url = make_url(database_url)
+    # Every metric carries the tenant: a fresh file's, or the role the URL logs in as.
+    tenant = "default" if url.get_backend_name() == "sqlite" else str(url.username)
+    labels = {"backend": repo.backend, "tenant": tenant}
     batch = [{"role": "user", "content": "hello"}, {"role": "assistant", "content": "hi"}]
     assert len(repo.append("s1", batch).inserted) == 2
     _delete_messages_behind_its_back(database_url, "s1")
@@ -51,6 +54,6 @@ def test_a_resend_after_its_rows_vanished_is_one_append(
     # forgets the session and the batch is sent again, inside the same append.
     again = repo.append("s1", batch)
     assert len(again.inserted) == 2
-    assert _count(registry, "sessionrepo_appends_total", backend=backend) == 2
-    assert _count(registry, "sessionrepo_append_seconds_count", backend=backend) == 2
-    assert _count(registry, "sessionrepo_messages_total", backend=backend, outcome="inserted") == 4
+    assert _count(registry, "sessionrepo_appends_total", **labels) == 2
+    assert _count(registry, "sessionrepo_append_seconds_count", **labels) == 2
+    assert _count(registry, "sessionrepo_messages_total", **labels, outcome="inserted") == 4

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 from sqlalchemy import create_engine, text
+from sqlalchemy.engine import make_url
 
 from sessionrepo import (
     AsyncTranscriptWriter,
@@ -227,7 +228,10 @@ def test_metrics_count_each_recorded_call_once(database_url: str) -> None:
             turn = [{"role": "assistant", "content": "a"}]
             for _ in range(3):  # re-flushes: one call
                 repo.append("m1", turn, usage=_usage(reported_cost=0.25))
-        labels = {"model": "gpt-4.1"}
+        url = make_url(database_url)
+        # Every metric carries the tenant: a fresh file's, or the role the URL logs in as.
+        tenant = "default" if url.get_backend_name() == "sqlite" else str(url.username)
+        labels = {"model": "gpt-4.1", "tenant": tenant}
         assert registry.get_sample_value("sessionrepo_usage_calls_total", labels) == 1
         tokens = {**labels, "kind": "input"}
         assert registry.get_sample_value("sessionrepo_usage_tokens_total", tokens) == 1200
