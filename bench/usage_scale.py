@@ -315,14 +315,9 @@ def run(url: str, messages: int, usage: int, *, seeded: bool) -> dict[str, Any]:
 
 
 def _migrate(url: str) -> None:
-    subprocess.run(
-        ["sessionrepo", "migrate"],
-        check=True,
-        env={
-            "SESSIONREPO_DATABASE_URL": url,
-            "PATH": str(Path(__file__).resolve().parents[1] / ".venv" / "bin") + ":/usr/bin:/bin",
-        },
-    )
+    """Migrate in this process: the migrations of the checkout that runs the bench (a
+    ``sessionrepo`` on the PATH may be another checkout's install)."""
+    open_repository(url, auto_migrate=True, embedder=False).close()
 
 
 def main(argv: list[str] | None = None) -> None:
