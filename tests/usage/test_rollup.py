@@ -268,7 +268,7 @@ def _cost(book: list[Any], call: Any) -> float | None:
     inputs, outputs = price("input_tokens"), price("output_tokens")
     if inputs is None or outputs is None:
         return None
-    return (call.input_tokens * inputs + call.output_tokens * outputs) / 1_000_000
+    return float(call.input_tokens * inputs + call.output_tokens * outputs) / 1_000_000
 
 
 def _ranks(values: list[float]) -> dict[str, float | None]:
