@@ -343,7 +343,10 @@ def main(argv: list[str] | None = None) -> None:
     results: dict[str, Any] = json.loads(output.read_text()) if output.exists() else {}
     results["load_average_before"] = [round(v, 2) for v in os.getloadavg()]
     results["cpus"] = os.cpu_count()
-    run_results: dict[str, Any] = {"when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+    run_results: dict[str, Any] = {
+        "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "load_average_before": results["load_average_before"],
+    }
     if "sqlite" in backends:
         with tempfile.TemporaryDirectory() as folder:
             path = Path(args.keep or folder) / "scale.db"
