@@ -9,8 +9,9 @@ rank). Everything is counted by the database: the whole UTC days of the range fr
 rollup (``usage_rollup``, :mod:`sessionrepo.store.rollup`: per session, day and model,
 kept with the rows it sums), the partial days at its ends from the rows themselves (the
 messages of the sessions the rollup names for that day; the calls by their time), the
-percentiles over the range's calls (PostgreSQL's ``percentile_disc``, SQLite's ranks by
-window). Only the price lookup runs here, over the groups of a day and a model.
+percentiles over the range's calls (PostgreSQL's ``percentile_disc``, SQLite an
+aggregate of its own). Only the price lookup runs here, once per group, model and price
+period.
 
 Cost, per call, from the price of its model valid on its UTC day (the latest
 ``valid_from`` not after it; :func:`set_price` adds one, a change is a new row):
@@ -199,7 +200,7 @@ def insights(
             seen += int(sessions)
         if by == "day":  # a session spans days: counted once over the range
             seen = int(conn.execute(select(func.count(counted.c.sid.distinct()))).scalar_one())
-        # Calls, by the call's own day and model (the price's), then the group.
+        # Calls, by the call's own model and price period (by day: its day), then the group.
         for row in _calls(conn, by, dialect, days, book=book):
             group = groups[row.key]
             for kind, count in row.tokens.items():
