@@ -172,6 +172,9 @@ class UsageRow(Base):
         PrimaryKeyConstraint("session_id", "usage_id"),
         # The report's range scans: by time, then by model.
         Index("ix_usage_records_occurred_at", "occurred_at"),
+        # Its latencies by the session's source or user: the join's reads, all in the
+        # index (SQLite would look every call's row up again through the primary key).
+        Index("ix_usage_records_session_id_occurred_at", "session_id", "occurred_at", "latency"),
     )
 
     session_id: Mapped[str] = mapped_column(ForeignKey("sessions.id", ondelete="CASCADE"))

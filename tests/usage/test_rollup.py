@@ -169,7 +169,7 @@ def _reference(
     """The report as the rows give it, computed here (the nearest-rank percentiles, the
     cost of each day's and model's calls at that day's price)."""
     sessions, live, calls = _stored(repository)
-    book = {(p.model, p.token_kind): p.per_million for p in prices(repository)}
+    book = sorted(prices(repository), key=lambda price: price.valid_from, reverse=True)
     attribute = {"model": "model", "source": "source", "user": "user_id"}
     of = {row.id: row for row in sessions}
 
@@ -249,16 +249,26 @@ def _reference(
 _INTEGERS = ("sessions", "messages", "calls", *TOKEN_KINDS, "unpriced_calls")
 
 
-def _cost(book: dict[tuple[str, str], float], call: Any) -> float | None:
-    """Input at the input price, output at the output price (the cached and reasoning
-    parts at those too: no price of their own here)."""
-    inputs, outputs = (
-        book.get((call.model, "input_tokens")),
-        book.get((call.model, "output_tokens")),
-    )
+def _cost(book: list[Any], call: Any) -> float | None:
+    """Input at the input price, output at the output price, each the one valid on the
+    call's UTC day (the cached and reasoning parts at those too: no price of their own
+    here); ``book`` newest ``valid_from`` first."""
+    day = call.occurred_at.astimezone(UTC).date()
+
+    def price(kind: str) -> float | None:
+        return next(
+            (
+                p.per_million
+                for p in book
+                if (p.model, p.token_kind) == (call.model, kind) and p.valid_from <= day
+            ),
+            None,
+        )
+
+    inputs, outputs = price("input_tokens"), price("output_tokens")
     if inputs is None or outputs is None:
         return None
-    return (call.input_tokens * inputs + call.output_tokens * outputs) / 1_000_000
+    return float(call.input_tokens * inputs + call.output_tokens * outputs) / 1_000_000
 
 
 def _ranks(values: list[float]) -> dict[str, float | None]:
@@ -341,6 +351,47 @@ def test_the_report_from_the_rollup_equals_the_report_from_the_rows(
     _price(store)
     _rollup_is_counted_again(store)
     _report_agrees_everywhere(store)
+
+
+def test_prices_that_change_within_a_range_price_each_day_at_its_own(
+    repo: Any, store: SessionRepository
+) -> None:
+    """Calls of one group on both sides of a price change (inside a range, on its first
+    day, before a model's first price) are each priced at their day's price."""
+    _write_everything(repo)
+    _price(store)
+    later = MIDNIGHT + timedelta(days=1)
+    repo.record_usage(
+        "a",
+        [
+            _usage("p1", later + timedelta(hours=1), "gpt-4.1", latency=0.25),
+            _usage("p2", later + timedelta(hours=2), "o3", latency=0.5),
+            _usage("p3", NIGHT, "o3", latency=1.25),
+        ],
+    )
+    for model, kind, per_million, valid in (
+        ("gpt-4.1", "input_tokens", 1.0, MIDNIGHT.date()),
+        ("gpt-4.1", "output_tokens", 4.0, MIDNIGHT.date()),
+        ("gpt-4.1", "input_tokens", 0.5, later.date()),
+        ("gpt-4.1", "output_tokens", 3.0, later.date()),
+        ("o3", "input_tokens", 5.0, MIDNIGHT.date()),
+        ("o3", "output_tokens", 20.0, MIDNIGHT.date()),
+    ):
+        set_price(
+            store,
+            {"model": model, "token_kind": kind, "per_million": per_million, "valid_from": valid},
+        )
+    _report_agrees_everywhere(store)
+    for since, until in ((MIDNIGHT - timedelta(days=1), later + timedelta(days=1)), (later, None)):
+        _report_agrees_everywhere_within(store, since, until)
+
+
+def _report_agrees_everywhere_within(
+    repository: SessionRepository, since: datetime | None, until: datetime | None
+) -> None:
+    for by in GROUPINGS:
+        report = insights(repository, by=by, since=since, until=until)
+        _agrees(report, _reference(repository, by, since, until))
 
 
 def test_a_unit_of_work_an_import_and_a_prune_keep_it(
