@@ -17,23 +17,27 @@
   (``compact``: ``VACUUM`` does that).
 
 - Before the free pages, the unused space inside the pages of the tables that hold what
-  a user said (messages, their search text, sessions, outbox and ADK rows) is
-  overwritten too. When SQLite rebalances a b-tree it rewrites a page's cells at the
-  page's end and leaves the bytes below them as they were: a copy of a row that moved
-  to a neighbour stays in the page's unused space, and secure delete later zeroes the
-  row where it lives, not that copy. Deleting many rows rebalances a lot (one erased
-  word in a million messages survived that way). The scrub reads those pages in the
-  file (after a checkpoint, under the write lock, so the file is the database) and, in
-  each page whose unused space is not all zeros, grows one row's column by exactly
-  that space and puts it back: SQLite packs the page's cells and writes the grown row
-  over all of it, then zeroes the row's old place (secure delete). Only such pages are
-  written (those a rebalance or an out-of-order insert left bytes in since the last
-  scrub); the row is as it was after, in the same transaction.
+  a user said (messages, their search text and index segments, sessions, outbox and
+  ADK rows) is overwritten too. When SQLite rebalances a b-tree it rewrites a page's
+  cells at the page's end and leaves the bytes below them as they were: a copy of a row
+  that moved to a neighbour stays in the page's unused space, and secure delete later
+  zeroes the row where it lives, not that copy. Deleting many rows rebalances a lot
+  (one erased word in a million messages survived that way). The scrub reads those
+  pages in the file (after a checkpoint, under the write lock, so the file is the
+  database) and, in each page whose unused space holds old bytes (four in a row that
+  are not zeros: text has no zero byte), grows one row's column by exactly that space
+  and puts it back: SQLite packs the page's cells and writes the grown row over all of
+  it, then zeroes the row's old place (secure delete). Only such pages are written
+  (those a rebalance or an out-of-order insert left bytes in since the last scrub); the
+  row is as it was after, in the same transaction. Not reached: the pages of indexes
+  (their keys are ids, but the FTS5 ``_idx`` keeps the first term of each index page)
+  and a page none of whose rows can grow within it (reported).
 """
 
 from __future__ import annotations
 
 import os
+import re
 import sqlite3
 import time
 from collections.abc import Iterator
@@ -147,30 +151,37 @@ def _zero_free_pages(connection: sqlite3.Connection) -> int:
 _GROWN = {
     "messages": "content",
     "messages_fts_content": "c3",
+    "messages_fts_data": "block",
     "sessions": "title",
     "pending_outbox": "message",
     "adk_sessions": "state",
     "adk_user_states": "state",
     "adk_app_states": "state",
 }
-#: Checkpoints and passes over the pages at most (a pass can leave a page for the next
-#: when a row's record is not as its table now describes it: a column added later).
+#: Times a page is grown at most (see _zero_unused_space).
 _PASSES = 3
 _TABLE_LEAF = 13
-#: Stale cell pointer slots a clean page may keep after its pointer array (see _clean).
-_STALE_SLOTS = 8
+#: Below it, two bytes after a page's cell pointers are a stale pointer (see _clean).
+_POINTER_LIMIT = 4096
+#: What makes unused space not clean: four bytes in a row none of which is zero (text
+#: has no zero byte; fewer than four left of a cell's header or a pointer hold no word).
+_WORD = re.compile(rb"[^\x00]{4}")
 
 
 def _zero_unused_space(connection: sqlite3.Connection) -> tuple[int, int] | None:
     """Overwrite the unused space of the leaf pages of :data:`_GROWN`'s tables where it
-    is not all zeros; how many pages were rewritten and how many were left, ``None``
-    when the WAL could not be emptied first (a reader held it)."""
+    is not clean (see :func:`_clean`); how many pages were rewritten and how many were
+    left, ``None`` when the WAL could not be emptied first (a reader held it)."""
     path = _main_file(connection)
     if path is None:
         return 0, 0
     wal = path.with_name(path.name + "-wal")
-    rewritten = 0
-    left: list[tuple[str, int, bytes]] = []
+    rewritten: set[int] = set()
+    stuck = 0
+    # Every leaf of the tables first, then only the pages grown, read again after the
+    # commit (a row whose record was not as its table now describes it, a column added
+    # since, can miss by a few bytes: grown again).
+    pages: list[tuple[str, int]] | None = None
     for attempt in range(_PASSES + 1):
         # The file is the database only with the WAL emptied and the write lock held
         # (a writer that came in between the two: given up, the next scrub does it).
@@ -181,16 +192,24 @@ def _zero_unused_space(connection: sqlite3.Connection) -> tuple[int, int] | None
             if wal.exists() and wal.stat().st_size:
                 connection.execute("ROLLBACK")
                 return None
-            left = list(_dirty_pages(connection, path))
-            if not left or attempt == _PASSES:
+            dirty = list(_dirty_pages(connection, path, pages))
+            if attempt == _PASSES:
                 connection.execute("COMMIT")
-                break
-            rewritten += sum(_regrow(connection, table, page) for table, _n, page in left)
+                return len(rewritten), stuck + len(dirty)
+            pages = []
+            for table, number, page in dirty:
+                if _regrow(connection, table, page):
+                    pages.append((table, number))
+                else:
+                    stuck += 1  # no row of it can take the space: not tried again
             connection.execute("COMMIT")
         except BaseException:
             connection.execute("ROLLBACK")
             raise
-    return rewritten, len(left)
+        rewritten.update(number for _table, number in pages)
+        if not pages:
+            break
+    return len(rewritten), stuck
 
 
 def _main_file(connection: sqlite3.Connection) -> Path | None:
@@ -200,25 +219,31 @@ def _main_file(connection: sqlite3.Connection) -> Path | None:
     return None
 
 
-def _dirty_pages(connection: sqlite3.Connection, path: Path) -> Iterator[tuple[str, int, bytes]]:
-    """The leaf pages of :data:`_GROWN`'s tables whose unused space (the gap between
-    the cell pointers and the cells, and the free blocks' bodies) holds a non-zero
-    byte: table, page number and the page's bytes."""
+def _dirty_pages(
+    connection: sqlite3.Connection, path: Path, only: list[tuple[str, int]] | None
+) -> Iterator[tuple[str, int, bytes]]:
+    """The leaf pages of :data:`_GROWN`'s tables (``only``: of these, by table and
+    number) whose unused space (the gap between the cell pointers and the cells, and
+    the free blocks' bodies) is not clean: table, page number and the page's bytes."""
     size = int(connection.execute("PRAGMA page_size").fetchone()[0])
     present = {row[0] for row in connection.execute("SELECT name FROM sqlite_schema")}
     descriptor = os.open(path, os.O_RDONLY)
     try:
         # The bytes at each page's end an extension may reserve are not the b-tree's.
         usable = size - os.pread(descriptor, 21, 0)[20]
-        for table in _GROWN:
-            if table not in present:
-                continue
-            for (number,) in connection.execute(
-                "SELECT pageno FROM dbstat WHERE name = ? AND pagetype = 'leaf'", (table,)
-            ):
-                page = os.pread(descriptor, size, (number - 1) * size)[:usable]
-                if number != 1 and page[0] == _TABLE_LEAF and not _clean(page):
-                    yield table, number, page
+        if only is None:
+            only = [
+                (table, number)
+                for table in _GROWN
+                if table in present
+                for (number,) in connection.execute(
+                    "SELECT pageno FROM dbstat WHERE name = ? AND pagetype = 'leaf'", (table,)
+                )
+            ]
+        for table, number in only:
+            page = os.pread(descriptor, size, (number - 1) * size)[:usable]
+            if number != 1 and page[0] == _TABLE_LEAF and not _clean(page):
+                yield table, number, page
     finally:
         os.close(descriptor)
 
@@ -236,20 +261,21 @@ def _layout(page: bytes) -> tuple[int, int, list[tuple[int, int]], int]:
 
 
 def _clean(page: bytes) -> bool:
+    """Whether a table leaf page's unused space holds no four bytes in a row that are
+    not zero, stale cell pointers aside."""
     cells, start, blocks, _fragments = _layout(page)
-    # Right after the cell pointers, a few slots of cells moved or deleted keep their
-    # last pointer (SQLite shifts the array, it does not clear its end; growing a row
-    # and putting it back leaves one or two): offsets in the page, not content.
+    # Right after the cell pointers, the slots of cells moved or deleted keep their
+    # last pointer (SQLite shifts the array, it does not clear its end): offsets in the
+    # page, not content. Two bytes of text are never below 4096 (0x10 00).
     end = 8 + 2 * cells
-    for _slot in range(_STALE_SLOTS):
-        if end + 2 > start or int.from_bytes(page[end : end + 2], "big") >= len(page):
-            break
+    limit = min(len(page), _POINTER_LIMIT)
+    while end + 2 <= start and int.from_bytes(page[end : end + 2], "big") < limit:
         end += 2
-    if end < start and page.count(0, end, start) != start - end:
+    if end + 1 == start and page[end] < limit >> 8:
+        end = start  # the first byte of a pointer whose second the cells now cover
+    if _WORD.search(page, end, start):
         return False
-    return all(
-        page.count(0, at + 4, at + length) == length - 4 for at, length in blocks if length > 4
-    )
+    return not any(_WORD.search(page, at + 4, at + length) for at, length in blocks)
 
 
 def _varint(data: bytes, at: int) -> tuple[int, int]:
