@@ -17,7 +17,8 @@ write lock was held), drained after the erasure. Timed, each once (a run is dest
 
 - ``erase(user_id=…, scrub=False)`` per person (the deletes and tombstones, one unit
   of work per session), a dry run first; then ``scrub_erased()`` (SQLite: FTS5
-  ``optimize``, zeroing the free pages, WAL checkpoint; PostgreSQL: ``VACUUM``);
+  ``optimize``, zeroing the unused space of the content tables' pages and the free
+  pages, WAL checkpoint; PostgreSQL: ``VACUUM``);
 - ``erase(session_id=…)`` with its scrub (one session, the default call);
 - ``apply_retention`` (a dry run, then the sweep with its scrub);
 - then ``verify_erased`` over every erased word: the rows, the index and, on SQLite, the
@@ -417,7 +418,12 @@ def _markdown(results: dict[str, Any]) -> str:
         lambda r: f"{r['file_bytes_before']:,} / {r['after']['file_bytes']:,}",
     )
     row("WAL bytes after", lambda r: f"{r['after']['wal_bytes']:,}")
-    lines += ["", "Scrub steps (SQLite: FTS5 optimize, free pages zeroed, WAL checkpoint):", ""]
+    lines += [
+        "",
+        "Scrub steps (SQLite: FTS5 optimize, pages' unused space and free pages zeroed, WAL "
+        "checkpoint):",
+        "",
+    ]
     for backend in backends:
         for key, value in results[backend].items():
             if isinstance(value, dict) and value.get("scrub_steps"):
