@@ -14,8 +14,9 @@ import json
 from datetime import datetime, timedelta
 from typing import Any, Final, Literal
 
-from sqlalchemy import ColumnElement, Connection, Text, case, func, literal, select
+from sqlalchemy import ColumnElement, Connection, ScalarSelect, Text, case, func, literal, select
 
+from sessionrepo.dialects.base import BackendDialect
 from sessionrepo.errors import InvalidArgument
 from sessionrepo.models import SessionPage, SessionSummary
 from sessionrepo.models._limits import check_identifier
@@ -55,6 +56,7 @@ class SessionListing:
 
     def __init__(self, database: Database) -> None:
         self._db = database
+        self._preview_column = _preview_column(database.dialect)
 
     def page(
         self,
@@ -72,31 +74,7 @@ class SessionListing:
             check_choice(status, "status", ("open", "ended"))
         limit = check_limit(limit, maximum=MAX_PAGE)
         last_page = None if cursor is None else _decode_cursor(cursor)
-        head = func.substr(M.content, 1, 8192, type_=Text)
-        first_user_message = (
-            select(
-                case(
-                    (
-                        func.substr(M.content, 1, 1) != ENCODED_MARK,
-                        func.substr(M.content, 1, PREVIEW_LENGTH + 1, type_=Text),
-                    ),
-                    # Content parts are JSON: read their head, where the text usually is
-                    # (a long string holding NUL: its start); else, after an image of
-                    # megabytes, what follows the first text key (marked twice).
-                    (
-                        head.contains(JSON_TEXT_KEY, autoescape=True)
-                        | (func.substr(M.content, 2, 1) == '"'),
-                        head,
-                    ),
-                    else_=literal(ENCODED_MARK * 2)
-                    + self._db.dialect.text_after(M.content, JSON_TEXT_KEY, 8 * PREVIEW_LENGTH),
-                )
-            )
-            .where(M.session_id == S.id, M.role == "user", M.superseded.is_(None))
-            .order_by(M.seq)
-            .limit(1)
-            .scalar_subquery()
-        )
+        first_user_message = self._preview_column
         chosen: list[ColumnElement[bool]] = []
         if source is not None:
             chosen.append(S.source == source)
@@ -163,6 +141,36 @@ class SessionListing:
             assert last.last_active_at is not None
             next_cursor = _encode_cursor(last.last_active_at, last.id)
         return SessionPage(sessions=items, next_cursor=next_cursor)
+
+
+def _preview_column(dialect: BackendDialect) -> ScalarSelect[Any]:
+    """The preview of a listed session: the head of its first live user message (built
+    once per listing: the construct costs more to build than the statement to run)."""
+    head = func.substr(M.content, 1, 8192, type_=Text)
+    return (
+        select(
+            case(
+                (
+                    func.substr(M.content, 1, 1) != ENCODED_MARK,
+                    func.substr(M.content, 1, PREVIEW_LENGTH + 1, type_=Text),
+                ),
+                # Content parts are JSON: read their head, where the text usually is
+                # (a long string holding NUL: its start); else, after an image of
+                # megabytes, what follows the first text key (marked twice).
+                (
+                    head.contains(JSON_TEXT_KEY, autoescape=True)
+                    | (func.substr(M.content, 2, 1) == '"'),
+                    head,
+                ),
+                else_=literal(ENCODED_MARK * 2)
+                + dialect.text_after(M.content, JSON_TEXT_KEY, 8 * PREVIEW_LENGTH),
+            )
+        )
+        .where(M.session_id == S.id, M.role == "user", M.superseded.is_(None))
+        .order_by(M.seq)
+        .limit(1)
+        .scalar_subquery()
+    )
 
 
 def _listed_order(summary: SessionSummary) -> tuple[datetime, str]:
