@@ -101,14 +101,14 @@ def _pg_fresh(first_seq: str, held_back: str = "") -> str:
 _ROLLUP = rollup_messages((*ROLLUP_KEY, TENANT_COLUMN))
 
 
-def _pg_rollup(inserted: str) -> str:
-    """The ``rolled`` CTE: the inserted rows (``fresh`` joined to ``inserted`` on
-    ``inserted``, a column both have) added to the session's rollup per UTC day."""
-    return f"""rolled AS (
+#: The ``rolled`` CTE: the inserted rows (``inserted`` returns each one's time) added to
+#: the session's rollup per UTC day. From ``inserted`` alone: a join back to ``fresh``
+#: (estimated at a hundred rows, planned as a nested loop) cost 25 ms at 1,000 messages.
+_PG_ROLLED = f"""rolled AS (
     {_ROLLUP[0]}
-    SELECT %(sid)s, to_char(timezone('UTC', f."timestamp"), 'YYYY-MM-DD'),
+    SELECT %(sid)s, to_char(timezone('UTC', i."timestamp"), 'YYYY-MM-DD'),
         '{ROLLUP_NO_MODEL}', count(*), {ROLLUP_MESSAGES_ZEROS}
-    FROM fresh f JOIN inserted USING ({inserted})
+    FROM inserted i
     GROUP BY 2
     {_ROLLUP[1]}
 )"""
@@ -139,7 +139,7 @@ inserted AS (
     {_PG_INSERT_FRESH}
     ORDER BY seq
     ON CONFLICT (session_id, client_msg_uuid, tenant) DO NOTHING
-    RETURNING client_msg_uuid
+    RETURNING client_msg_uuid, "timestamp"
 ),
 counted AS (
     UPDATE sessions SET
@@ -152,7 +152,7 @@ counted AS (
         {PG_ACTIVITY}
     WHERE id = %(sid)s AND EXISTS (SELECT 1 FROM inserted)
 ),
-{_pg_rollup("client_msg_uuid")}
+{_PG_ROLLED}
 SELECT client_msg_uuid, NULL::bytea AS content_hash FROM inserted
 UNION ALL
 SELECT client_msg_uuid, content_hash FROM existing
@@ -239,7 +239,7 @@ inserted AS (
     {_PG_INSERT_FRESH}
     WHERE EXISTS (SELECT 1 FROM locked) OR EXISTS (SELECT 1 FROM created)
     ORDER BY seq
-    RETURNING seq
+    RETURNING seq, "timestamp"
 ),
 counted AS (
     UPDATE sessions SET
@@ -259,7 +259,7 @@ queued AS (
     WHERE %(enqueue)s
     HAVING count(*) > 0
 ),
-{_pg_rollup("seq")}
+{_PG_ROLLED}
 SELECT 'i', NULL::uuid, NULL::bytea, min(seq), count(*) FROM inserted HAVING count(*) > 0
 UNION ALL
 SELECT 'e', client_msg_uuid, content_hash, NULL, NULL FROM existing
