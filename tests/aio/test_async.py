@@ -29,7 +29,7 @@ from sessionrepo import (
     open_async_repository,
 )
 
-from support.harness import holding_the_write_lock
+from support.harness import holding_the_write_lock_off_the_loop
 from support.outbox_workers import CLOSED_PORT_URL, FlakyRepository, make_message
 from support.polling import eventually_async
 
@@ -270,7 +270,7 @@ def test_the_async_writer_parks_within_its_deadline_when_the_primary_is_held(
             async with AsyncTranscriptWriter(
                 repo, outbox_url=f"sqlite:///{tmp_path / 'outbox.db'}", deadline=deadline
             ) as writer:
-                with holding_the_write_lock(database_url, backend, "held"):
+                async with holding_the_write_lock_off_the_loop(database_url, backend, "held"):
                     started = time.monotonic()
                     result, ticks = await _ticking(writer.write("held", [make_message("held", 1)]))
                     took = time.monotonic() - started

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
 import multiprocessing
 import queue
 import sqlite3
 import threading
 import time
 import traceback
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import asynccontextmanager, contextmanager
 from typing import Any
 
 import psycopg
@@ -96,6 +98,25 @@ def holding_the_write_lock(url: str, backend: str, session_id: str) -> Iterator[
         conn.execute("SELECT 1 FROM sessions WHERE id = %s FOR UPDATE", (session_id,))
         yield
         conn.rollback()
+
+
+@asynccontextmanager
+async def holding_the_write_lock_off_the_loop(
+    url: str, backend: str, session_id: str
+) -> AsyncIterator[None]:
+    """:func:`holding_the_write_lock` for a test on an event loop: taken and released on a
+    thread of its own (one thread: a SQLite connection stays on the thread that made it),
+    so the loop keeps running while the lock waits. A writer's drainer commits its
+    catch-ups on the loop; a lock taken on the loop could wait for such a commit while
+    blocking it."""
+    held = holding_the_write_lock(url, backend, session_id)
+    loop = asyncio.get_running_loop()
+    with ThreadPoolExecutor(max_workers=1) as thread:
+        await loop.run_in_executor(thread, held.__enter__)
+        try:
+            yield
+        finally:
+            await loop.run_in_executor(thread, held.__exit__, None, None, None)
 
 
 def until_primary_back(writer: Any, seconds: float = 15.0) -> None:

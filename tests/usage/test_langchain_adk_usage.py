@@ -13,7 +13,7 @@ import pytest
 
 from sessionrepo import TranscriptWriter, open_repository
 
-from support.harness import holding_the_write_lock
+from support.harness import holding_the_write_lock, holding_the_write_lock_off_the_loop
 from support.polling import eventually, eventually_async
 
 pytest.importorskip("langchain_core")
@@ -162,18 +162,11 @@ def test_adk_usage_parked_in_an_outage_is_recorded_once(
             sid.append(key)
             assert service.writer is not None
             assert await service.writer.pending() == 0  # the outbox file made before the outage
-            # Taken off the event loop: the writer's drainer may be committing a catch-up
-            # on it, and waits for the loop to finish (a lock taken on the loop would
-            # wait for that commit while blocking it).
-            lock = holding_the_write_lock(database_url, backend, key)
-            await asyncio.to_thread(lock.__enter__)
-            try:
+            async with holding_the_write_lock_off_the_loop(database_url, backend, key):
                 await service.append_event(session, _model_event("parked"))
                 with sqlite3.connect(tmp_path / "outbox.db") as outbox:
                     parked = outbox.execute("SELECT count(*) FROM pending_outbox").fetchone()
                 assert parked == (1,)  # the fault happened: the event was parked
-            finally:
-                await asyncio.to_thread(lock.__exit__, None, None, None)
             # (the abandoned attempt may commit once the lock is gone: the key makes it one)
             writer = service.writer
             assert writer is not None
