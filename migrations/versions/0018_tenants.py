@@ -36,7 +36,7 @@ Create Date: 2026-12-02
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import sqlalchemy as sa
 from alembic import context, op
@@ -135,11 +135,23 @@ _FOREIGN = re.compile(
 
 
 def _extend_keys(bind: sa.Connection, tables: Sequence[str]) -> None:
-    """Every primary, unique and foreign key of the tenant tables gets ``tenant`` last:
-    the foreign keys are dropped first and made again last (they need the new keys)."""
+    """Every primary, unique and foreign key of the tenant tables gets ``tenant`` last."""
     if context.is_offline_mode():
         op.execute(_extend_keys_in_the_server(tables))
         return
+    _rebuild_keys(bind, tables, key=_with_tenant, foreign=_foreign_with_tenant)
+
+
+def _rebuild_keys(
+    bind: sa.Connection,
+    tables: Sequence[str],
+    *,
+    key: Callable[[str, str, str], str],
+    foreign: Callable[[str, str, str], str],
+) -> None:
+    """Drop and make again every primary, unique and foreign key of ``tables``, each
+    definition rewritten by ``key`` or ``foreign`` (``(table, name, definition)``): the
+    foreign keys are dropped first and made again last (they need the new keys)."""
     rows = bind.exec_driver_sql(
         "SELECT conrelid::regclass::text, conname, contype, pg_get_constraintdef(oid) "
         "FROM pg_constraint WHERE contype IN ('p', 'u', 'f') "
@@ -147,26 +159,32 @@ def _extend_keys(bind: sa.Connection, tables: Sequence[str]) -> None:
         {"tables": list(tables)},
     ).all()
     keys = [(t, name, definition) for t, name, kind, definition in rows if kind != "f"]
-    foreign = [(t, name, definition) for t, name, kind, definition in rows if kind == "f"]
-    for table, name, _ in foreign:
+    foreigns = [(t, name, definition) for t, name, kind, definition in rows if kind == "f"]
+    for table, name, _ in foreigns:
         op.execute(f"ALTER TABLE {table} DROP CONSTRAINT {name}")
     for table, name, definition in keys:
-        match = _KEY.match(definition)
-        if match is None:
-            raise RuntimeError(f"{table}.{name}: unexpected key {definition!r}")
+        rewritten = key(table, name, definition)
         op.execute(f"ALTER TABLE {table} DROP CONSTRAINT {name}")
-        op.execute(
-            f"ALTER TABLE {table} ADD CONSTRAINT {name} {match.group(1)} "
-            f"({match['columns']}, tenant){match['rest']}"
-        )
-    for table, name, definition in foreign:
-        match = _FOREIGN.match(definition)
-        if match is None:
-            raise RuntimeError(f"{table}.{name}: unexpected foreign key {definition!r}")
-        op.execute(
-            f"ALTER TABLE {table} ADD CONSTRAINT {name} FOREIGN KEY ({match['columns']}, tenant) "
-            f"REFERENCES {match['table']}({match['target']}, tenant){match['rest']}"
-        )
+        op.execute(f"ALTER TABLE {table} ADD CONSTRAINT {name} {rewritten}")
+    for table, name, definition in foreigns:
+        op.execute(f"ALTER TABLE {table} ADD CONSTRAINT {name} {foreign(table, name, definition)}")
+
+
+def _with_tenant(table: str, name: str, definition: str) -> str:
+    match = _KEY.match(definition)
+    if match is None:
+        raise RuntimeError(f"{table}.{name}: unexpected key {definition!r}")
+    return f"{match.group(1)} ({match['columns']}, tenant){match['rest']}"
+
+
+def _foreign_with_tenant(table: str, name: str, definition: str) -> str:
+    match = _FOREIGN.match(definition)
+    if match is None:
+        raise RuntimeError(f"{table}.{name}: unexpected foreign key {definition!r}")
+    return (
+        f"FOREIGN KEY ({match['columns']}, tenant) "
+        f"REFERENCES {match['table']}({match['target']}, tenant){match['rest']}"
+    )
 
 
 #: The same, for a script (``migrate --sql``): the catalog is read where it runs.
@@ -249,22 +267,8 @@ def downgrade() -> None:
 def _narrow_keys(bind: sa.Connection, tables: Sequence[str]) -> None:
     """The keys as they were: ``tenant`` taken out again. Fails (as it must) when two
     tenants hold the same key: the store cannot go back to one tenant then."""
-    rows = bind.exec_driver_sql(
-        "SELECT conrelid::regclass::text, conname, contype, pg_get_constraintdef(oid) "
-        "FROM pg_constraint WHERE contype IN ('p', 'u', 'f') "
-        "AND conrelid = ANY(%(tables)s::regclass[]) ORDER BY conrelid::regclass::text, conname",
-        {"tables": list(tables)},
-    ).all()
-    keys = [(t, name, definition) for t, name, kind, definition in rows if kind != "f"]
-    foreign = [(t, name, definition) for t, name, kind, definition in rows if kind == "f"]
-    for table, name, _ in foreign:
-        op.execute(f"ALTER TABLE {table} DROP CONSTRAINT {name}")
-    for table, name, definition in keys:
-        op.execute(f"ALTER TABLE {table} DROP CONSTRAINT {name}")
-        op.execute(f"ALTER TABLE {table} ADD CONSTRAINT {name} {_without_tenant(definition)}")
-    for table, name, definition in foreign:
-        op.execute(f"ALTER TABLE {table} ADD CONSTRAINT {name} {_without_tenant(definition)}")
+    _rebuild_keys(bind, tables, key=_without_tenant, foreign=_without_tenant)
 
 
-def _without_tenant(definition: str) -> str:
+def _without_tenant(table: str, name: str, definition: str) -> str:
     return definition.replace(", tenant)", ")")
