@@ -848,6 +848,7 @@ class SessionRepository(SessionStore, TranscriptEditor, SessionOperations):
             on_session: called with each erased session's id (progress).
         """
         check_bool(dry_run, "dry_run")
+        actor = check_optional_text(actor, "actor")  # as erase checks it
         if now is not None:
             check_instance(now, "now", datetime)
             if now.tzinfo is None:
