@@ -345,10 +345,17 @@ class AsyncTranscriptWriter(AsyncFacade[TranscriptWriter]):
             return
 
         async def loop() -> None:
+            timers = asyncio.get_running_loop()
             while True:
                 wait = await self._calls.call(self._sync.drain_round, interval)
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), wait)
+                # Not ``asyncio.wait_for``: on Python 3.11, when the wake-up and stop()'s
+                # cancellation come in the same loop iteration it returns instead of
+                # raising, and the task runs on with stop() waiting for it forever.
+                timer = timers.call_later(wait, self._wake.set)
+                try:
+                    await self._wake.wait()
+                finally:
+                    timer.cancel()
                 self._wake.clear()
 
         self._drainer = asyncio.get_running_loop().create_task(loop(), name="sessionrepo-drainer")

@@ -258,6 +258,41 @@ def test_the_async_writer_parks_while_the_primary_is_down_and_its_drainer_task_r
     asyncio.run(main())
 
 
+def test_stopping_the_drainer_as_it_is_woken_ends_it(database_url: str, tmp_path: Path) -> None:
+    """A batch parked (waking the drainer) in the loop iteration that ``stop`` cancels it:
+    the task ends. (Python 3.11's ``asyncio.wait_for`` returns instead of raising when the
+    two meet, and the drainer ran on with ``close`` waiting for it: a CI run hung.)"""
+
+    async def main() -> None:
+        async with await open_async_repository(database_url) as repo:
+            writer = AsyncTranscriptWriter(repo, outbox_url=f"sqlite:///{tmp_path / 'o.db'}")
+            rounds: list[float] = []
+            drain_round = writer._sync.drain_round
+
+            def counted(interval: float) -> float:
+                wait = drain_round(interval)
+                rounds.append(wait)
+                return wait
+
+            writer._sync.drain_round = counted  # type: ignore[method-assign]
+            writer.start(interval=60.0)
+
+            async def waiting() -> bool:
+                return bool(rounds)
+
+            await eventually_async(waiting, "the drainer's first round")
+            await asyncio.sleep(0.05)  # it is now waiting for a wake-up
+            # In one loop iteration, in this order: the wake-up (what a parked write
+            # does), then close()'s first step, which cancels the drainer.
+            asyncio.get_running_loop().call_soon(writer._sync.notify_drainer)
+            closing = asyncio.ensure_future(writer.close())
+            done, _ = await asyncio.wait({closing}, timeout=10)
+            assert closing in done, "close() waits for a drainer that never ends"
+            assert len(rounds) == 1, rounds  # it stopped without another round
+
+    asyncio.run(main())
+
+
 def test_the_async_writer_parks_within_its_deadline_when_the_primary_is_held(
     database_url: str, backend: str, tmp_path: Path
 ) -> None:
