@@ -7,7 +7,8 @@ again. ``sessionrepo-dicts``: the gateway's OpenAI-format dicts (stamped with
 objects is part of every timed call. ``writer`` / ``writer-drainer``: the same ``Message``
 objects through ``TranscriptWriter.write`` (the path a gateway calls), its outbox in a local
 SQLite file, without and with its background drainer (``writer.start()``). Load is
-``load_transcript`` (``StoredMessage`` objects); list is ``list_sessions`` (newest activity
+``load_transcript`` (``StoredMessage`` objects; ``sessionrepo-dicts``: ``load_openai``, the
+wire dicts); list is ``list_sessions`` (newest activity
 first, with a preview).
 """
 
@@ -205,11 +206,19 @@ class SessionRepoDicts(SessionRepo):
     label = "sessionrepo append of dicts (validation timed)"
     usage = (
         "as sessionrepo, the gateway's dicts passed to `append` as they are (validation into "
-        "`Message` and encoding timed)"
+        "`Message` and encoding timed); load is `load_openai`, the OpenAI wire dicts a "
+        "gateway sends to the model, straight from the stored JSON (no `StoredMessage`)"
     )
 
     def prepare(self, messages: list[Message]) -> list[Any]:
         return messages
+
+    def load(self, session_id: str) -> dict[str, Any]:
+        load_openai = getattr(self.repo, "load_openai", None)
+        if load_openai is None:  # a baseline checkout from before it existed
+            raise Unsupported("this sessionrepo has no load_openai")
+        messages, seconds = timed(lambda: load_openai(session_id))
+        return {"messages": len(messages), "seconds": seconds}
 
 
 class Writer(SessionRepo):
