@@ -175,6 +175,7 @@ class SessionRow(Base):
         ),
         Index("ix_sessions_parent_session_id", "parent_session_id"),
         Index("ix_sessions_ended_at", "ended_at"),
+        Index("ix_sessions_rollup_day", "rollup_day"),
         # Room on each page for a heap-only (HOT) update of the row (migration 0010).
         {"postgresql_with": {"fillfactor": 80}},
     )
@@ -204,6 +205,13 @@ class SessionRow(Base):
     #: Microseconds of activity after ``last_active_at`` (in no index: an append that
     #: sets it alone touches no index page); the session's activity is their sum.
     last_active_lag_us: Mapped[int] = mapped_column(server_default=text("0"))
+    #: The newest UTC day (``YYYY-MM-DD``) the session had messages on, and how many live
+    #: messages of that day the usage rollup (``usage_rollup``) does not hold yet: the
+    #: open day's count lives on the row every append rewrites anyway, in no index but
+    #: ``rollup_day``'s (which moves once a day), so an append writes no rollup page.
+    #: When a later day comes, the count goes to the rollup (migration 0020).
+    rollup_day: Mapped[str | None] = mapped_column(String(10))
+    rollup_messages: Mapped[int] = mapped_column(server_default=text("0"))
     #: Set by ``fork_session``: the session and ``seq`` this one's transcript was copied
     #: from (no foreign key, like ``parent_session_id``).
     forked_from_session_id: Mapped[str | None]

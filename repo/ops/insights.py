@@ -7,8 +7,10 @@ and user are the session's), model calls and their tokens (by the call's
 prices, the cost the providers reported, and the calls' latency p50/p95 (nearest
 rank). Everything is counted by the database: the whole UTC days of the range from the
 rollup (``usage_rollup``, :mod:`sessionrepo.store.rollup`: per session, day and model,
-kept with the rows it sums), the partial days at its ends from the rows themselves (the
-messages of the sessions the rollup names for that day; the calls by their time), the
+kept with the rows it sums) and the sessions' open days (the messages of its newest day
+a session row counts itself), the partial days at its ends from the rows themselves (the
+messages of the sessions the rollup or their row names for that day; the calls by
+their time), the
 percentiles over the range's calls (PostgreSQL's ``percentile_disc``, SQLite an
 aggregate of its own). Only the price lookup runs here, once per group, model and price
 period.
@@ -277,12 +279,13 @@ class _Days:
             none=first is not None and first == end,
         )
 
-    def whole(self, query: Any) -> Any:
-        """``query`` of the rollup, bounded to the whole days."""
+    def whole(self, query: Any, day: Any = R.day) -> Any:
+        """``query`` of the rollup (or of another ``day`` column), bounded to the whole
+        days."""
         if self.first is not None:
-            query = query.where(R.day >= self.first)
+            query = query.where(day >= self.first)
         if self.end is not None:
-            query = query.where(R.day < self.end)
+            query = query.where(day < self.end)
         return query
 
 
@@ -301,22 +304,37 @@ def _day_start(moment: datetime, *, up: bool) -> datetime:
 
 def _per_session(dialect: BackendDialect, days: _Days) -> Any:
     """``(sid, day, n)``: the live messages per session and UTC day of the range, as a
-    subquery: the whole days from the rollup, the edges counted from the messages (their
-    days are other days than the rollup's, so no ``(sid, day)`` repeats)."""
+    subquery: the whole days from the rollup and the sessions' open days (the count a
+    session row keeps for its newest day: ``sessions.rollup_day``; a ``(sid, day)`` may
+    be in both, so they are summed), the edges counted from the messages (their days are
+    other days than the whole ones, so no ``(sid, day)`` repeats)."""
     parts: list[Select[Any]] = []
     if not days.none:
+        rolled = days.whole(
+            select(R.session_id.label("sid"), R.day.label("day"), R.messages.label("n")).where(
+                R.model == ROLLUP_NO_MODEL, R.messages > 0
+            )
+        )
+        still_open = days.whole(
+            select(
+                S.id.label("sid"), S.rollup_day.label("day"), S.rollup_messages.label("n")
+            ).where(S.rollup_messages > 0),
+            S.rollup_day,
+        )
+        both = union_all(rolled, still_open).subquery()
         parts.append(
-            days.whole(
-                select(R.session_id.label("sid"), R.day.label("day"), R.messages.label("n")).where(
-                    R.model == ROLLUP_NO_MODEL, R.messages > 0
-                )
+            select(both.c.sid, both.c.day, func.sum(both.c.n).label("n")).group_by(
+                both.c.sid, both.c.day
             )
         )
     day = dialect.utc_day(M.timestamp)
     for since, until, on in days.edges:
-        # The messages of the day's sessions only (the rollup names them), read by the
-        # key's session prefix: no index of the messages' time is needed (or kept).
-        active = select(R.session_id).where(R.day == on, R.model == ROLLUP_NO_MODEL, R.messages > 0)
+        # The messages of the day's sessions only (the rollup or their row names them),
+        # read by the key's session prefix: no index of the messages' time is needed.
+        active = union_all(
+            select(R.session_id).where(R.day == on, R.model == ROLLUP_NO_MODEL, R.messages > 0),
+            select(S.id).where(S.rollup_day == on, S.rollup_messages > 0),
+        )
         edge = select(M.session_id.label("sid"), day.label("day"), func.count().label("n")).where(
             M.superseded.is_(None), M.session_id.in_(active)
         )

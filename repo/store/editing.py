@@ -331,7 +331,7 @@ class SessionEditor(TranscriptEditor):
                 }
             )
             conn.execute(update(messages_table).where(chosen).values(superseded=state))
-        _rollup.take_messages(conn, sid, days)
+        _rollup.take_messages(conn, self._db.dialect, sid, days)
         conn.execute(
             update(sessions_table)
             .where(S.id == sid)

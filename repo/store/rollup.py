@@ -11,13 +11,20 @@ trigger (Citus runs none across shards; the rollup is distributed by session id,
 co-located with the messages and usage rows it sums, so each upsert is routed to the
 session's shard):
 
-- an append adds its new messages to their days (in the dialects' append statements:
-  :data:`~sessionrepo.models.usage.ROLLUP_MESSAGES` and the Citus function of
-  migration 0017);
+- an append counts its new messages of the session's open day (the newest UTC day it has
+  messages on) on the session row, which it rewrites anyway (``sessions.rollup_day`` and
+  ``rollup_messages``, migration 0020): no rollup row is written on the common path. The
+  first append of a later day moves the count into the rollup; new messages of an older
+  day go to the rollup at once. (In the dialects' append statements; the Citus function
+  of migration 0017 adds every day to the rollup itself, so there the row counts none.)
+  Readers add the sessions' open days to the rollup's (``sessionrepo.ops.insights``);
+  :func:`close_open_day` moves one session's into the rollup;
 - a usage record adds its call (:func:`add_usage`, from every path that inserts one);
 - a write that takes live messages or usage away, or marks them superseded (an edit, an
   erasure of messages, a restore), recounts the sessions it touched from their rows
-  (:func:`recount`): a decrement of a float sum would drift from the raw sum;
+  (:func:`recount`, which empties the row's count too): a decrement of a float sum would
+  drift from the raw sum; an edit that supersedes messages takes them out by day
+  (:func:`take_messages`, after :func:`close_open_day`);
 - deleting a session deletes its rows (``ON DELETE CASCADE``).
 """
 
@@ -42,7 +49,7 @@ from sqlalchemy import (
 )
 
 from sessionrepo.dialects.base import BackendDialect
-from sessionrepo.models.tables import messages_table
+from sessionrepo.models.tables import messages_table, sessions_table
 from sessionrepo.models.usage import (
     ROLLUP_COLUMNS,
     ROLLUP_COUNTS,
@@ -57,7 +64,9 @@ from sessionrepo.models.usage import (
 
 __all__ = [
     "add_usage",
+    "close_open_day",
     "counted",
+    "held",
     "recount",
     "take_messages",
     "usage_upsert",
@@ -65,6 +74,7 @@ __all__ = [
 
 R = rollup_table.c
 M = messages_table.c
+S = sessions_table.c
 U = usage_table.c
 
 
@@ -98,10 +108,37 @@ def add_usage(conn: Connection, upsert: Insert, session_id: str, records: Iterab
         conn.execute(upsert, list(rows.values()))
 
 
-def take_messages(conn: Connection, session_id: str, days: Mapping[str, int]) -> None:
+def close_open_day(conn: Connection, dialect: BackendDialect, session_id: str) -> None:
+    """Move the count the session row keeps for its open day into the rollup, so that
+    the rollup alone holds every day of the session (before a write takes some out)."""
+    row = conn.execute(
+        select(S.rollup_day, S.rollup_messages).where(S.id == session_id, S.rollup_messages > 0)
+    ).first()  # the caller's transaction holds the session's lock
+    if row is None:
+        return
+    conn.execute(
+        usage_upsert(dialect),
+        [
+            {
+                "session_id": session_id,
+                "day": row.rollup_day,
+                "model": ROLLUP_NO_MODEL,
+                **dict.fromkeys(ROLLUP_COUNTS, 0),
+                "messages": row.rollup_messages,
+                "reported_cost": 0.0,
+            }
+        ],
+    )
+    conn.execute(update(sessions_table).where(S.id == session_id).values(rollup_messages=0))
+
+
+def take_messages(
+    conn: Connection, dialect: BackendDialect, session_id: str, days: Mapping[str, int]
+) -> None:
     """Take live messages out of the session's rollup: ``days`` counts them per UTC day
     (messages now superseded; an integer count, exact)."""
     if days:
+        close_open_day(conn, dialect, session_id)
         conn.execute(
             update(rollup_table)
             .where(
@@ -123,9 +160,31 @@ def recount(conn: Connection, dialect: BackendDialect, session_ids: Sequence[str
     ids = None if session_ids is None else sorted(set(session_ids))
     gone = delete(rollup_table)
     conn.execute(gone if ids is None else gone.where(R.session_id.in_(ids)))
+    emptied = update(sessions_table).where(S.rollup_messages != 0).values(rollup_messages=0)
+    conn.execute(emptied if ids is None else emptied.where(S.id.in_(ids)))
     conn.execute(
         insert(rollup_table).from_select(list(ROLLUP_COLUMNS), counted(dialect, session_ids=ids))
     )
+
+
+def held() -> Select[Any]:
+    """The rollup as its readers count it: its rows, with each session's open-day count
+    (``sessions.rollup_messages``) added to the messages of its day."""
+    still_open = select(
+        S.id.label("session_id"),
+        S.rollup_day.label("day"),
+        literal(ROLLUP_NO_MODEL).label("model"),
+        S.rollup_messages.label("messages"),
+        *(literal(0).label(name) for name in ROLLUP_COUNTS[1:]),
+        literal(0.0).label("reported_cost"),
+    ).where(S.rollup_messages > 0)
+    both = union_all(select(*(R[name] for name in ROLLUP_COLUMNS)), still_open).subquery()
+    return select(
+        both.c.session_id,
+        both.c.day,
+        both.c.model,
+        *(func.sum(both.c[name]).label(name) for name in ROLLUP_SUMS),
+    ).group_by(both.c.session_id, both.c.day, both.c.model)
 
 
 def counted(dialect: BackendDialect, *, session_ids: Sequence[str] | None) -> Select[Any]:

@@ -32,7 +32,7 @@ from sessionrepo.ops.prune import prune_sessions
 from sessionrepo.ops.restore import import_sessions
 from sessionrepo.store import rollup
 from sessionrepo.store.database import Database
-from sessionrepo.store.schema import upgrade
+from sessionrepo.store.schema import downgrade, upgrade
 
 pytestmark = pytest.mark.contract
 
@@ -310,11 +310,7 @@ def _rollup_is_counted_again(repository: SessionRepository) -> None:
     dialect = repository.database.dialect
 
     def read(conn: Any) -> tuple[set[tuple[Any, ...]], set[tuple[Any, ...]]]:
-        kept = {
-            tuple(row)
-            for row in conn.execute(select(*(R[name] for name in ROLLUP_COLUMNS)))
-            if any(row[3:])
-        }
+        kept = {tuple(row) for row in conn.execute(rollup.held()) if any(row[3:])}
         again = {tuple(row) for row in conn.execute(rollup.counted(dialect, session_ids=None))}
         return kept, again
 
@@ -351,6 +347,102 @@ def test_the_report_from_the_rollup_equals_the_report_from_the_rows(
     _price(store)
     _rollup_is_counted_again(store)
     _report_agrees_everywhere(store)
+
+
+def test_the_open_day_is_counted_on_the_session_row_and_moves_to_the_rollup_later(
+    repo: Any, store: SessionRepository, backend: str
+) -> None:
+    """An append of the session's newest day writes no rollup row (the session row counts
+    it); the first append of a later day moves that count into the rollup; messages of
+    an older day go to the rollup at once; a batch across days keeps its newest open.
+    After each step the rollup and the rows agree and so does every report. (On Citus
+    the append function adds every day to the rollup itself: the row counts none.)"""
+    day = [date(2026, 11, d).isoformat() for d in (1, 2, 3, 4)]
+
+    def state() -> tuple[Any, dict[str, int]]:
+        found = held()
+        if backend != "citus":
+            return found
+        (open_day, count), rolled = found
+        assert (open_day, count) == (None, 0)
+        return ..., rolled
+
+    def expect(row: tuple[str, int], rolled: dict[str, int]) -> tuple[Any, dict[str, int]]:
+        if backend != "citus":
+            return row, rolled
+        return ..., rolled | {row[0]: rolled.get(row[0], 0) + row[1]}
+
+    def held() -> tuple[Any, dict[str, int]]:
+        def read(conn: Any) -> tuple[Any, dict[str, int]]:
+            row = conn.execute(select(S.rollup_day, S.rollup_messages).where(S.id == "open")).one()
+            rolled = conn.execute(
+                select(R.day, R.messages).where(R.session_id == "open", R.model == "")
+            )
+            return tuple(row), {d: int(n) for d, n in rolled}
+
+        return store.database.read(read)
+
+    first = datetime(2026, 11, 2, 9, tzinfo=UTC)
+    for index, message in enumerate(_messages("open-a", first, 3, timedelta(minutes=5))):
+        repo.append("open", [message], source="discord")
+        assert state() == expect((day[1], index + 1), {})  # no rollup row on the open day
+    repo.append("open", _messages("open-b", first + timedelta(days=1), 2, timedelta(hours=1)))
+    assert state() == expect((day[2], 2), {day[1]: 3})  # the day before, moved once
+    repo.append("open", _messages("open-c", first - timedelta(days=1), 1, timedelta(hours=1)))
+    # An older day: to the rollup at once.
+    assert state() == expect((day[2], 2), {day[1]: 3, day[0]: 1})
+    across = _messages("open-d", first + timedelta(days=1, hours=12), 3, timedelta(hours=6))
+    repo.append("open", across)  # 21:00 on day 3, then 03:00 and 09:00 on day 4
+    assert state() == expect((day[3], 2), {day[1]: 3, day[0]: 1, day[2]: 3})
+    _rollup_is_counted_again(store)
+    _report_agrees_everywhere(store)
+    repo.retract("open", [across[-1].client_msg_uuid])
+    # An edit moves the open count to the rollup first, then takes the message out.
+    assert state() == expect((day[3], 0), {day[1]: 3, day[0]: 1, day[2]: 3, day[3]: 1})
+    _rollup_is_counted_again(store)
+    _report_agrees_everywhere(store)
+
+
+def test_a_downgrade_moves_the_open_days_into_the_rollup(database_url: str) -> None:
+    """Migration 0020's downgrade keeps every count: the sessions' open days go back to
+    the rollup (which then alone equals the rows counted again), and an upgrade after
+    it goes on from there."""
+    repository = open_repository(database_url)
+    try:
+        first = datetime(2026, 11, 2, 9, tzinfo=UTC)
+        repository.append("down-a", _messages("down-a", first, 3, timedelta(hours=1)))
+        repository.append("down-b", _messages("down-b", first, 2, timedelta(hours=1)))
+        repository.append("down-b", _messages("down-c", first, 1, timedelta(days=1)))
+        repository.record_usage("down-a", [_usage("down-u", first, None)])
+        database = repository.database
+        downgrade(database, "0019")
+
+        def read(conn: Any) -> tuple[set[Any], set[Any]]:
+            stored = {
+                _normal(tuple(row))
+                for row in conn.execute(select(*(R[name] for name in ROLLUP_COLUMNS)))
+            }
+            again = {
+                _normal(tuple(row))
+                for row in conn.execute(rollup.counted(database.dialect, session_ids=None))
+            }
+            return stored, again
+
+        stored, again = database.read(read)
+        assert stored == again, (stored, again)
+        assert stored_key(stored, "down-a") == ("down-a", "2026-11-02", "", 3, 1)
+        upgrade(database, "head")
+        repository.append("down-a", _messages("down-d", first, 1, timedelta(hours=1)))
+        _rollup_is_counted_again(repository)
+    finally:
+        repository.close()
+
+
+def stored_key(rows: set[Any], session_id: str) -> tuple[Any, ...]:
+    """The session's message row of the rollup, its key and first two counts."""
+    found = [row[:5] for row in rows if row[0] == session_id and row[2] == ""]
+    assert len(found) == 1, rows
+    return found[0]
 
 
 def test_prices_that_change_within_a_range_price_each_day_at_its_own(
@@ -491,10 +583,7 @@ def test_the_migration_backfills_the_rollup_from_stored_rows(
         upgrade(database, "head")
 
         def read(conn: Any) -> tuple[set[Any], set[Any]]:
-            stored = {
-                _normal(tuple(row))
-                for row in conn.execute(select(*(R[name] for name in ROLLUP_COLUMNS)))
-            }
+            stored = {_normal(tuple(row)) for row in conn.execute(rollup.held())}
             again = {
                 _normal(tuple(row))
                 for row in conn.execute(rollup.counted(database.dialect, session_ids=None))

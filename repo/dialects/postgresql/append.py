@@ -101,17 +101,46 @@ def _pg_fresh(first_seq: str, held_back: str = "") -> str:
 _ROLLUP = rollup_messages((*ROLLUP_KEY, TENANT_COLUMN))
 
 
-#: The ``rolled`` CTE: the inserted rows (``inserted`` returns each one's time) added to
-#: the session's rollup per UTC day. From ``inserted`` alone: a join back to ``fresh``
-#: (estimated at a hundred rows, planned as a nested loop) cost 25 ms at 1,000 messages.
-_PG_ROLLED = f"""rolled AS (
+#: A message's UTC day, as the rollup keeps it.
+_PG_DAY = """to_char(timezone('UTC', {}."timestamp"), 'YYYY-MM-DD')"""
+
+
+def _pg_rolled(held: str) -> str:
+    """The CTEs that count the inserted rows (``inserted`` returns each one's time) per
+    UTC day: ``days``; ``opened``, the session's open day after this append (the newest
+    of its open day before, ``rollup_day`` of the CTE ``held``, and the new rows' days),
+    whose count the session row keeps (see ``counted``); and ``rolled``, the upsert into
+    the rollup of the other days' new rows and, when a later day opens, of the count
+    the row kept for the day before. Off the common path (a message of the session's
+    open day), ``rolled`` inserts nothing. From ``inserted`` alone: a join back to
+    ``fresh`` (estimated at a hundred rows, planned as a nested loop) cost 25 ms at
+    1,000 messages."""
+    return f"""days AS (
+    SELECT {_PG_DAY.format("i")} AS day, count(*) AS n FROM inserted i GROUP BY 1
+),
+opened AS (
+    SELECT greatest((SELECT rollup_day FROM {held}), (SELECT max(day) FROM days)) AS day
+),
+rolled AS (
     {_ROLLUP[0]}
-    SELECT %(sid)s, to_char(timezone('UTC', i."timestamp"), 'YYYY-MM-DD'),
-        '{ROLLUP_NO_MODEL}', count(*), {ROLLUP_MESSAGES_ZEROS}
-    FROM inserted i
-    GROUP BY 2
+    SELECT %(sid)s, r.day, '{ROLLUP_NO_MODEL}', sum(r.n), {ROLLUP_MESSAGES_ZEROS}
+    FROM (
+        SELECT d.day, d.n FROM days d, opened o WHERE d.day <> o.day
+        UNION ALL
+        SELECT h.rollup_day, h.rollup_messages FROM {held} h, opened o
+        WHERE h.rollup_day <> o.day AND h.rollup_messages > 0
+            AND EXISTS (SELECT 1 FROM inserted)
+    ) r
+    GROUP BY r.day
     {_ROLLUP[1]}
 )"""
+
+
+#: The session row's open day and its count after the append (``opened``, ``days``): in
+#: an UPDATE's SET list, where a column names the row's old value.
+_PG_OPEN_DAY = """rollup_day = o.day,
+        rollup_messages = CASE WHEN rollup_day = o.day THEN rollup_messages ELSE 0 END
+            + coalesce((SELECT n FROM days WHERE day = o.day), 0)"""
 
 
 _PG_INSERT_FRESH = f"""INSERT INTO messages (session_id, seq, {_STORED_NAMES})
@@ -133,6 +162,9 @@ PG_ACTIVITY = """last_active_at = CASE
 
 _PG_INSERT_NEW = f"""
 WITH {_PG_INPUT},
+held AS (  -- the caller holds the row's lock: this snapshot is its latest version
+    SELECT rollup_day, rollup_messages FROM sessions WHERE id = %(sid)s
+),
 {_PG_EXISTING},
 {_pg_fresh("%(next_seq)s::bigint")},
 inserted AS (
@@ -141,6 +173,7 @@ inserted AS (
     ON CONFLICT (session_id, client_msg_uuid, tenant) DO NOTHING
     RETURNING client_msg_uuid, "timestamp"
 ),
+{_pg_rolled("held")},
 counted AS (
     UPDATE sessions SET
         next_seq = next_seq + (SELECT count(*) FROM inserted),
@@ -149,10 +182,11 @@ counted AS (
             SELECT coalesce(sum(f.tool_call_total), 0)
             FROM fresh f JOIN inserted USING (client_msg_uuid)
         ),
-        {PG_ACTIVITY}
+        {PG_ACTIVITY},
+        {_PG_OPEN_DAY}
+    FROM opened o
     WHERE id = %(sid)s AND EXISTS (SELECT 1 FROM inserted)
-),
-{_PG_ROLLED}
+)
 SELECT client_msg_uuid, NULL::bytea AS content_hash FROM inserted
 UNION ALL
 SELECT client_msg_uuid, content_hash FROM existing
@@ -218,18 +252,24 @@ visible AS (
     SELECT 1 FROM sessions WHERE id = %(sid)s
 ),
 locked AS (
-    SELECT next_seq FROM sessions WHERE id = %(sid)s FOR UPDATE
+    SELECT next_seq, rollup_day, rollup_messages FROM sessions WHERE id = %(sid)s FOR UPDATE
 ),
 {_PG_EXISTING},
 {_pg_fresh("coalesce((SELECT next_seq FROM locked), 1)", _PG_DIRECT_HELD_BACK)},
 created AS (
     INSERT INTO sessions ({_CREATED_NAMES},
-        message_count, tool_call_count, next_seq, last_active_at)
+        message_count, tool_call_count, next_seq, last_active_at, rollup_day, rollup_messages)
     SELECT {_CREATED_VALUES},
         (SELECT count(*) FROM fresh),
         (SELECT coalesce(sum(tool_call_total), 0) FROM fresh),
         1 + (SELECT count(*) FROM fresh),
-        %(now)s
+        %(now)s,
+        f.day, coalesce(f.n, 0)
+    FROM (SELECT) one LEFT JOIN (
+        -- Its open day: the newest of its messages' (the others go to the rollup).
+        SELECT day, count(*) AS n FROM (SELECT {_PG_DAY.format("fresh")} AS day FROM fresh) d
+        GROUP BY day ORDER BY day DESC LIMIT 1
+    ) f ON true
     WHERE NOT EXISTS (SELECT 1 FROM visible) AND NOT EXISTS (SELECT 1 FROM parked)
         AND NOT EXISTS (SELECT 1 FROM lost) AND NOT EXISTS (SELECT 1 FROM erased)
     ON CONFLICT (id, tenant) DO NOTHING
@@ -241,16 +281,18 @@ inserted AS (
     ORDER BY seq
     RETURNING seq, "timestamp"
 ),
+{_pg_rolled("locked")},
 counted AS (
     UPDATE sessions SET
         next_seq = next_seq + n.inserted,
         message_count = message_count + n.inserted,
         tool_call_count = tool_call_count + n.tool_calls,
-        {PG_ACTIVITY}
+        {PG_ACTIVITY},
+        {_PG_OPEN_DAY}
     FROM (
         SELECT (SELECT count(*) FROM inserted) AS inserted,
             (SELECT coalesce(sum(tool_call_total), 0) FROM fresh) AS tool_calls
-    ) n
+    ) n, opened o
     WHERE id = %(sid)s AND n.inserted > 0 AND EXISTS (SELECT 1 FROM locked)
 ),
 queued AS (
@@ -258,8 +300,7 @@ queued AS (
     SELECT %(sid)s, min(seq), count(*) FROM inserted
     WHERE %(enqueue)s
     HAVING count(*) > 0
-),
-{_PG_ROLLED}
+)
 SELECT 'i', NULL::uuid, NULL::bytea, min(seq), count(*) FROM inserted HAVING count(*) > 0
 UNION ALL
 SELECT 'e', client_msg_uuid, content_hash, NULL, NULL FROM existing

@@ -30,6 +30,7 @@ from sessionrepo.dialects.base import (
     DirectLoad,
     DirectResult,
     lock_bypassed,
+    open_day,
 )
 from sessionrepo.errors import RepoError
 from sessionrepo.models.outbox_protocol import parked_rows_sql
@@ -67,16 +68,11 @@ class SQLiteAppend(AppendRole):
         stored, fresh = _sqlite_stored(connection.exec_driver_sql, session_id, rows)
         if not fresh:
             return stored
-        _sqlite_insert(
-            partial(connection.exec_driver_sql, execution_options={"preserve_rowcount": True}),
-            session_id,
-            next_seq,
-            fresh,
-        )
-        tool_calls = sum(row["tool_call_total"] for row in fresh)
+        execute = partial(connection.exec_driver_sql, execution_options={"preserve_rowcount": True})
+        values, days = _sqlite_values(session_id, next_seq, fresh)
+        _sqlite_insert(execute, session_id, values)
         row = connection.exec_driver_sql(_SQLITE_NEXT_SEQ, (session_id,)).one()
-        sql, activity = _sqlite_activity(row[1], now)
-        connection.exec_driver_sql(sql, (len(fresh), len(fresh), tool_calls, activity, session_id))
+        _sqlite_count(execute, session_id, fresh, row, days=days, now=now)
         return stored
 
     driver_error = sqlite3.Error
@@ -117,7 +113,7 @@ class SQLiteAppend(AppendRole):
         return rows
 
 
-_SQLITE_NEXT_SEQ = "SELECT next_seq, last_active_at FROM sessions WHERE id = ?"
+_SQLITE_NEXT_SEQ = "SELECT next_seq, last_active_at, rollup_day FROM sessions WHERE id = ?"
 _SQLITE_LOOKUP = (
     "SELECT client_msg_uuid, content_hash FROM messages "
     "WHERE session_id = ? AND client_msg_uuid IN "
@@ -133,10 +129,17 @@ _SQLITE_INSERT = (
 _pick_columns = itemgetter(*MESSAGE_COLUMNS)
 #: Where the stored time is in an insert's values (after the place).
 _TIMESTAMP: Final = len(MESSAGE_PLACE) + MESSAGE_COLUMNS.index("timestamp")
-#: The new messages of one UTC day added to the session's rollup.
+#: New messages of a UTC day other than the session's open day (``rollup_day``) added
+#: to the rollup.
 _ROLLUP = rollup_messages()
 _SQLITE_ROLLUP = (
     f"{_ROLLUP[0]}VALUES (?, ?, '{ROLLUP_NO_MODEL}', ?, {ROLLUP_MESSAGES_ZEROS}){_ROLLUP[1]}"
+)
+#: The open day's count moved to the rollup, when a later day becomes the open one.
+_SQLITE_CLOSE_DAY = (
+    f"{_ROLLUP[0]}SELECT id, rollup_day, '{ROLLUP_NO_MODEL}', rollup_messages, "
+    f"{ROLLUP_MESSAGES_ZEROS} FROM sessions "
+    f"WHERE id = ? AND rollup_day IS NOT NULL AND rollup_messages > 0 {_ROLLUP[1]}"
 )
 
 
@@ -144,28 +147,73 @@ _SQLITE_COUNTS = (
     "UPDATE sessions SET next_seq = next_seq + ?, message_count = message_count + ?, "
     "tool_call_count = tool_call_count + ?, "
 )
-#: The counters and the activity moved past the granularity: ``last_active_at`` rewritten,
-#: with the listing's four indexes.
-_SQLITE_COUNTERS_MOVED = _SQLITE_COUNTS + "last_active_at = ?, last_active_lag_us = 0 WHERE id = ?"
-#: The counters and the activity within the granularity: no indexed column is set, so
-#: SQLite touches no index page (it skips an index none of whose columns is assigned).
-_SQLITE_COUNTERS_LAG = _SQLITE_COUNTS + "last_active_lag_us = ? WHERE id = ?"
+#: The activity moved past the granularity: ``last_active_at`` rewritten, with the
+#: listing's four indexes.
+_SQLITE_MOVED = "last_active_at = ?, last_active_lag_us = 0, "
+#: The activity within the granularity: the lag alone.
+_SQLITE_LAG = "last_active_lag_us = ?, "
+#: The open day's count: added to on the same day (no indexed column is set, so with the
+#: lag SQLite touches no index page: it skips an index none of whose columns is
+#: assigned), started anew on a later day (``rollup_day`` and its index move).
+_SQLITE_SAME_DAY = "rollup_messages = rollup_messages + ? WHERE id = ?"
+_SQLITE_NEW_DAY = "rollup_day = ?, rollup_messages = ? WHERE id = ?"
+#: The counters' statement by (activity moved, day moved).
+_SQLITE_COUNTERS: Final = {
+    (moved, new_day): _SQLITE_COUNTS
+    + (_SQLITE_MOVED if moved else _SQLITE_LAG)
+    + (_SQLITE_NEW_DAY if new_day else _SQLITE_SAME_DAY)
+    for moved in (False, True)
+    for new_day in (False, True)
+}
 _GRANULARITY_US: Final = ACTIVITY_GRANULARITY // timedelta(microseconds=1)
 
 
-def _sqlite_activity(stored: str, now: datetime) -> tuple[str, str | int]:
-    """The counters' statement for an append at ``now`` to a session whose
-    ``last_active_at`` is ``stored`` (as SQLite holds it), and its activity parameter:
-    the lag in microseconds when ``now`` is within the granularity after ``stored``,
-    else ``now`` itself (a clock behind the stored time also rewrites it, as before)."""
+def _sqlite_activity(stored: str, now: datetime) -> tuple[bool, str | int]:
+    """For an append at ``now`` to a session whose ``last_active_at`` is ``stored`` (as
+    SQLite holds it): whether ``last_active_at`` moves, and the activity parameter: the
+    lag in microseconds when ``now`` is within the granularity after ``stored``, else
+    ``now`` itself (a clock behind the stored time also rewrites it, as before)."""
     moment = _sqlite_time(now)
     held = datetime.fromisoformat(stored)
     if held.tzinfo is not None:  # written with an offset by something else than sessionrepo
         held = held.astimezone(UTC).replace(tzinfo=None)
     lag = (datetime.fromisoformat(moment) - held) // timedelta(microseconds=1)
     if 0 <= lag <= _GRANULARITY_US:
-        return _SQLITE_COUNTERS_LAG, lag
-    return _SQLITE_COUNTERS_MOVED, moment
+        return False, lag
+    return True, moment
+
+
+def _sqlite_count(
+    execute: _Execute,
+    session_id: str,
+    fresh: Sequence[dict[str, Any]],
+    session: Sequence[Any],
+    *,
+    days: Mapping[str, int],
+    now: datetime,
+) -> None:
+    """Move the counters of a session that exists (``session``: its ``next_seq``,
+    ``last_active_at`` and ``rollup_day``) for the ``fresh`` rows just inserted, whose
+    UTC days are ``days``: the open day's count on the row, other days in the rollup."""
+    held = session[2]
+    day, elsewhere = open_day(held, days)
+    new_day = day != held
+    if new_day and held is not None:
+        execute(_SQLITE_CLOSE_DAY, (session_id,))
+    moved, activity = _sqlite_activity(session[1], now)
+    tool_calls = sum(row["tool_call_total"] for row in fresh)
+    counted = days.get(day, 0) if day is not None else 0
+    parameters: tuple[Any, ...] = (len(fresh), len(fresh), tool_calls, activity)
+    parameters += (day, counted, session_id) if new_day else (counted, session_id)
+    execute(_SQLITE_COUNTERS[(moved, new_day)], parameters)
+    _sqlite_roll(execute, session_id, elsewhere)
+
+
+def _sqlite_roll(execute: _Execute, session_id: str, days: Mapping[str, int]) -> None:
+    """Add new messages of days other than the open one to the rollup (an import of
+    older messages; rare)."""
+    for day, count in days.items():
+        execute(_SQLITE_ROLLUP, (session_id, day, count))
 
 
 class _Rows(Protocol):
@@ -202,22 +250,28 @@ def _sqlite_stored(
     return stored, [row for row in rows if row["client_msg_uuid"] not in stored]
 
 
-def _sqlite_insert(
-    executemany: _ExecuteMany, session_id: str, next_seq: int, fresh: Sequence[dict[str, Any]]
-) -> None:
-    """Insert ``fresh`` numbered from ``next_seq`` in one ``executemany``. Its rowcount must
-    be every row: a key the lookup did not see means a writer bypassed the lock."""
+def _sqlite_values(
+    session_id: str, next_seq: int, fresh: Sequence[dict[str, Any]]
+) -> tuple[list[tuple[Any, ...]], Counter[str]]:
+    """The insert's values of ``fresh`` numbered from ``next_seq``, and how many of them
+    each UTC day has."""
     values = []
     for index, row in enumerate(fresh):
         value = list(_pick_columns(row))
         for position, convert in _CONVERTED:
             value[position] = convert(value[position])
         values.append((session_id, next_seq + index, *value))
+    return values, Counter(value[_TIMESTAMP][:10] for value in values)  # UTC text: its day
+
+
+def _sqlite_insert(
+    executemany: _ExecuteMany, session_id: str, values: list[tuple[Any, ...]]
+) -> None:
+    """Insert the rows in one ``executemany``. Its rowcount must be every row: a key the
+    lookup did not see means a writer bypassed the lock."""
     inserted = executemany(_SQLITE_INSERT, values).rowcount
-    if inserted != len(fresh):
-        raise lock_bypassed(session_id, len(fresh) - inserted)
-    days = Counter(value[_TIMESTAMP][:10] for value in values)  # UTC text: its day
-    executemany(_SQLITE_ROLLUP, [(session_id, day, count) for day, count in days.items()])
+    if inserted != len(values):
+        raise lock_bypassed(session_id, len(values) - inserted)
 
 
 def _sqlite_time(value: datetime) -> str:
@@ -260,18 +314,20 @@ _SESSION_BINDS: Final = tuple(
 _SQLITE_CREATE = (
     "INSERT INTO sessions ("
     + ", ".join(f'"{name}"' for name in NEW_SESSION_COLUMNS)
-    + ", message_count, tool_call_count, next_seq, last_active_at) VALUES ("
-    + ", ".join("?" * (len(NEW_SESSION_COLUMNS) + 4))
+    + ", message_count, tool_call_count, next_seq, last_active_at, rollup_day, "
+    + "rollup_messages) VALUES ("
+    + ", ".join("?" * (len(NEW_SESSION_COLUMNS) + 6))
     + ")"
 )
 _SQLITE_PARKED = parked_rows_sql("?")
 _SQLITE_AT = "SELECT 1 FROM messages WHERE session_id = ? AND seq = ? AND client_msg_uuid = ?"
 _SQLITE_BACKLOG = "INSERT INTO search_backlog (session_id, first_seq, count) VALUES (?, ?, ?)"
 #: The erasure probe and the session's row in one statement (always one row: whether
-#: the session's tombstone is there, then ``next_seq`` and ``last_active_at``, NULL for
-#: a session that does not exist).
+#: the session's tombstone is there, then ``next_seq``, ``last_active_at`` and
+#: ``rollup_day``, NULL for a session that does not exist).
 _SQLITE_PROBED_SESSION = (
-    "SELECT erased.session_hash IS NOT NULL, sessions.next_seq, sessions.last_active_at "
+    "SELECT erased.session_hash IS NOT NULL, sessions.next_seq, sessions.last_active_at, "
+    "sessions.rollup_day "
     "FROM (SELECT ? AS hash, ? AS id) AS asked "
     "LEFT JOIN erased_sessions AS erased ON erased.session_hash = asked.hash "
     "LEFT JOIN sessions ON sessions.id = asked.id"
@@ -327,21 +383,22 @@ def _sqlite_append_locked(db: sqlite3.Connection, append: DirectAppend, sid: str
     )
     if not fresh or refused:
         return DirectResult(stored=stored, first_seq=None)
-    now = _sqlite_time(append.now)
-    tool_calls = sum(row["tool_call_total"] for row in fresh)
+    next_seq = 1 if session is None else int(session[0])
+    values, days = _sqlite_values(sid, next_seq, fresh)
     if session is None:
-        next_seq = 1
-        values = [
+        columns = [
             value if bind is None else bind(value)
             for name, bind in zip(NEW_SESSION_COLUMNS, _SESSION_BINDS, strict=True)
             for value in (append.new_session.get(name),)
         ]
-        db.execute(_SQLITE_CREATE, (*values, len(fresh), tool_calls, 1 + len(fresh), now))
+        tool_calls = sum(row["tool_call_total"] for row in fresh)
+        day, elsewhere = open_day(None, days)
+        created = (len(fresh), tool_calls, 1 + len(fresh), _sqlite_time(append.now))
+        db.execute(_SQLITE_CREATE, (*columns, *created, day, days[day] if day else 0))
+        _sqlite_roll(db.execute, sid, elsewhere)
     else:
-        next_seq = int(session[0])
-        sql, activity = _sqlite_activity(session[1], append.now)
-        db.execute(sql, (len(fresh), len(fresh), tool_calls, activity, sid))
-    _sqlite_insert(db.executemany, sid, next_seq, fresh)
+        _sqlite_count(db.execute, sid, fresh, session, days=days, now=append.now)
+    _sqlite_insert(db.executemany, sid, values)
     if append.enqueue:
         db.execute(_SQLITE_BACKLOG, (sid, next_seq, len(fresh)))
     return DirectResult(stored=stored, first_seq=next_seq)
