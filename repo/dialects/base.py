@@ -727,13 +727,3 @@ def lock_bypassed(session_id: str, missing: int) -> RepoError:
         f"session {session_id!r}: {missing} keys appeared while the session was locked; "
         "nothing was written"
     )
-
-
-def open_day(held: str | None, days: Mapping[str, int]) -> tuple[str | None, dict[str, int]]:
-    """The session's open day (``rollup_day``, whose live messages the session row counts)
-    after an append of new messages on ``days`` (a count per UTC day) to a session whose
-    open day is ``held``: the newest of them all. Returns it and the days whose new
-    messages the rollup counts instead (older ones: an import's, a clock's behind)."""
-    newest = max(days, default=None)
-    day = held if newest is None or (held is not None and held >= newest) else newest
-    return day, {other: count for other, count in days.items() if other != day}

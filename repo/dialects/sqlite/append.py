@@ -30,7 +30,6 @@ from sessionrepo.dialects.base import (
     DirectLoad,
     DirectResult,
     lock_bypassed,
-    open_day,
 )
 from sessionrepo.errors import RepoError
 from sessionrepo.models.outbox_protocol import parked_rows_sql
@@ -183,6 +182,16 @@ def _sqlite_activity(stored: str, now: datetime) -> tuple[bool, str | int]:
     return True, moment
 
 
+def _open_day(held: str | None, days: Mapping[str, int]) -> tuple[str | None, dict[str, int]]:
+    """The session's open day (``rollup_day``, whose live messages the session row counts)
+    after an append of new messages on ``days`` (a count per UTC day) to a session whose
+    open day is ``held``: the newest of them all. Returns it and the days whose new
+    messages the rollup counts instead (older ones: an import's, a clock's behind)."""
+    newest = max(days, default=None)
+    day = held if newest is None or (held is not None and held >= newest) else newest
+    return day, {other: count for other, count in days.items() if other != day}
+
+
 def _sqlite_count(
     execute: _Execute,
     session_id: str,
@@ -196,7 +205,7 @@ def _sqlite_count(
     ``last_active_at`` and ``rollup_day``) for the ``fresh`` rows just inserted, whose
     UTC days are ``days``: the open day's count on the row, other days in the rollup."""
     held = session[2]
-    day, elsewhere = open_day(held, days)
+    day, elsewhere = _open_day(held, days)
     new_day = day != held
     if new_day and held is not None:
         execute(_SQLITE_CLOSE_DAY, (session_id,))
@@ -392,7 +401,7 @@ def _sqlite_append_locked(db: sqlite3.Connection, append: DirectAppend, sid: str
             for value in (append.new_session.get(name),)
         ]
         tool_calls = sum(row["tool_call_total"] for row in fresh)
-        day, elsewhere = open_day(None, days)
+        day, elsewhere = _open_day(None, days)
         created = (len(fresh), tool_calls, 1 + len(fresh), _sqlite_time(append.now))
         db.execute(_SQLITE_CREATE, (*columns, *created, day, days[day] if day else 0))
         _sqlite_roll(db.execute, sid, elsewhere)
