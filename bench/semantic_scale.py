@@ -46,7 +46,9 @@ from typing import Any
 import numpy as np
 
 from sessionrepo import CallableEmbedder, open_repository
+from sessionrepo.dialects.postgresql.vectors import ANN_INDEX
 from sessionrepo.search.embedders import default_embedder
+from sessionrepo.store.semantic import DEFAULT_VECTOR_MEMORY
 
 RESULTS = Path(__file__).parent / "results"
 DIMENSION = 512
@@ -100,9 +102,15 @@ def _timed(search: Callable[[str], object], queries: Sequence[str], runs: int) -
     return _summary(times)
 
 
-def run(url: str, messages: int) -> dict[str, Any]:
+def run(
+    url: str, messages: int, memory: int, ann: Callable[[], Any] | None = None
+) -> dict[str, Any]:
+    """The figures of one backend; ``ann``: drops pgvector's index before the catch-up
+    and returns what makes it again (a bulk load builds an HNSW index faster after the
+    rows are in, as pgvector advises), ``None`` without one."""
     embedder = CallableEmbedder("bench-hash-512", DIMENSION, _vectors)
-    repository = open_repository(url, embedder=embedder)
+    options: dict[str, Any] = {"embedder": embedder, "semantic_memory": memory}
+    repository = open_repository(url, **options)
     try:
         started = time.perf_counter()
         for start in range(0, messages, PER_SESSION):
@@ -122,29 +130,36 @@ def run(url: str, messages: int) -> dict[str, Any]:
         started = time.perf_counter()
         repository.catch_up_search_index()
         keyword_index = time.perf_counter() - started
+        rebuild = None if ann is None else ann()
         started = time.perf_counter()
         embedded = repository.catch_up_semantic_index()
         fill = time.perf_counter() - started
         report: dict[str, Any] = {
             "messages": messages,
+            "semantic_memory": memory,
             "vectors": embedded,
             "load_s": round(load, 1),
             "keyword_index_s": round(keyword_index, 1),
             "catch_up_s": round(fill, 1),
             "catch_up_rate_per_s": round(embedded / fill),
         }
+        if rebuild is not None:
+            started = time.perf_counter()
+            rebuild()
+            report["ann_index_build_s"] = round(time.perf_counter() - started, 1)
+            report["catch_up_rate_with_index_per_s"] = _catch_up_rate(repository, messages)
     finally:
         repository.close()
     queries = [f"what did we say about {topic}" for topic in TOPICS[:QUERIES]]
     colds = []
     for _ in range(COLD_RUNS - 1):
-        fresh = open_repository(url, embedder=embedder)
+        fresh = open_repository(url, **options)
         try:
             fresh.search(queries[0], mode="keyword")  # the connection pool warm
             colds.append(_ms(lambda r=fresh: r.search(queries[0], mode="semantic")))  # type: ignore[misc]
         finally:
             fresh.close()
-    repository = open_repository(url, embedder=embedder)
+    repository = open_repository(url, **options)
     try:
         repository.search(queries[0], mode="keyword")
         colds.append(_ms(lambda: repository.search(queries[0], mode="semantic")))
@@ -159,14 +174,51 @@ def run(url: str, messages: int) -> dict[str, Any]:
         )
         report["hybrid"] = _timed(lambda q: repository.search(q, mode="hybrid"), queries, RUNS)
         report["keyword"] = _timed(lambda q: repository.search(q, mode="keyword"), queries, RUNS)
+        if ann is not None:
+            report["ann_recall_at_10"] = _recall(url, embedder, repository, queries)
     finally:
         repository.close()
-    uncached = open_repository(url, embedder=embedder, semantic_memory=0)
-    try:
-        report["no_cache"] = _timed(lambda q: uncached.search(q, mode="semantic"), queries[:3], 1)
-    finally:
-        uncached.close()
+    if ann is None:  # with the index, a query without the cache is the index's: "all"
+        uncached = open_repository(url, embedder=embedder, semantic_memory=0)
+        try:
+            report["no_cache"] = _timed(
+                lambda q: uncached.search(q, mode="semantic"), queries[:3], 1
+            )
+        finally:
+            uncached.close()
     return report
+
+
+def _catch_up_rate(repository: Any, after: int, messages: int = 5_000) -> int:
+    """Vectors a catch-up stores per second with the index in place (each one an
+    insert into the HNSW graph too): ``messages`` new ones."""
+    for start in range(after, after + messages, PER_SESSION):
+        repository.append(
+            f"late{start}",
+            [
+                {"role": "user", "content": f"late {i}: {TOPICS[i % len(TOPICS)]}"}
+                for i in range(start, start + PER_SESSION)
+            ],
+        )
+    started = time.perf_counter()
+    embedded = int(repository.catch_up_semantic_index())
+    return round(embedded / (time.perf_counter() - started))
+
+
+def _recall(url: str, embedder: Any, indexed: Any, queries: Sequence[str]) -> float:
+    """Recall@10 of the index's whole-store answers against the exact ones (every vector
+    scored: a repository that keeps them all in memory)."""
+    exact = open_repository(url, embedder=embedder, semantic_memory=4 * 1024**3)
+    try:
+        found = total = 0
+        for query in queries:
+            truth = {(h.session_id, h.seq) for h in exact.search(query, mode="semantic", limit=10)}
+            got = {(h.session_id, h.seq) for h in indexed.search(query, mode="semantic", limit=10)}
+            found += len(truth & got)
+            total += len(truth)
+    finally:
+        exact.close()
+    return round(found / total, 3) if total else 0.0
 
 
 def numpy_scan(messages: int) -> float:
@@ -225,12 +277,58 @@ def extensions() -> dict[str, str]:
     return found
 
 
+def _psql(database: str, sql: str) -> str:
+    done = subprocess.run(
+        [
+            "psql",
+            "-h",
+            "127.0.0.1",
+            "-U",
+            "postgres",
+            "-v",
+            "ON_ERROR_STOP=1",
+            "-Atc",
+            sql,
+            database,
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return done.stdout.strip()
+
+
+def _without_index(database: str) -> Callable[[], None]:
+    """Drop pgvector's index (migration 0021's), and return what builds it again."""
+    definition = _psql(database, f"SELECT indexdef FROM pg_indexes WHERE indexname = '{ANN_INDEX}'")
+    if not definition:
+        raise SystemExit("--pgvector: the store has no pgvector index (is the extension 0.8+?)")
+    _psql(database, f"DROP INDEX {ANN_INDEX}")
+
+    def rebuild() -> None:
+        _psql(database, f"SET maintenance_work_mem = '2GB'; {definition}")
+
+    return rebuild
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--messages", type=int, default=100_000)
     parser.add_argument("--model-messages", type=int, default=1_000)
     parser.add_argument("--backends", default="sqlite,postgresql")
     parser.add_argument("--postgres-url", default="postgresql://postgres@127.0.0.1:5432/postgres")
+    parser.add_argument(
+        "--memory",
+        type=int,
+        default=DEFAULT_VECTOR_MEMORY,
+        help="semantic_memory= of the timed repositories, in bytes",
+    )
+    parser.add_argument(
+        "--pgvector",
+        action="store_true",
+        help="PostgreSQL: CREATE EXTENSION vector before migrating, so that the store has "
+        "pgvector's index (migration 0021); needs the extension on the server",
+    )
     parser.add_argument("--out", type=Path, default=RESULTS / "semantic-scale.json")
     args = parser.parse_args(argv)
     results: dict[str, Any] = {
@@ -244,7 +342,7 @@ def main(argv: list[str] | None = None) -> None:
     backends = args.backends.split(",")
     if "sqlite" in backends:
         with tempfile.TemporaryDirectory() as folder:
-            results["sqlite"] = run(f"sqlite:///{folder}/scale.db", args.messages)
+            results["sqlite"] = run(f"sqlite:///{folder}/scale.db", args.messages, args.memory)
         print("sqlite", results["sqlite"], flush=True)
     if "postgresql" in backends:
         name = f"sessionrepo_semscale_{uuid.uuid4().hex[:8]}"
@@ -252,6 +350,8 @@ def main(argv: list[str] | None = None) -> None:
         subprocess.run(["createdb", "-h", "127.0.0.1", "-U", "postgres", name], check=True)
         try:
             url = f"{base}/{name}"
+            if args.pgvector:
+                _psql(name, "CREATE EXTENSION vector")
             subprocess.run(
                 ["sessionrepo", "migrate"],
                 check=True,
@@ -261,7 +361,8 @@ def main(argv: list[str] | None = None) -> None:
                     + ":/usr/bin:/bin",
                 },
             )
-            results["postgresql"] = run(url, args.messages)
+            ann = (lambda: _without_index(name)) if args.pgvector else None
+            results["postgresql"] = run(url, args.messages, args.memory, ann)
             extension = subprocess.run(
                 [
                     "psql",

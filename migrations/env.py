@@ -32,9 +32,15 @@ def _configured_url() -> str | None:
 
 
 #: The search index's objects (an FTS5 virtual table and its shadow tables, or a tsvector
-#: table and its indexes), made by raw DDL (``BackendDialect.search_index_ddl``): not in
+#: table and its indexes), made by raw DDL (``BackendDialect.search_index_ddl``), and
+#: pgvector's index over the vectors (0021, where the database has the extension): not in
 #: the models' metadata, so autogenerate and `alembic check` leave them alone.
-_UNMODELLED_PREFIXES = ("messages_fts", "message_search", "ix_message_search")
+_UNMODELLED_PREFIXES = (
+    "messages_fts",
+    "message_search",
+    "ix_message_search",
+    "ix_message_embeddings_ann",
+)
 
 
 def _include_name(name: str | None, type_: str, parent_names: object) -> bool:

@@ -457,6 +457,19 @@ class BlockingAsync:
         return call
 
 
+def open_for_api(url: str, api: str, request: pytest.FixtureRequest, **options: Any) -> Any:
+    """A repository of ``url`` through the ``sync`` API, or the ``async`` one called like
+    it (:class:`BlockingAsync`), closed when the test ends."""
+    if api == "sync":
+        repository = open_repository(url, **options)
+        request.addfinalizer(repository.close)
+        return repository
+    loop: EventLoopThread = request.getfixturevalue("event_loop_thread")
+    async_repository = loop.run(open_async_repository(url, **options))
+    request.addfinalizer(lambda: loop.run(async_repository.close()))
+    return BlockingAsync(async_repository, loop)
+
+
 @pytest.fixture(scope="session")
 def event_loop_thread() -> Iterator[EventLoopThread]:
     loop = EventLoopThread()

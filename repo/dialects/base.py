@@ -68,6 +68,10 @@ IndexEntry = tuple[str, int, datetime, str | None, str]
 
 SearchOrder = Literal["rank", "newest"]
 
+#: ``((session_id, seq), score, content_hash)``: a stored vector near a query's, its
+#: score the int8 dot product (:meth:`SearchRole.nearest_vectors`).
+NearVector = tuple[tuple[str, int], float, bytes]
+
 #: Keys per ``IN (...)`` list when looking up which of a batch are already stored.
 LOOKUP_CHUNK: Final = 500
 
@@ -584,6 +588,16 @@ class SearchRole(ABC):
         content, rank) of the messages matching ``query``, newest first; with
         ``order="rank"``, the newest ``window`` matches ordered by relevance. The
         content is the stored text, cut to what is indexed."""
+
+    def nearest_vectors(
+        self, connection: Connection, target: bytes, depth: int
+    ) -> list[NearVector] | None:
+        """About the ``depth`` stored vectors (``message_embeddings``) with the largest
+        int8 dot product with ``target`` (int8 bytes), best first, by an index extension
+        over them (approximate: an index's answer), whatever their messages' state (the
+        caller checks each). ``None``: no such index for vectors of this size here (the
+        default), so the caller scans them all."""
+        return None
 
     @abstractmethod
     def forget_search_documents(self, connection: Connection, session_ids: Sequence[str]) -> None:

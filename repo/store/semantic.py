@@ -269,6 +269,11 @@ class VectorCache:
         #: The bound, in bytes (``0``: nothing is kept).
         self.limit = limit
         self._lock = threading.Lock()
+        #: When the store's vectors were last found past the bound, and the ``cleared``
+        #: generation then: until :data:`RELOAD_EVERY` has passed (or a reindex), a
+        #: query does not count them again (a count of 1,000,000 rows would be most of
+        #: a query that an index answers in milliseconds).
+        self.refused: tuple[int, float] | None = None
         self._clear()
 
     def _clear(self) -> None:
@@ -310,6 +315,7 @@ class VectorCache:
     def clear(self) -> None:
         with self._lock:
             self._clear()
+            self.refused = None
 
     # -- keeping up -----------------------------------------------------------------------
 
@@ -330,13 +336,25 @@ class VectorCache:
                 self._clear()
                 seen = None
             if seen is None:
-                return self._load(database, dimension, generation, cleared)
+                refused = self.refused
+                if (
+                    refused is not None
+                    and refused[0] == cleared
+                    and time.monotonic() - refused[1] < RELOAD_EVERY
+                ):
+                    return False
+                if self._load(database, dimension, generation, cleared):
+                    self.refused = None
+                    return True
+                self.refused = (cleared, time.monotonic())
+                return False
             if generation > seen[0]:
                 rows = database.read(partial(_changed_rows, after=seen[0], through=generation))
                 self._apply(rows)
                 self.seen = (generation, cleared)
                 if self.size > self.limit:
                     self._clear()
+                    self.refused = (cleared, time.monotonic())
                     return False
             return True
 
@@ -894,10 +912,14 @@ class SemanticIndex:
             sessions = self.database.read(partial(_sessions_of, filters=filters))
         excluded: set[tuple[str, int]] = set()
         depth = wanted + CANDIDATE_MARGIN
+        nearest = not cached and filters == SearchFilters()
         while True:
             if cached:
                 candidates = cache.best(target, filters, sessions, depth, excluded)
+            elif nearest and (found := self._nearest(target, depth, excluded)) is not None:
+                candidates = found
             else:
+                nearest = False
                 candidates = _best(
                     self.database.read(lambda conn: _vectors(conn, filters)),
                     dimension,
@@ -922,6 +944,22 @@ class SemanticIndex:
             _hit(rows[key], parsed, score / (SCALE * SCALE))
             for key, score, _ in good[offset:wanted]
         ]
+
+    def _nearest(
+        self, target: Any, depth: int, excluded: set[tuple[str, int]]
+    ) -> list[Candidate] | None:
+        """The ``depth`` best candidates by the dialect's vector index (none of
+        ``excluded``), or ``None`` where there is no index for these vectors."""
+        import numpy as np
+
+        vector = target.astype(np.int8).tobytes()
+        dialect = self.database.dialect
+        found = self.database.read(
+            lambda conn: dialect.nearest_vectors(conn, vector, depth + len(excluded))
+        )
+        if found is None:
+            return None
+        return [near for near in found if near[0] not in excluded][:depth]
 
 
 def _best(

@@ -17,12 +17,11 @@ from sessionrepo import (
     CallableEmbedder,
     SearchResults,
     SemanticSearchUnavailable,
-    open_async_repository,
     open_repository,
 )
 from sessionrepo.models.tables import embeddings_table
 from sessionrepo.store import semantic as semantic_module
-from tests.conftest import BlockingAsync, EventLoopThread
+from tests.conftest import open_for_api
 
 from support.embedders import ConceptEmbedder
 
@@ -37,15 +36,7 @@ def embedder() -> ConceptEmbedder:
     return ConceptEmbedder()
 
 
-def _open(url: str, api: str, request: pytest.FixtureRequest, **options: Any) -> Any:
-    if api == "sync":
-        repository = open_repository(url, **options)
-        request.addfinalizer(repository.close)
-        return repository
-    loop: EventLoopThread = request.getfixturevalue("event_loop_thread")
-    async_repository = loop.run(open_async_repository(url, **options))
-    request.addfinalizer(lambda: loop.run(async_repository.close()))
-    return BlockingAsync(async_repository, loop)
+_open = open_for_api
 
 
 @pytest.fixture

@@ -14,14 +14,14 @@ import numpy as np
 import pytest
 from sqlalchemy import select
 
-from sessionrepo import open_async_repository, open_repository
+from sessionrepo import open_repository
 from sessionrepo.models.privacy import RetentionPolicy
 from sessionrepo.models.tables import embeddings_table
 from sessionrepo.search.query import SearchFilters
 from sessionrepo.store import repository as repository_module
 from sessionrepo.store import semantic as semantic_module
 from sessionrepo.store.semantic import VectorCache
-from tests.conftest import BlockingAsync, EventLoopThread
+from tests.conftest import open_for_api
 
 from support.embedders import ConceptEmbedder
 
@@ -33,14 +33,7 @@ def api(request: pytest.FixtureRequest) -> str:
 
 def _open(url: str, api: str, request: pytest.FixtureRequest, **options: Any) -> Any:
     options.setdefault("embedder", ConceptEmbedder())
-    if api == "sync":
-        repository = open_repository(url, **options)
-        request.addfinalizer(repository.close)
-        return repository
-    loop: EventLoopThread = request.getfixturevalue("event_loop_thread")
-    async_repository = loop.run(open_async_repository(url, **options))
-    request.addfinalizer(lambda: loop.run(async_repository.close()))
-    return BlockingAsync(async_repository, loop)
+    return open_for_api(url, api, request, **options)
 
 
 def _cache(store: Any) -> VectorCache:

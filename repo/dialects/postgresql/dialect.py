@@ -1,4 +1,4 @@
-"""The PostgreSQL dialect: its four roles joined, and what it can do."""
+"""The PostgreSQL dialect: its roles joined, and what it can do."""
 
 from __future__ import annotations
 
@@ -8,10 +8,17 @@ from sessionrepo.dialects.postgresql.engine import PostgresEngine
 from sessionrepo.dialects.postgresql.erasure import PostgresErasure
 from sessionrepo.dialects.postgresql.probes import PostgresProbes
 from sessionrepo.dialects.postgresql.search import PostgresSearch
+from sessionrepo.dialects.postgresql.vectors import PostgresVectors
 
 
 class PostgresDialect(
-    PostgresEngine, PostgresAppend, PostgresSearch, PostgresProbes, PostgresErasure, BackendDialect
+    PostgresEngine,
+    PostgresAppend,
+    PostgresSearch,
+    PostgresVectors,
+    PostgresProbes,
+    PostgresErasure,
+    BackendDialect,
 ):
     """PostgreSQL through psycopg 3 (its async mode for asyncio)."""
 
