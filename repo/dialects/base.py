@@ -25,7 +25,7 @@ import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, ClassVar, Final, Literal, NamedTuple, Protocol, TypeVar
 
 from sqlalchemy import (
@@ -325,6 +325,17 @@ class EngineRole(ABC):
     @abstractmethod
     def utc_day(self, value: ColumnElement[Any]) -> ColumnElement[str]:
         """The UTC day of a stored time, as ``YYYY-MM-DD`` text (the insights' day)."""
+
+    @abstractmethod
+    def activity(self, at: ColumnElement[Any], lag_us: ColumnElement[Any]) -> ColumnElement[Any]:
+        """A stored time ``at`` plus ``lag_us`` microseconds, exactly, as a value that
+        orders and compares as the time does (not necessarily a time: SQLite's is an
+        integer of microseconds). Only ever compared with another ``activity``."""
+
+    @abstractmethod
+    def time_before(self, at: ColumnElement[Any], by: timedelta) -> ColumnElement[Any]:
+        """A stored time ``at`` less ``by``, or a little earlier (never later): a value
+        the stored column compares with, in its index too; ``NULL`` for ``NULL``."""
 
     @abstractmethod
     def text_after(self, value: ColumnElement[Any], part: str, length: int) -> ColumnElement[str]:

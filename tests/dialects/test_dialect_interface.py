@@ -88,6 +88,8 @@ def test_the_abstract_interface_lists_what_a_backend_must_write() -> None:
         "scrub_after_erasure",
         "nearest_ranks",
         "utc_day",
+        "activity",
+        "time_before",
     } == set(BackendDialect.__abstractmethods__)
 
 

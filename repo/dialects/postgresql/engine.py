@@ -9,11 +9,25 @@ import os
 import re
 import socket
 from collections.abc import Sequence
+from datetime import timedelta
 from typing import Any, Final
 
 import psycopg
 import psycopg.errors
-from sqlalchemy import Connection, Engine, Insert, Select, Table, event, func, select, text
+from sqlalchemy import (
+    Connection,
+    Engine,
+    Insert,
+    Interval,
+    Select,
+    Table,
+    event,
+    func,
+    literal,
+    literal_column,
+    select,
+    text,
+)
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.engine import URL
@@ -28,6 +42,9 @@ _SET_ROLE_REFUSED: Final = "permission denied to set role"
 
 #: Key of the PostgreSQL advisory lock held while migrating ("sessrepo" in ASCII).
 MIGRATION_LOCK_KEY: Final = 0x7365737372657070 & 0x7FFFFFFFFFFFFFFF
+
+#: A microsecond, multiplied by a count of them: exact (a timestamp counts microseconds).
+_MICROSECOND: Final = literal_column("interval '1 microsecond'", Interval())
 
 
 class PostgresEngine(EngineRole):
@@ -130,6 +147,14 @@ class PostgresEngine(EngineRole):
         # Whatever the connection's TimeZone setting is.
         day: ColumnElement[str] = func.to_char(func.timezone("UTC", value), "YYYY-MM-DD")
         return day
+
+    def activity(self, at: ColumnElement[Any], lag_us: ColumnElement[Any]) -> ColumnElement[Any]:
+        result: ColumnElement[Any] = at + lag_us * _MICROSECOND
+        return result
+
+    def time_before(self, at: ColumnElement[Any], by: timedelta) -> ColumnElement[Any]:
+        result: ColumnElement[Any] = at - literal(by, Interval())
+        return result
 
     def text_after(self, value: ColumnElement[Any], part: str, length: int) -> ColumnElement[str]:
         # split_part and left() work in bytes up to the cut; substr(value, strpos(...))

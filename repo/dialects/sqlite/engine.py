@@ -8,10 +8,23 @@ import math
 import os
 import sqlite3
 from collections.abc import Sequence
+from datetime import timedelta
 from pathlib import Path
 from typing import Any, Final, cast
 
-from sqlalchemy import Connection, Engine, Insert, Select, Table, event, func, select
+from sqlalchemy import (
+    Connection,
+    Engine,
+    Insert,
+    Integer,
+    Select,
+    Table,
+    Text,
+    event,
+    func,
+    literal,
+    select,
+)
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.dialects import sqlite
 from sqlalchemy.engine import URL
@@ -255,6 +268,26 @@ class SQLiteEngine(EngineRole):
         # Stored as UTC text, "YYYY-MM-DD HH:MM:SS...": its first ten characters.
         day: ColumnElement[str] = func.substr(value, 1, 10)
         return day
+
+    def activity(self, at: ColumnElement[Any], lag_us: ColumnElement[Any]) -> ColumnElement[Any]:
+        # Integer microseconds from the text (julianday is a float: not exact): the
+        # seconds, then the fraction's six digits (padded, should one be shorter); the
+        # arithmetic reads both texts as integers.
+        seconds = func.strftime("%s", func.substr(at, 1, 19), type_=Integer)
+        padded = at.op("||")(literal("000000", Text))
+        fraction = func.substr(padded, 21, 6, type_=Integer)
+        result: ColumnElement[int] = seconds * 1_000_000 + fraction + lag_us
+        return result
+
+    def time_before(self, at: ColumnElement[Any], by: timedelta) -> ColumnElement[Any]:
+        # strftime's %f has milliseconds, rounded to the nearest: a millisecond more off
+        # keeps the result earlier than exact (its shorter text sorts before the stored
+        # time of the same millisecond); ``at`` once, so a subquery runs once.
+        milliseconds = math.ceil(by / timedelta(milliseconds=1)) + 1
+        result: ColumnElement[str] = func.strftime(
+            "%Y-%m-%d %H:%M:%f", at, f"-{milliseconds / 1000:.3f} seconds", type_=Text
+        )
+        return result
 
     def text_after(self, value: ColumnElement[Any], part: str, length: int) -> ColumnElement[str]:
         at = func.instr(value, part)
