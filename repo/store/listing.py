@@ -3,8 +3,8 @@ preview of its first user message, and the cursor that continues it.
 
 The order is by activity, exactly (``last_active_at`` plus ``last_active_lag_us``: an
 append moves the indexed column only when it is more than a granularity behind, and the
-lag otherwise, so that its update stays HOT on PostgreSQL); see :meth:`SessionListing.page`
-for how the index still finds the page.
+lag otherwise, so that its update stays HOT on PostgreSQL), in one statement; see
+:meth:`SessionListing._statement` for how the index still finds the page.
 """
 
 from __future__ import annotations
