@@ -46,9 +46,7 @@ from typing import Any
 import numpy as np
 
 from sessionrepo import CallableEmbedder, open_repository
-from sessionrepo.dialects.postgresql.vectors import ANN_INDEX
 from sessionrepo.search.embedders import default_embedder
-from sessionrepo.store.semantic import DEFAULT_VECTOR_MEMORY
 
 RESULTS = Path(__file__).parent / "results"
 DIMENSION = 512
@@ -103,13 +101,15 @@ def _timed(search: Callable[[str], object], queries: Sequence[str], runs: int) -
 
 
 def run(
-    url: str, messages: int, memory: int, ann: Callable[[], Any] | None = None
+    url: str, messages: int, memory: int | None, ann: Callable[[], Any] | None = None
 ) -> dict[str, Any]:
     """The figures of one backend; ``ann``: drops pgvector's index before the catch-up
     and returns what makes it again (a bulk load builds an HNSW index faster after the
     rows are in, as pgvector advises), ``None`` without one."""
     embedder = CallableEmbedder("bench-hash-512", DIMENSION, _vectors)
-    options: dict[str, Any] = {"embedder": embedder, "semantic_memory": memory}
+    options: dict[str, Any] = {"embedder": embedder}
+    if memory is not None:  # else the repository's default
+        options["semantic_memory"] = memory
     repository = open_repository(url, **options)
     try:
         started = time.perf_counter()
@@ -299,11 +299,17 @@ def _psql(database: str, sql: str) -> str:
 
 
 def _without_index(database: str) -> Callable[[], None]:
-    """Drop pgvector's index (migration 0021's), and return what builds it again."""
-    definition = _psql(database, f"SELECT indexdef FROM pg_indexes WHERE indexname = '{ANN_INDEX}'")
-    if not definition:
+    """Drop pgvector's index over the vectors (migration 0021's), and return what builds
+    it again."""
+    found = _psql(
+        database,
+        "SELECT indexname || '|' || indexdef FROM pg_indexes "
+        "WHERE tablename = 'message_embeddings' AND indexdef LIKE '%USING hnsw%'",
+    )
+    if not found:
         raise SystemExit("--pgvector: the store has no pgvector index (is the extension 0.8+?)")
-    _psql(database, f"DROP INDEX {ANN_INDEX}")
+    name, definition = found.split("|", 1)
+    _psql(database, f"DROP INDEX {name}")
 
     def rebuild() -> None:
         _psql(database, f"SET maintenance_work_mem = '2GB'; {definition}")
@@ -320,8 +326,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--memory",
         type=int,
-        default=DEFAULT_VECTOR_MEMORY,
-        help="semantic_memory= of the timed repositories, in bytes",
+        default=None,
+        help="semantic_memory= of the timed repositories, in bytes (default: theirs)",
     )
     parser.add_argument(
         "--pgvector",
