@@ -13,6 +13,8 @@ from typing import Any
 
 from alembic import context
 from sqlalchemy import Connection
+from sqlalchemy.dialects.postgresql.base import ischema_names
+from sqlalchemy.types import UserDefinedType
 
 from sessionrepo.dialects import dialect_for, normalize_url
 from sessionrepo.models import adk as _adk_tables  # noqa: F401 - registers its tables on Base
@@ -33,14 +35,32 @@ def _configured_url() -> str | None:
 
 #: The search index's objects (an FTS5 virtual table and its shadow tables, or a tsvector
 #: table and its indexes), made by raw DDL (``BackendDialect.search_index_ddl``), and
-#: pgvector's index over the vectors (0021, where the database has the extension): not in
-#: the models' metadata, so autogenerate and `alembic check` leave them alone.
+#: pgvector's column and index over the vectors (0021, where the database has the
+#: extension): not in the models' metadata, so autogenerate and `alembic check` leave
+#: them alone.
 _UNMODELLED_PREFIXES = (
     "messages_fts",
     "message_search",
     "ix_message_search",
     "ix_message_embeddings_ann",
+    "ann_vector",
 )
+
+
+class _HalfVec(UserDefinedType[Any]):
+    """pgvector's ``halfvec(n)``, the type of ``ann_vector`` (0021), as reflection finds
+    it: known, so that reflecting the column is silent (the comparison leaves it out)."""
+
+    cache_ok = True
+
+    def __init__(self, dimension: int | None = None) -> None:
+        self.dimension = dimension
+
+    def get_col_spec(self, **kw: Any) -> str:
+        return "halfvec" if self.dimension is None else f"halfvec({self.dimension})"
+
+
+ischema_names.setdefault("halfvec", _HalfVec)
 
 
 def _include_name(name: str | None, type_: str, parent_names: object) -> bool:

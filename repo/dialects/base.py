@@ -68,9 +68,9 @@ IndexEntry = tuple[str, int, datetime, str | None, str]
 
 SearchOrder = Literal["rank", "newest"]
 
-#: ``((session_id, seq), score, content_hash)``: a stored vector near a query's, its
-#: score the int8 dot product (:meth:`SearchRole.nearest_vectors`).
-NearVector = tuple[tuple[str, int], float, bytes]
+#: ``((session_id, seq), content_hash, vector)``: a stored vector near a query's, as
+#: :meth:`SearchRole.nearest_vectors` finds it (the vector: its int8 bytes).
+NearVector = tuple[tuple[str, int], bytes, bytes]
 
 #: Keys per ``IN (...)`` list when looking up which of a batch are already stored.
 LOOKUP_CHUNK: Final = 500
@@ -601,13 +601,15 @@ class SearchRole(ABC):
         content is the stored text, cut to what is indexed."""
 
     def nearest_vectors(
-        self, connection: Connection, target: bytes, depth: int
+        self, connection: Connection, target: bytes, depth: int, filters: SearchFilters
     ) -> list[NearVector] | None:
-        """About the ``depth`` stored vectors (``message_embeddings``) with the largest
-        int8 dot product with ``target`` (int8 bytes), best first, by an index extension
-        over them (approximate: an index's answer), whatever their messages' state (the
-        caller checks each). ``None``: no such index for vectors of this size here (the
-        default), so the caller scans them all."""
+        """At least ``depth`` of the stored vectors (``message_embeddings``) nearest to
+        ``target`` (int8 bytes; nearest: the largest int8 dot product) whose messages
+        pass ``filters``, in no particular order, by an index extension over them
+        (approximate: an index's answer), whatever their messages' state (the caller
+        scores and checks each). ``None``: no such index for vectors of this size and
+        these filters here (the default), or it found fewer than ``depth``, so the
+        caller scans them."""
         return None
 
     @abstractmethod

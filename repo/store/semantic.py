@@ -24,9 +24,9 @@ stamps its rows with it (the state row's lock orders those commits), so a proces
 keeps the vectors in memory (:class:`VectorCache`, bounded in bytes) reads them whole
 once and then only the rows written since. A search scores every current vector that
 passes the filters by int8 dot product (brute force, numpy) from that cache (or, when it
-is off or the vectors do not fit: a whole-store query asks the dialect's vector index,
-pgvector's HNSW where migration 0021 made one, for its nearest rows; any other reads
-the vectors that pass the filters from the database), then reads only its best rows,
+is off or the vectors do not fit: the dialect's vector index, pgvector's HNSW where
+migration 0021 made one, for its nearest rows that pass the filters; else the vectors
+that pass them, read from the database), then reads only its best rows,
 each checked against the database (live, its text the one embedded, the filters met;
 those found gone are dropped from the cache), and returns them with a snippet. The
 state, the load of the vectors and the hits are read on the driver's own connection
@@ -914,11 +914,11 @@ class SemanticIndex:
             sessions = self.database.read(partial(_sessions_of, filters=filters))
         excluded: set[tuple[str, int]] = set()
         depth = wanted + CANDIDATE_MARGIN
-        nearest = not cached and filters == SearchFilters()
+        nearest = not cached
         while True:
             if cached:
                 candidates = cache.best(target, filters, sessions, depth, excluded)
-            elif nearest and (found := self._nearest(target, depth, excluded)) is not None:
+            elif nearest and (found := self._nearest(target, filters, depth, excluded)):
                 candidates = found
             else:
                 nearest = False
@@ -948,20 +948,33 @@ class SemanticIndex:
         ]
 
     def _nearest(
-        self, target: Any, depth: int, excluded: set[tuple[str, int]]
+        self, target: Any, filters: SearchFilters, depth: int, excluded: set[tuple[str, int]]
     ) -> list[Candidate] | None:
-        """The ``depth`` best candidates by the dialect's vector index (none of
-        ``excluded``), or ``None`` where there is no index for these vectors."""
+        """The ``depth`` best candidates that pass ``filters`` by the dialect's vector
+        index (none of ``excluded``), or ``None`` where it has no answer
+        (:meth:`~sessionrepo.dialects.base.SearchRole.nearest_vectors`)."""
         import numpy as np
 
         vector = target.astype(np.int8).tobytes()
         dialect = self.database.dialect
         found = self.database.read(
-            lambda conn: dialect.nearest_vectors(conn, vector, depth + len(excluded))
+            lambda conn: dialect.nearest_vectors(conn, vector, depth + len(excluded), filters)
         )
         if found is None:
             return None
-        return [near for near in found if near[0] not in excluded][:depth]
+        found = [near for near in found if near[0] not in excluded]
+        if not found:
+            return []
+        matrix = np.frombuffer(b"".join(near[2] for near in found), dtype=np.int8)
+        scores = _scores(matrix.reshape(len(found), -1), target).tolist()
+        ranked = sorted(
+            (
+                (key, float(score), content_hash)
+                for (key, content_hash, _), score in zip(found, scores, strict=True)
+            ),
+            key=lambda candidate: (-candidate[1], candidate[0]),
+        )
+        return ranked[:depth]
 
 
 def _best(

@@ -69,8 +69,8 @@ class _Spy:
         self.answers: list[Any] = []
         original = PostgresVectors.nearest_vectors
 
-        def spied(dialect: Any, connection: Any, target: bytes, depth: int) -> Any:
-            answer = original(dialect, connection, target, depth)
+        def spied(dialect: Any, connection: Any, target: bytes, depth: int, filters: Any) -> Any:
+            answer = original(dialect, connection, target, depth, filters)
             self.answers.append(answer)
             return answer
 
@@ -91,7 +91,12 @@ def _fill(store: Any) -> None:
     for session, content in _TEXTS:
         store.append(session, [{"role": "user", "content": content}], user_id="ana")
     for number in range(40):  # more than a page of the index's neighbours
-        store.append(f"noise{number}", [{"role": "assistant", "content": f"word{number} x"}])
+        even = number % 2 == 0  # half of them ana's, as user messages
+        store.append(
+            f"noise{number}",
+            [{"role": "user" if even else "assistant", "content": f"word{number} x"}],
+            user_id="ana" if even else "bo",
+        )
     store.catch_up_semantic_index()
 
 
@@ -135,6 +140,18 @@ def test_an_uncached_query_is_answered_by_the_index_with_the_exact_hits(
     assert _keys(expected)[:2] in ([("trip", 1), ("trip", 2)], [("trip", 2), ("trip", 1)])
     assert spy.answers
     assert all(answer is not None for answer in spy.answers)
+    # A user's, a role's: the filtered index scan, the same hits as the exact scan.
+    for filters in ({"user_id": "ana"}, {"role": "user"}):
+        hits = indexed.search("the vet", mode="semantic", limit=2, **filters)
+        assert _keys(hits) == [("pet", 1), ("pet", 2)]
+        assert _keys(hits) == _keys(exact.search("the vet", mode="semantic", limit=2, **filters))
+    assert spy.answers and all(answer is not None for answer in spy.answers)
+    # Fewer than the query asks for pass the filter: the index's short answer is not
+    # used, the exact scan's is.
+    spy.answers.clear()
+    hits = indexed.search("the vet", mode="semantic", limit=5, user_id="ana", role="assistant")
+    assert hits == []
+    assert spy.answers == [None]
     # Paging and hybrid go through it too.
     second = indexed.search("planning a trip to japan", mode="semantic", limit=2, cursor=2)
     assert _keys(second) == _keys(expected)[2:4]
