@@ -145,7 +145,8 @@ def test_an_uncached_query_is_answered_by_the_index_with_the_exact_hits(
         hits = indexed.search("the vet", mode="semantic", limit=2, **filters)
         assert _keys(hits) == [("pet", 1), ("pet", 2)]
         assert _keys(hits) == _keys(exact.search("the vet", mode="semantic", limit=2, **filters))
-    assert spy.answers and all(answer is not None for answer in spy.answers)
+    assert spy.answers
+    assert all(answer is not None for answer in spy.answers)
     # Fewer than the query asks for pass the filter: the index's short answer is not
     # used, the exact scan's is.
     spy.answers.clear()

@@ -11,8 +11,9 @@ A filtered query (a source, a user, a role, a time range) takes the index's
 joined first would read and sort every matching row). ``hnsw.iterative_scan =
 relaxed_order`` lets the index scan go on past ``hnsw.ef_search`` rows until its
 ``LIMIT`` is met, so that rows row-level security hides from a tenant's role (the index
-holds every tenant's) do not make it short. An answer still short (fewer rows passed, or pgvector stopped the scan at
-``hnsw.max_scan_tuples``) is not used: the caller scans the vectors exactly.
+holds every tenant's) do not make it short. An answer still short (fewer rows passed,
+or pgvector stopped the scan at ``hnsw.max_scan_tuples``) is not used: the caller scans
+the vectors exactly.
 """
 
 from __future__ import annotations
