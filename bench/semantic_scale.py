@@ -1,7 +1,8 @@
 """Search by meaning at scale (issue 29): brute-force query latency and the catch-up's
 rate over many messages, on SQLite and PostgreSQL.
 
-``python -m bench.semantic_scale [--messages 100000] [--postgres-url URL]``. Per backend:
+``python -m bench.semantic_scale [--messages 100000] [--postgres-url URL] [--pgvector]
+[--vectors hash|words] [--memory N]``. Per backend:
 loads ``--messages`` messages (200 per session, 10 users) through ``append``, indexes
 them for keyword search, then fills the vectors with ``catch_up_semantic_index()``
 using a stand-in embedder (512 dimensions like the default model, vectors derived from
@@ -21,6 +22,22 @@ Also: ``numpy_scan_ms``, the matrix-vector product alone over a matrix of that s
 and, when the ``semantic`` extra is installed, ``model_rate_per_s``: the default
 model's catch-up rate over ``--model-messages`` messages (on SQLite). The load average
 is recorded before and after. Writes ``bench/results/semantic-scale.json``.
+
+``--vectors words``: a stand-in whose vectors are the sums of their words' (texts on one
+subject near each other, as a model's are) instead of a hash of the whole text (every
+vector as far from every other: the worst case of a nearest-neighbour index, where its
+recall means nothing). ``--memory N``: the repositories' ``semantic_memory`` (``0``:
+nothing kept, every query answered from the database).
+
+``--pgvector`` (PostgreSQL): ``CREATE EXTENSION vector`` before migrating, so that the
+store has pgvector's HNSW index (migration 0021). The index is dropped before the
+catch-up and built again after it (``ann_index_build_s``: a bulk load builds it faster
+than row by row, as pgvector advises), then ``catch_up_rate_with_index_per_s`` (5,000
+more messages, each vector an insert into the graph too) and ``ann_recall_at_10``: the
+index's whole-store answers against the exact scan's (``keys``: the share of the exact
+ten found; ``scores``: the share scoring at least the exact tenth, where messages tie).
+Queries whose vectors do not fit the repository's bound (1,000,000 at the default) are
+the index's.
 
 Index extensions: Python's ``sqlite3`` here cannot load extensions (built without
 ``enable_load_extension``), so ``sqlite-vec`` cannot be used; the result records what
