@@ -902,9 +902,8 @@ class SemanticIndex:
         wanted = offset + limit
         if not query.strip() or wanted == 0:
             return []
-        target = np.frombuffer(self._query_vector(embedder, query), dtype=np.int8).astype(
-            np.float32
-        )
+        query_vector = self._query_vector(embedder, query)
+        target = np.frombuffer(query_vector, dtype=np.int8).astype(np.float32)
         dimension = embedder.dimension
         generation = (0, 0) if row is None else (int(row.generation), int(row.cleared))
         cache = self.vectors
@@ -918,7 +917,9 @@ class SemanticIndex:
         while True:
             if cached:
                 candidates = cache.best(target, filters, sessions, depth, excluded)
-            elif nearest and (found := self._nearest(target, filters, depth, excluded)):
+            elif nearest and (
+                found := self._nearest(query_vector, target, filters, depth, excluded)
+            ):
                 candidates = found
             else:
                 nearest = False
@@ -948,33 +949,25 @@ class SemanticIndex:
         ]
 
     def _nearest(
-        self, target: Any, filters: SearchFilters, depth: int, excluded: set[tuple[str, int]]
+        self,
+        query_vector: bytes,
+        target: Any,
+        filters: SearchFilters,
+        depth: int,
+        excluded: set[tuple[str, int]],
     ) -> list[Candidate] | None:
-        """The ``depth`` best candidates that pass ``filters`` by the dialect's vector
-        index (none of ``excluded``), or ``None`` where it has no answer
+        """The ``depth`` best candidates that pass ``filters`` among the nearest the
+        dialect's vector index finds (scored as a scan scores them, none of
+        ``excluded``), or ``None`` where it has no answer
         (:meth:`~sessionrepo.dialects.base.SearchRole.nearest_vectors`)."""
-        import numpy as np
-
-        vector = target.astype(np.int8).tobytes()
         dialect = self.database.dialect
         found = self.database.read(
-            lambda conn: dialect.nearest_vectors(conn, vector, depth + len(excluded), filters)
+            lambda conn: dialect.nearest_vectors(conn, query_vector, depth + len(excluded), filters)
         )
         if found is None:
             return None
-        found = [near for near in found if near[0] not in excluded]
-        if not found:
-            return []
-        matrix = np.frombuffer(b"".join(near[2] for near in found), dtype=np.int8)
-        scores = _scores(matrix.reshape(len(found), -1), target).tolist()
-        ranked = sorted(
-            (
-                (key, float(score), content_hash)
-                for (key, content_hash, _), score in zip(found, scores, strict=True)
-            ),
-            key=lambda candidate: (-candidate[1], candidate[0]),
-        )
-        return ranked[:depth]
+        read = ([n[0] for n in found], [n[1] for n in found], b"".join(n[2] for n in found))
+        return _best(read, len(query_vector), target, depth, excluded)
 
 
 def _best(

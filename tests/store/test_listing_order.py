@@ -5,14 +5,12 @@ indexed order does not, through the cursor, with every filter; on both backends.
 from __future__ import annotations
 
 import random
-from collections.abc import Iterator
 from datetime import datetime, timedelta
 from typing import Any
 
-import pytest
 from sqlalchemy import Connection, event, update
 
-from sessionrepo import SessionRepository, open_repository
+from sessionrepo import SessionRepository
 from sessionrepo.models.message import utcnow
 from sessionrepo.models.tables import ACTIVITY_GRANULARITY, sessions_table
 from sessionrepo.store.database import Database
@@ -20,13 +18,6 @@ from sessionrepo.store.database import Database
 S = sessions_table.c
 GRANULARITY_US = ACTIVITY_GRANULARITY // timedelta(microseconds=1)
 MICROSECOND = timedelta(microseconds=1)
-
-
-@pytest.fixture
-def store(database_url: str) -> Iterator[SessionRepository]:
-    repository = open_repository(database_url)
-    yield repository
-    repository.close()
 
 
 def _set_activities(url: str, activities: dict[str, tuple[datetime, int]]) -> None:
@@ -48,13 +39,13 @@ def _set_activities(url: str, activities: dict[str, tuple[datetime, int]]) -> No
 
 
 def _listed(
-    store: SessionRepository, limit: int, **filters: Any
+    repo: SessionRepository, limit: int, **filters: Any
 ) -> list[tuple[str, datetime | None]]:
     """Every page of ``limit``, through the cursor: (id, last_active_at) in order."""
     listed: list[tuple[str, datetime | None]] = []
     cursor = None
     while True:
-        page = store.list_sessions(limit=limit, cursor=cursor, **filters)
+        page = repo.list_sessions(limit=limit, cursor=cursor, **filters)
         listed += [(s.id, s.last_active_at) for s in page.sessions]
         assert len(page.sessions) <= limit
         if page.next_cursor is None:
@@ -64,7 +55,7 @@ def _listed(
 
 
 def test_pages_follow_the_exact_activity_where_the_index_order_differs(
-    store: SessionRepository, database_url: str
+    repo: SessionRepository, database_url: str
 ) -> None:
     rng = random.Random(20261203)
     base = utcnow().replace(microsecond=0) - 100 * ACTIVITY_GRANULARITY
@@ -74,9 +65,9 @@ def test_pages_follow_the_exact_activity_where_the_index_order_differs(
     for n in range(60):
         sid = f"s{n:02d}"
         sources[sid] = rng.choice(["a", "b"])
-        store.create_session(sid, source=sources[sid], user_id=f"u{n % 3}")
+        repo.create_session(sid, source=sources[sid], user_id=f"u{n % 3}")
         if n % 4 == 0:
-            store.end_session(sid, "done")
+            repo.end_session(sid, "done")
             ended.add(sid)
         # Indexed times a quarter of a granularity apart, some a microsecond before a
         # whole second; lags from none to the whole granularity: the indexed order and
@@ -100,29 +91,29 @@ def test_pages_follow_the_exact_activity_where_the_index_order_differs(
     indexed_order = sorted(everything, key=lambda sid: (activities[sid][0], sid), reverse=True)
     assert [sid for sid, _ in expected(everything)] != indexed_order  # the test means something
     for limit in (1, 2, 5, 7, 60, 100):
-        assert _listed(store, limit) == expected(everything), limit
+        assert _listed(repo, limit) == expected(everything), limit
     for limit in (1, 3, 50):
-        assert _listed(store, limit, source="a") == expected(
+        assert _listed(repo, limit, source="a") == expected(
             [sid for sid in everything if sources[sid] == "a"]
         )
-        assert _listed(store, limit, user_id="u1") == expected(
+        assert _listed(repo, limit, user_id="u1") == expected(
             [sid for sid in everything if int(sid[1:]) % 3 == 1]
         )
-        assert _listed(store, limit, status="ended") == expected(sorted(ended))
-        assert _listed(store, limit, status="open") == expected(
+        assert _listed(repo, limit, status="ended") == expected(sorted(ended))
+        assert _listed(repo, limit, status="open") == expected(
             [sid for sid in everything if sid not in ended]
         )
 
 
 def test_a_lag_carries_the_activity_over_a_whole_second(
-    store: SessionRepository, database_url: str
+    repo: SessionRepository, database_url: str
 ) -> None:
     # Microsecond arithmetic across the second: x.999999 + 1 us is (x+1).000000, level
     # with a session indexed there with no lag (the id decides), ahead of one a
     # microsecond earlier.
     second = utcnow().replace(microsecond=0) - 10 * ACTIVITY_GRANULARITY
     for sid in ("p", "q", "r"):
-        store.create_session(sid, source="test")
+        repo.create_session(sid, source="test")
     _set_activities(
         database_url,
         {
@@ -133,28 +124,28 @@ def test_a_lag_carries_the_activity_over_a_whole_second(
     )
     expected = [("q", second), ("p", second), ("r", second - MICROSECOND)]
     for limit in (1, 2, 3):
-        assert _listed(store, limit) == expected
+        assert _listed(repo, limit) == expected
 
 
-def test_a_page_is_one_statement(store: SessionRepository, database_url: str) -> None:
+def test_a_page_is_one_statement(repo: SessionRepository, database_url: str) -> None:
     for n in range(5):
-        store.create_session(f"s{n}", source="test")
-    store.list_sessions()  # the first call may read what the store is (its schema)
+        repo.create_session(f"s{n}", source="test")
+    repo.list_sessions()  # the first call may read what the store is (its schema)
     statements: list[str] = []
 
     def record(_conn: Any, _cursor: Any, statement: str, *_: Any) -> None:
         if statement.split(None, 1)[0].upper() not in ("BEGIN", "COMMIT", "ROLLBACK"):
             statements.append(statement)
 
-    engine = store.database.engine
+    engine = repo.database.engine
     event.listen(engine, "before_cursor_execute", record)
     try:
-        first = store.list_sessions(limit=2)
+        first = repo.list_sessions(limit=2)
         assert len(statements) == 1
         assert first.next_cursor is not None
-        store.list_sessions(limit=2, cursor=first.next_cursor)
+        repo.list_sessions(limit=2, cursor=first.next_cursor)
         assert len(statements) == 2
-        store.list_sessions(limit=2, source="test", status="open", user_id="nobody")
+        repo.list_sessions(limit=2, source="test", status="open", user_id="nobody")
         assert len(statements) == 3
     finally:
         event.remove(engine, "before_cursor_execute", record)

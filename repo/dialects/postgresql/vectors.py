@@ -87,22 +87,22 @@ class PostgresVectors(SearchRole):
     ) -> list[NearVector] | None:
         if len(target) != ANN_DIMENSION or filters.session_id is not None:
             return None  # one session's vectors: fewer than an index scan would read
-        index = connection.exec_driver_sql("SELECT to_regclass(%(name)s)", {"name": ANN_INDEX})
+        # Whether the index is there, and, for this transaction: the index's search
+        # width; its scan going on until the LIMIT is met; and the plan through the
+        # index, never a sequential scan and a sort of every vector (at 1,000,000 rows
+        # the planner's estimate chose that for a LIMIT of a few hundred: a second
+        # instead of milliseconds). One round trip; the settings end with the read.
+        index = connection.exec_driver_sql(
+            "SELECT to_regclass(%(name)s), set_config('hnsw.ef_search', %(ef)s, true), "
+            "set_config('hnsw.iterative_scan', 'relaxed_order', true), "
+            "set_config('enable_seqscan', 'off', true)",
+            {"name": ANN_INDEX, "ef": str(_EF_SEARCH)},
+        )
         if index.scalar() is None:
             return None
         sql, params, filtered = _nearest_sql(filters)
         scan = depth * _OVERFETCH if filtered else depth
-        # For this transaction: the index's search width; its scan going on until the
-        # LIMIT is met; and the plan through the index, never a sequential scan and a
-        # sort of every vector (at 1,000,000 rows the planner's estimate chose that for
-        # a LIMIT of a few hundred: a second instead of milliseconds).
-        connection.exec_driver_sql(
-            "SELECT set_config('hnsw.ef_search', %(ef)s, true), "
-            "set_config('hnsw.iterative_scan', 'relaxed_order', true), "
-            "set_config('enable_seqscan', 'off', true)",
-            {"ef": str(_EF_SEARCH)},
-        )
-        literal = "[" + ",".join(str(value) for value in _signed(target)) + "]"
+        literal = "[" + ",".join(map(str, memoryview(target).cast("b").tolist())) + "]"
         rows = connection.execute(text(sql), {**params, "target": literal, "scan": scan}).all()
         if len(rows) < depth:
             # Short: the store holds fewer, fewer of the nearest pass the filters, or the
@@ -110,7 +110,3 @@ class PostgresVectors(SearchRole):
             # passed row-level security; the caller's exact scan answers.
             return None
         return [((row[0], int(row[1])), bytes(row[2]), bytes(row[3])) for row in rows]
-
-
-def _signed(vector: bytes) -> list[int]:
-    return [value - 256 if value > 127 else value for value in vector]
