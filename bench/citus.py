@@ -218,19 +218,26 @@ class RemoteCommands:
         return len({worker for worker, _ in seen}), two_phase, len(seen)
 
 
-def single_appends(url: str, sessions: int, calls: int, citus: bool) -> dict[str, Any]:
-    """One-message appends to existing sessions, round robin: the median milliseconds of
-    a call and, on Citus, the workers each call contacted and how many used 2PC (the
-    remote-command log is on for those calls only: it costs a notice per command)."""
+def single_appends(
+    url: str, sessions: int, calls: int, citus: bool, batch: int = 1
+) -> dict[str, Any]:
+    """Appends of ``batch`` messages to existing sessions, round robin: the median
+    milliseconds of a call (``append_<batch>_ms``) and, on Citus, the workers each call
+    contacted and how many used 2PC (the remote-command log is on for those calls only:
+    it costs a notice per command)."""
     remote = RemoteCommands() if citus else None
     try:
         with open_repository(url) as repository:
             ids = [f"one-{uuid.uuid4().hex[:8]}-{index:03d}" for index in range(sessions)]
             for sid in ids:
                 repository.append(sid, [Message(role="user", content="first")], source="bench")
+
+            def messages(text: str) -> list[Message]:
+                return [Message(role="user", content=f"{text} {n}") for n in range(batch)]
+
             times = []
             for index in range(calls):
-                message = [Message(role="user", content=f"one message {index}")]
+                message = messages(f"message {index}")
                 started = time.perf_counter()
                 repository.append(ids[index % sessions], message)
                 times.append((time.perf_counter() - started) * 1000)
@@ -239,9 +246,7 @@ def single_appends(url: str, sessions: int, calls: int, citus: bool) -> dict[str
                 contacted = [
                     remote.call(
                         functools.partial(
-                            repository.append,
-                            ids[index % sessions],
-                            [Message(role="user", content="routed")],
+                            repository.append, ids[index % sessions], messages("routed")
                         )
                     )
                     for index in range(min(calls, 50))
@@ -252,7 +257,7 @@ def single_appends(url: str, sessions: int, calls: int, citus: bool) -> dict[str
                     "max_commands_per_append": max(sent for _, _, sent in contacted),
                     "appends_checked": len(contacted),
                 }
-            return {"append_1_ms": statistics.median(times), **routed}
+            return {f"append_{batch}_ms": statistics.median(times), **routed}
     finally:
         if remote is not None:
             remote.close()
@@ -333,25 +338,36 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         stores["postgresql"] = postgres_store(args.postgres_url)
     with ExitStack() as stack:
         urls = {name: stack.enter_context(store) for name, store in stores.items()}
-        # One-message appends, interleaved: rounds alternate which store goes first.
+        # Appends of each batch size, interleaved: rounds alternate which store goes first.
         rounds: dict[str, list[dict[str, Any]]] = {name: [] for name in urls}
         for number in range(args.rounds):
             order = list(urls) if number % 2 == 0 else list(reversed(urls))
             for name in order:
-                print(f"{name}: one-message appends, round {number + 1}", file=sys.stderr)
-                rounds[name].append(
-                    single_appends(urls[name], 20, args.single_calls, name == "citus")
-                )
-        for name, found in rounds.items():
-            figures = {"append_1_ms": statistics.median(r["append_1_ms"] for r in found)}
-            figures["append_1_ms_rounds"] = [round(r["append_1_ms"], 3) for r in found]
+                found: dict[str, Any] = {}
+                for batch in args.batches:
+                    print(
+                        f"{name}: appends of {batch} messages, round {number + 1}", file=sys.stderr
+                    )
+                    done = single_appends(urls[name], 20, args.single_calls, name == "citus", batch)
+                    for key, value in done.items():
+                        if key.startswith("max_"):
+                            found[key] = max(found.get(key, 0), value)
+                        elif key.endswith("_appends") or key == "appends_checked":
+                            found[key] = found.get(key, 0) + value
+                        else:
+                            found[key] = value
+                rounds[name].append(found)
+        for name, found_rounds in rounds.items():
+            figures: dict[str, Any] = {"batches": list(args.batches)}
+            for batch in args.batches:
+                key = f"append_{batch}_ms"
+                figures[key] = statistics.median(r[key] for r in found_rounds)
+                figures[f"{key}_rounds"] = [round(r[key], 3) for r in found_rounds]
             if name == "citus":
-                figures["max_workers_per_append"] = max(r["max_workers_per_append"] for r in found)
-                figures["two_phase_appends"] = sum(r["two_phase_appends"] for r in found)
-                figures["max_commands_per_append"] = max(
-                    r["max_commands_per_append"] for r in found
-                )
-                figures["appends_checked"] = sum(r["appends_checked"] for r in found)
+                for key in ("max_workers_per_append", "max_commands_per_append"):
+                    figures[key] = max(r[key] for r in found_rounds)
+                for key in ("two_phase_appends", "appends_checked"):
+                    figures[key] = sum(r[key] for r in found_rounds)
             results.setdefault(name, {})["single"] = figures
         # Appends and loads, then (both stores filled) the reads across sessions: in
         # rounds that alternate which store goes first; each figure the median of rounds.
@@ -389,8 +405,17 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
 def markdown(results: dict[str, Any]) -> str:
     names = [name for name in ("citus", "postgresql") if name in results]
+    batches = results["citus"]["single"].get("batches", [1])
     rows = [
-        ("append of 1 message, ms (median of rounds)", "single", "append_1_ms", "{:.2f}"),
+        *(
+            (
+                f"append of {batch} message{'s' if batch > 1 else ''}, ms (median of rounds)",
+                "single",
+                f"append_{batch}_ms",
+                "{:.2f}",
+            )
+            for batch in batches
+        ),
         ("append, messages/s", "hot_path", "messages_per_second", "{:.0f}"),
         ("append, calls/s", "hot_path", "appends_per_second", "{:.0f}"),
         ("load + lookup, sessions/s", "hot_path", "loads_per_second", "{:.0f}"),
@@ -424,13 +449,19 @@ def markdown(results: dict[str, Any]) -> str:
     single = results["citus"]["single"]
     lines += [
         "",
-        f"One-message appends on Citus, read from the coordinator's remote commands: at most "
+        f"Appends on Citus ({', '.join(map(str, batches))} messages a call), read from the "
+        "coordinator's remote commands: at most "
         f"{single['max_workers_per_append']} worker per append, "
         f"at most {single['max_commands_per_append']} command sent per append, "
         f"{single['two_phase_appends']} of {single['appends_checked']} committed in two phases."
         + (
-            f" Ratio to plain PostgreSQL: "
-            f"{single['append_1_ms'] / results['postgresql']['single']['append_1_ms']:.2f}x."
+            " Ratio to plain PostgreSQL: "
+            + ", ".join(
+                f"{single[key] / results['postgresql']['single'][key]:.2f}x ({b} a call)"
+                for b in batches
+                for key in (f"append_{b}_ms",)
+            )
+            + "."
             if "postgresql" in results
             else ""
         ),
@@ -469,7 +500,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--rounds", type=int, default=3, help="interleaved rounds of 1-message appends"
     )
-    parser.add_argument("--single-calls", type=int, default=300, help="1-message appends a round")
+    parser.add_argument(
+        "--single-calls", type=int, default=300, help="appends of each batch size a round"
+    )
+    parser.add_argument(
+        "--batches",
+        type=lambda text: [int(part) for part in text.split(",")],
+        default=[1, 10, 100],
+        help="messages per append in the timed appends, comma-separated (default 1,10,100)",
+    )
     parser.add_argument("--quick", action="store_true", help="tiny sizes: a smoke run")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args(argv)

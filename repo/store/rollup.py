@@ -15,8 +15,9 @@ session's shard):
   messages on) on the session row, which it rewrites anyway (``sessions.rollup_day`` and
   ``rollup_messages``, migration 0020): no rollup row is written on the common path. The
   first append of a later day moves the count into the rollup; new messages of an older
-  day go to the rollup at once. (In the dialects' append statements; the Citus function
-  of migration 0017 adds every day to the rollup itself, so there the row counts none.)
+  day go to the rollup at once. (In the dialects' append statements, and on Citus in the
+  append function, since migration 0022; before it, that function added every day to
+  the rollup itself.)
   Readers add the sessions' open days to the rollup's (``sessionrepo.ops.insights``);
   :func:`close_open_day` moves one session's into the rollup;
 - a usage record adds its call (:func:`add_usage`, from every path that inserts one);

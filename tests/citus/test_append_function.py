@@ -2,8 +2,9 @@
 0016) exists on every node with the signature the dialect calls, is distributed by its
 session id co-located with ``sessions``, and an append is that one call, sent to the one
 worker holding the session's shard group and committed there in one phase; the locked
-path (the fallback, and a schema migrated before 0016) is routed too. (The call racing an
-erasure: tests/citus/test_erasure.py.)
+path (the fallback, and a schema migrated before 0016) is routed too. The function of 0022
+counts the session's open day on its row, and its downgrade moves that count into the
+rollup. (The call racing an erasure: tests/citus/test_erasure.py.)
 
 Needs ``SESSIONREPO_TEST_CITUS_URL`` (``python tests/citus_cluster.py start`` prints
 one); skipped without it (failed with ``SESSIONREPO_REQUIRE_CITUS=1``).
@@ -14,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections.abc import Callable, Iterator
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 import psycopg
 import pytest
@@ -261,5 +262,71 @@ def test_the_migration_round_trips_and_a_missing_function_falls_back(
             assert repository.get_session("s").message_count == 2
         assert len(_calls(with_it)) == 1, with_it
         assert_one_worker("append without the function", without)
+    finally:
+        database.dispose()
+
+
+def _open_days(url: str) -> tuple[list[tuple[str, str | None, int]], list[tuple[str, str, int]]]:
+    """Each session's open day and its count, and the rollup's message rows."""
+    with psycopg.connect(_conninfo(url), autocommit=True) as conn:
+        held = conn.execute(
+            "SELECT id, rollup_day, rollup_messages FROM sessions ORDER BY id"
+        ).fetchall()
+        rolled = conn.execute(
+            "SELECT session_id, day, messages FROM usage_rollup WHERE model = '' "
+            "ORDER BY session_id, day"
+        ).fetchall()
+    return [tuple(row) for row in held], [tuple(row) for row in rolled]  # type: ignore[misc]
+
+
+def test_the_call_counts_the_open_day_on_the_row_and_the_downgrade_moves_it(
+    empty_citus_url: str,
+) -> None:
+    """Migration 0022's function: an append of the session's open day writes no rollup
+    row (one message, and a batch: the function's two inserts), a later day moves the
+    count into the rollup; its downgrade (0018's function back) moves every open day's
+    count into the rollup, and the upgrade after it goes on from there."""
+    database = Database(empty_citus_url)
+    first = datetime(2026, 11, 2, 9, tzinfo=UTC)
+    day, later = "2026-11-02", "2026-11-03"
+
+    def messages(text: str, count: int, days_later: int = 0) -> list[Message]:
+        moment = first + timedelta(days=days_later)
+        return [Message(role="user", content=f"{text} {n}", timestamp=moment) for n in range(count)]
+
+    try:
+        upgrade(database)
+        with RemoteCommands() as remote, open_repository(empty_citus_url) as repository:
+            repository.append("open-0", messages("w", 1))  # what the store reads once
+            calls = remote.during(
+                lambda: (
+                    repository.append("open-a", messages("a", 1)),
+                    repository.append("open-a", messages("b", 1)),
+                    repository.append("open-a", messages("c", 10)),
+                    repository.append("open-b", messages("d", 3)),
+                )
+            )
+            assert _open_days(empty_citus_url) == (
+                [("open-0", day, 1), ("open-a", day, 12), ("open-b", day, 3)],
+                [],
+            )
+            repository.append("open-b", messages("e", 2, days_later=1))
+            assert _open_days(empty_citus_url) == (
+                [("open-0", day, 1), ("open-a", day, 12), ("open-b", later, 2)],
+                [("open-b", day, 3)],
+            )
+        assert len(_calls(calls)) == 4, calls
+        assert [command for _, command in calls] == _calls(calls)
+        downgrade(database, "0021")
+        assert _arguments(empty_citus_url) == len(APPEND_ARGUMENTS)
+        assert _open_days(empty_citus_url) == (
+            [("open-0", day, 0), ("open-a", day, 0), ("open-b", later, 0)],
+            [("open-0", day, 1), ("open-a", day, 12), ("open-b", day, 3), ("open-b", later, 2)],
+        )
+        upgrade(database)
+        with open_repository(empty_citus_url) as repository:
+            repository.append("open-a", messages("f", 1))
+            assert repository.get_session("open-a").message_count == 13
+        assert _open_days(empty_citus_url)[0][1] == ("open-a", day, 1)
     finally:
         database.dispose()

@@ -350,27 +350,13 @@ def test_the_report_from_the_rollup_equals_the_report_from_the_rows(
 
 
 def test_the_open_day_is_counted_on_the_session_row_and_moves_to_the_rollup_later(
-    repo: Any, store: SessionRepository, backend: str
+    repo: Any, store: SessionRepository
 ) -> None:
     """An append of the session's newest day writes no rollup row (the session row counts
     it); the first append of a later day moves that count into the rollup; messages of
     an older day go to the rollup at once; a batch across days keeps its newest open.
-    After each step the rollup and the rows agree and so does every report. (On Citus
-    the append function adds every day to the rollup itself: the row counts none.)"""
+    After each step the rollup and the rows agree and so does every report."""
     day = [date(2026, 11, d).isoformat() for d in (1, 2, 3, 4)]
-
-    def state() -> tuple[Any, dict[str, int]]:
-        found = held()
-        if backend != "citus":
-            return found
-        (open_day, count), rolled = found
-        assert (open_day, count) == (None, 0)
-        return ..., rolled
-
-    def expect(row: tuple[str, int], rolled: dict[str, int]) -> tuple[Any, dict[str, int]]:
-        if backend != "citus":
-            return row, rolled
-        return ..., rolled | {row[0]: rolled.get(row[0], 0) + row[1]}
 
     def held() -> tuple[Any, dict[str, int]]:
         def read(conn: Any) -> tuple[Any, dict[str, int]]:
@@ -385,20 +371,20 @@ def test_the_open_day_is_counted_on_the_session_row_and_moves_to_the_rollup_late
     first = datetime(2026, 11, 2, 9, tzinfo=UTC)
     for index, message in enumerate(_messages("open-a", first, 3, timedelta(minutes=5))):
         repo.append("open", [message], source="discord")
-        assert state() == expect((day[1], index + 1), {})  # no rollup row on the open day
+        assert held() == ((day[1], index + 1), {})  # no rollup row on the open day
     repo.append("open", _messages("open-b", first + timedelta(days=1), 2, timedelta(hours=1)))
-    assert state() == expect((day[2], 2), {day[1]: 3})  # the day before, moved once
+    assert held() == ((day[2], 2), {day[1]: 3})  # the day before, moved once
     repo.append("open", _messages("open-c", first - timedelta(days=1), 1, timedelta(hours=1)))
     # An older day: to the rollup at once.
-    assert state() == expect((day[2], 2), {day[1]: 3, day[0]: 1})
+    assert held() == ((day[2], 2), {day[1]: 3, day[0]: 1})
     across = _messages("open-d", first + timedelta(days=1, hours=12), 3, timedelta(hours=6))
     repo.append("open", across)  # 21:00 on day 3, then 03:00 and 09:00 on day 4
-    assert state() == expect((day[3], 2), {day[1]: 3, day[0]: 1, day[2]: 3})
+    assert held() == ((day[3], 2), {day[1]: 3, day[0]: 1, day[2]: 3})
     _rollup_is_counted_again(store)
     _report_agrees_everywhere(store)
     repo.retract("open", [across[-1].client_msg_uuid])
     # An edit moves the open count to the rollup first, then takes the message out.
-    assert state() == expect((day[3], 0), {day[1]: 3, day[0]: 1, day[2]: 3, day[3]: 1})
+    assert held() == ((day[3], 0), {day[1]: 3, day[0]: 1, day[2]: 3, day[3]: 1})
     _rollup_is_counted_again(store)
     _report_agrees_everywhere(store)
 

@@ -1,5 +1,5 @@
-"""The append on Citus: one call of ``sessionrepo_append`` (migrations 0014 and 0016), a
-PL/pgSQL function distributed by its session id argument and co-located with
+"""The append on Citus: one call of ``sessionrepo_append`` (migrations 0014, 0016 and
+0022), a PL/pgSQL function distributed by its session id argument and co-located with
 ``sessions``, so the coordinator delegates the call whole to the worker holding the
 session's shard group: one round trip to one worker, committed there in one phase. It
 screens erasures as PostgreSQL's statement does: after the session's lock it looks the
@@ -11,9 +11,13 @@ one session id) stays for when the caller's transaction does more, and as the fa
 What PostgreSQL's append does in one statement (a data-modifying CTE fed by ``unnest``)
 Citus cannot route: it plans ``INSERT … SELECT`` and CTEs as subplans run through the
 coordinator, sends their intermediate results to every worker and commits on all of them
-with two-phase commit. The function does the same work as statements that are local on
-the worker; the locked path does it as three routed statements (the lookup of stored
-keys, ``INSERT … VALUES``, the session's counters).
+with two-phase commit (and its router planner takes no ``INSERT`` in a CTE at all). The
+function does the same work as statements local to the worker, each one Citus plans on
+its fast path (one table, the session id); the locked path does it as routed statements
+(the lookup of stored keys, ``INSERT … VALUES``, the session's open day, its counters).
+Both keep the open day's message count on the session row, as PostgreSQL's append does
+(``sessionrepo.store.rollup``): an append of the session's newest UTC day writes no
+rollup row.
 """
 
 from __future__ import annotations
@@ -65,12 +69,18 @@ _CITUS_STORED_KEYS: Final = (
 )
 
 # The activity as PostgreSQL's append writes it (``last_active_at`` within the granularity
-# left alone, the lag in no index), so the row's update stays heap-only here too.
+# left alone, the lag in no index), so the row's update stays heap-only here too; and the
+# session's open day (``rollup_day``) with its count, as migration 0020 keeps them: added
+# to on the same day, started anew on a later one.
 _CITUS_COUNT: Final = (
     "UPDATE sessions SET next_seq = next_seq + %(n)s, message_count = message_count + %(n)s, "
-    f"tool_call_count = tool_call_count + %(tools)s, {PG_ACTIVITY} "
+    f"tool_call_count = tool_call_count + %(tools)s, {PG_ACTIVITY}, "
+    "rollup_messages = CASE WHEN rollup_day = %(day)s THEN rollup_messages ELSE 0 END "
+    "+ %(counted)s, rollup_day = %(day)s "
     "WHERE id = %(sid)s"
 )
+#: The session's open day and its count (the caller holds the row's lock).
+_CITUS_HELD: Final = "SELECT rollup_day, rollup_messages FROM sessions WHERE id = %(sid)s"
 
 
 def _array_type(column: Column[Any]) -> str:
@@ -84,7 +94,7 @@ def _array_type(column: Column[Any]) -> str:
     return {"timestamp with time zone": "timestamptz"}.get(name, name)
 
 
-#: The function migration 0014 makes (0016 its signature and body now), and its
+#: The function migration 0014 makes (0016 its signature, 0022 its body now), and its
 #: arguments in order: the session id, one array per message column and the rows' tool
 #: calls, a new session's columns (but its id), then the append's options (the last, the
 #: session's tombstone hash). ``tests/citus`` checks them against the function the
@@ -159,6 +169,19 @@ _CITUS_ROLLUP: Final = (
 )
 
 
+def _open_day(held: str | None, count: int, days: Counter[str]) -> tuple[str, dict[str, int]]:
+    """The session's open day after an append of new messages on ``days`` (a count per
+    UTC day) to a session whose open day is ``held`` with ``count`` messages: the newest
+    of them all. Returns it and what the rollup gets instead: the new messages of the
+    other days, and the count the row kept when a later day opens."""
+    newest = max(days)
+    day = held if held is not None and held >= newest else newest
+    elsewhere = {other: n for other, n in days.items() if other != day}
+    if held is not None and held != day and count > 0:
+        elsewhere[held] = elsewhere.get(held, 0) + count
+    return day, elsewhere
+
+
 class CitusAppend(PostgresAppend):
     """The direct path, one delegated call; the locked path, as routed statements."""
 
@@ -191,8 +214,10 @@ class CitusAppend(PostgresAppend):
         if inserted != len(fresh):
             raise lock_bypassed(session_id, len(fresh) - inserted)
         days = Counter(row["timestamp"].astimezone(UTC).date().isoformat() for row in fresh)
-        for day, count in days.items():  # routed: the session's shard
-            connection.exec_driver_sql(_CITUS_ROLLUP, {"sid": session_id, "day": day, "n": count})
+        held = connection.exec_driver_sql(_CITUS_HELD, {"sid": session_id}).one()
+        day, elsewhere = _open_day(held[0], int(held[1]), days)
+        for other, count in elsewhere.items():  # routed: the session's shard
+            connection.exec_driver_sql(_CITUS_ROLLUP, {"sid": session_id, "day": other, "n": count})
         connection.exec_driver_sql(
             _CITUS_COUNT,
             {
@@ -201,6 +226,8 @@ class CitusAppend(PostgresAppend):
                 "tools": sum(int(row["tool_call_total"] or 0) for row in fresh),
                 "now": now,
                 "granularity": ACTIVITY_GRANULARITY,
+                "day": day,
+                "counted": days.get(day, 0),
             },
         )
         return stored
