@@ -210,6 +210,10 @@ class Capabilities:
     #: row-level security (``sessionrepo tenants``). Else the file is the tenant: one a
     #: store (:mod:`sessionrepo.store.tenancy`).
     tenant_roles: bool = False
+    #: A correlated subquery in a select list may read the rows of a subquery in the
+    #: ``FROM`` clause (Citus's planner refuses it), so that ``list_sessions`` reads the
+    #: previews of its page's rows only. Else they are read for the candidates.
+    correlates_into_subqueries: bool = True
 
 
 class EngineRole(ABC):

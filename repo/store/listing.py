@@ -171,16 +171,18 @@ class SessionListing:
         lowest = func.coalesce(
             dialect.time_before(floor, ACTIVITY_GRANULARITY), literal(_EARLIEST, UTCDateTime())
         )
-        page = (
-            candidates.where(S.last_active_at >= lowest)
-            .order_by(activity.desc(), S.id.desc())
-            .limit(limit + 1)
-            .subquery("page")
-        )
+        ordered = candidates.where(S.last_active_at >= lowest)
+        if not dialect.capabilities.correlates_into_subqueries:
+            return (
+                ordered.add_columns(_preview_column(dialect, S.id).label("preview"))
+                .order_by(activity.desc(), S.id.desc())
+                .limit(limit + 1)
+            )
         # The previews of the page's rows only: in the candidates' select list, SQLite
         # reads one for every candidate before the sort (a burst of appends puts a few
         # hundred sessions within one granularity: 2.4 ms a page of 50, most of it
         # previews never shown).
+        page = ordered.order_by(activity.desc(), S.id.desc()).limit(limit + 1).subquery("page")
         return select(page, _preview_column(dialect, page.c.id).label("preview")).order_by(
             dialect.activity(page.c.last_active_at, page.c.last_active_lag_us).desc(),
             page.c.id.desc(),

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from sessionrepo.dialects.citus.append import CitusAppend
 from sessionrepo.dialects.citus.engine import CitusEngine
 from sessionrepo.dialects.citus.probes import CitusProbes
@@ -12,8 +14,13 @@ from sessionrepo.dialects.postgresql import PostgresDialect
 class CitusDialect(CitusEngine, CitusAppend, CitusSearch, CitusProbes, PostgresDialect):
     """PostgreSQL on a Citus coordinator, the schema distributed by session id.
 
-    Its capabilities are PostgreSQL's: the delegated append screens erasures under the
-    session's lock too (migration 0016)."""
+    Its capabilities are PostgreSQL's (the delegated append screens erasures under the
+    session's lock too: migration 0016), but a correlated subquery cannot read a subquery
+    in ``FROM``."""
+
+    capabilities = dataclasses.replace(
+        PostgresDialect.capabilities, correlates_into_subqueries=False
+    )
 
     @classmethod
     def like(cls, dialect: PostgresDialect) -> CitusDialect:
