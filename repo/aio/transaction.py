@@ -17,7 +17,7 @@ from sqlalchemy import Executable, Result
 
 from sessionrepo.models import AppendResult, EditResult, Message, Session
 from sessionrepo.models.usage import UsageResult
-from sessionrepo.store.bridge import TaskPool
+from sessionrepo.store.bridge import TaskPool, boxed, handed_over
 from sessionrepo.store.transaction import SessionTransaction
 
 T = TypeVar("T")
@@ -121,9 +121,9 @@ class AsyncSessionTransaction:
         if previous is not None and not previous.done():
             # The call of a cancelled caller: its statement is still on the connection.
             await asyncio.wait({previous})
-        task = self._calls.task(fn, *args, **kwargs)
+        task = self._calls.task(boxed(fn), *args, **kwargs)
         self._last = task
-        return await asyncio.shield(task)
+        return await handed_over(task)
 
     def __repr__(self) -> str:
         return f"Async{self._sync!r}"

@@ -8,6 +8,7 @@ import asyncio
 import sqlite3
 import threading
 import tomllib
+import weakref
 from importlib.metadata import version
 from pathlib import Path
 
@@ -63,5 +64,29 @@ def test_a_function_runs_on_the_connection_thread_with_its_sqlite3_connection(
             assert db == id(connection._conn)  # the sqlite3 connection aiosqlite holds
             with pytest.raises(sqlite3.OperationalError, match="no_such_table"):
                 await on_connection_thread(connection, fails)
+
+    asyncio.run(main())
+
+
+class _Value:
+    """An argument or a result the test can watch die."""
+
+
+def test_the_connection_thread_keeps_neither_the_arguments_nor_the_result(
+    tmp_path: Path,
+) -> None:
+    """aiosqlite's thread holds its last call and result until its next call, and frees
+    them there, before running it; the shim leaves it nothing to hold."""
+
+    def echo(db: sqlite3.Connection, value: _Value) -> _Value:
+        return _Value()
+
+    async def main() -> None:
+        async with aiosqlite.connect(tmp_path / "x.db") as connection:
+            argument = _Value()
+            result = await on_connection_thread(connection, echo, argument)
+            watched = weakref.ref(argument), weakref.ref(result)
+            del argument, result
+            assert [ref() for ref in watched] == [None, None]  # no other call in between
 
     asyncio.run(main())
