@@ -135,9 +135,9 @@ class UTCDateTime(TypeDecorator[datetime]):
             return None
         if value.tzinfo is None:
             raise ValueError("naive datetime reached the database layer")
-        value = value.astimezone(UTC)
-        # SQLite stores text without an offset: store the UTC wall time.
-        return value.replace(tzinfo=None) if dialect.name == "sqlite" else value
+        # SQLite's DATETIME writes the wall time without an offset, so UTC's, and reads it
+        # back naive (below); PostgreSQL's timestamptz keeps the instant.
+        return value.astimezone(UTC)
 
     def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:
         if value is None:
