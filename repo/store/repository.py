@@ -30,27 +30,22 @@ from sessionrepo.contract import RestoreResult as RestoreResult  # noqa: PLC0414
 from sessionrepo.contract import SessionFilter as SessionFilter  # noqa: PLC0414
 from sessionrepo.contract import SessionOperations, SessionStore, TranscriptEditor
 from sessionrepo.contract import SessionSnapshot as SessionSnapshot  # noqa: PLC0414
-from sessionrepo.dialects.base import DirectLoad
 from sessionrepo.errors import (
     ArgumentTypeError,
     InvalidArgument,
     InvalidMessage,
-    NotFound,
-    RepoError,
-    SemanticSearchUnavailable,
 )
 from sessionrepo.models import (
     AppendResult,
     EditResult,
     Message,
     SearchHit,
-    SearchResults,
     Session,
     SessionPage,
     StoredMessage,
 )
 from sessionrepo.models._limits import check_identifier
-from sessionrepo.models.message import to_utc, utcnow
+from sessionrepo.models.message import utcnow
 from sessionrepo.models.privacy import (
     AuditEntry,
     ErasureReport,
@@ -66,7 +61,6 @@ from sessionrepo.models.tables import (
 )
 from sessionrepo.models.usage import Usage, UsageResult
 from sessionrepo.search.embedders import Embedder, check_embedder, default_embedder
-from sessionrepo.search.query import SearchFilters
 from sessionrepo.store import codec as _codec
 from sessionrepo.store import schema
 from sessionrepo.store.append import Appender
@@ -78,10 +72,8 @@ from sessionrepo.store.arguments import (
     check_int,
     check_iterable,
     check_limit,
-    check_optional_session_id,
     check_optional_text,
     check_seconds,
-    check_seq,
     check_session_id,
 )
 from sessionrepo.store.codec import PreparedBatch as PreparedBatch  # noqa: PLC0414 (re-exported)
@@ -96,26 +88,22 @@ from sessionrepo.store.erasure import (
     write_policy,
 )
 from sessionrepo.store.listing import MAX_PAGE, SessionListing
+from sessionrepo.store.loading import MAX_CHAIN, TranscriptLoader, continuation_chain
 from sessionrepo.store.memory import DEFAULT_MEMORY_BYTES, SentMemory
 from sessionrepo.store.operations import SessionOperator
 from sessionrepo.store.search_index import SearchIndex
+from sessionrepo.store.searching import SessionSearch
 from sessionrepo.store.semantic import (
     DEFAULT_VECTOR_MEMORY,
-    FUSION_DEPTH,
-    SEARCH_CATCH_UP,
     SemanticIndex,
-    fuse,
 )
 from sessionrepo.store.transaction import SessionTransaction, fetch_session
 from sessionrepo.store.usage import UsageInput, UsageLedger, check_usage
-from sessionrepo.store.wire import wire_dicts
 
 S = sessions_table.c
 M = messages_table.c
 O = outbox_table.c  # noqa: E741
 
-#: A continuation chain longer than this is treated as a cycle.
-_MAX_CHAIN = 10_000
 #: Longest ``end_reason``.
 MAX_REASON_LENGTH = 1024
 
@@ -155,7 +143,9 @@ class SessionRepository(SessionStore, TranscriptEditor, SessionOperations):
         self._db = database
         self._search = SearchIndex(database)
         self._listing = SessionListing(database)
+        self._loader = TranscriptLoader(database)
         self._semantic = SemanticIndex(database, choose_embedder(embedder), semantic_memory)
+        self._searches = SessionSearch(self._search, self._semantic)
         self._index_appends = search_index
         self._appender = Appender(database, self._search, search_index, SentMemory(append_memory))
         self._editor = SessionEditor(database, self._search, search_index)
@@ -293,7 +283,7 @@ class SessionRepository(SessionStore, TranscriptEditor, SessionOperations):
                 row = max(
                     children, key=lambda child: (child.last_active_at, child.id), default=None
                 )
-                if row is None or row.id in seen or len(seen) > _MAX_CHAIN:
+                if row is None or row.id in seen or len(seen) > MAX_CHAIN:
                     return tip
                 seen.add(row.id)
                 tip = Session.model_construct(**_codec.session_from_row(row))
@@ -302,21 +292,7 @@ class SessionRepository(SessionStore, TranscriptEditor, SessionOperations):
 
     def session_chain(self, session_id: str) -> list[Session]:
         sid = check_session_id(session_id)
-        return self._db.read(lambda conn: self._chain(conn, sid))
-
-    def _chain(self, conn: Connection, sid: str) -> list[Session]:
-        chain = [self._get(conn, sid)]
-        seen = {sid}
-        while (parent := chain[-1].parent_session_id) is not None and len(chain) < _MAX_CHAIN:
-            if parent in seen:
-                raise RepoError(f"session {sid!r}: continuation chain loops at {parent!r}")
-            seen.add(parent)
-            try:
-                chain.append(self._get(conn, parent))
-            except NotFound:
-                break  # the ancestor was pruned: the chain starts here now
-        chain.reverse()
-        return chain
+        return self._db.read(lambda conn: continuation_chain(conn, sid))
 
     def session_transaction(
         self,
@@ -491,93 +467,19 @@ class SessionRepository(SessionStore, TranscriptEditor, SessionOperations):
         cursor: int | str | None = None,
         mode: Literal["keyword", "semantic", "hybrid"] = "keyword",
     ) -> list[SearchHit]:
-        check_instance(query, "query", str)
-        check_choice(mode, "mode", ("keyword", "semantic", "hybrid"))
-        check_optional_session_id(session_id)
-        for name, value in (("source", source), ("role", role), ("user_id", user_id)):
-            check_optional_text(value, name)
-        check_choice(order, "order", ("rank", "newest"))
-        limit = check_limit(limit, maximum=MAX_PAGE)
-        offset = _search_offset(cursor)
-        bounds: dict[str, datetime | None] = {}
-        for name, moment in (("since", since), ("until", until)):
-            if isinstance(moment, bool) or not isinstance(moment, datetime | int | float | None):
-                raise ArgumentTypeError(
-                    name, f"must be an aware datetime or epoch seconds, got {type(moment).__name__}"
-                )
-            try:
-                bounds[name] = None if moment is None else to_utc(moment, name)
-            except ValueError as exc:
-                raise InvalidArgument(name, str(exc).removeprefix(f"{name}: ")) from None
-        if mode == "keyword":
-            return self._search.search(
-                query,
-                session_id=session_id,
-                source=source,
-                role=role,
-                user_id=user_id,
-                since=bounds["since"],
-                until=bounds["until"],
-                order=order,
-                limit=limit,
-                offset=offset,
-            )
-        filters = SearchFilters(
+        return self._searches.search(
+            query,
             session_id=session_id,
             source=source,
             role=role,
             user_id=user_id,
-            since=bounds["since"],
-            until=bounds["until"],
+            since=since,
+            until=until,
+            order=order,
+            limit=limit,
+            cursor=cursor,
+            mode=mode,
         )
-        with self._semantic.answering():  # one read of the semantic index's state
-            return self._search_by_meaning(query, filters, mode, limit, offset)
-
-    def _search_by_meaning(
-        self,
-        query: str,
-        filters: SearchFilters,
-        mode: Literal["semantic", "hybrid"],
-        limit: int,
-        offset: int,
-    ) -> SearchResults:
-        reason = self._semantic.unavailable()
-        if mode == "semantic" and reason is not None:
-            raise SemanticSearchUnavailable(f"semantic search is unavailable: {reason}")
-        complete, notice = True, None
-        if reason is None:
-            # What was appended since the last catch-up, a bounded amount (the rest is
-            # the drainer's or `catch_up_semantic_index`'s; the result says so).
-            if self._semantic.catch_up(SEARCH_CATCH_UP).pending:
-                complete = False
-                notice = (
-                    "some messages have no vectors yet (the semantic catch-up is behind); "
-                    "run `sessionrepo reindex --semantic` or catch_up_semantic_index()"
-                )
-        else:
-            complete, notice = False, f"keyword hits only: {reason}"
-        if mode == "semantic":
-            hits = self._semantic.search(query, filters, limit=limit, offset=offset)
-            return SearchResults(hits, mode=mode, complete=complete, notice=notice)
-        keyword = self._search.search(
-            query,
-            session_id=filters.session_id,
-            source=filters.source,
-            role=filters.role,
-            user_id=filters.user_id,
-            since=filters.since,
-            until=filters.until,
-            order="rank",
-            limit=FUSION_DEPTH,
-            offset=0,
-        )
-        if reason is not None:
-            return SearchResults(
-                keyword[offset : offset + limit], mode=mode, complete=complete, notice=notice
-            )
-        semantic = self._semantic.search(query, filters, limit=FUSION_DEPTH, offset=0)
-        hits = fuse([keyword, semantic], limit=limit, offset=offset)
-        return SearchResults(hits, mode=mode, complete=complete, notice=notice)
 
     def reindex(self, *, progress: Callable[[int, int], None] | None = None) -> int:
         check_callable(progress, "progress")
@@ -638,61 +540,14 @@ class SessionRepository(SessionStore, TranscriptEditor, SessionOperations):
         include_ancestors: bool = False,
         include_retracted: bool = False,
     ) -> list[StoredMessage]:
-        sid = check_session_id(session_id)
-        after_seq = check_seq(after_seq, "after_seq")
-        before_seq = check_seq(before_seq, "before_seq")
-        if limit is not None:
-            limit = check_limit(limit)
-        include_ancestors = check_bool(include_ancestors, "include_ancestors")
-        if include_ancestors and (after_seq, before_seq, limit) != (None, None, None):
-            raise InvalidArgument("include_ancestors", "cannot be combined with a cursor")
-
-        include_retracted = check_bool(include_retracted, "include_retracted")
-        transcript = select(*_codec.load_columns).order_by(M.seq)
-        if not include_retracted:
-            transcript = transcript.where(M.superseded.is_(None))
-        query = transcript.where(M.session_id == sid)
-        if after_seq is not None:
-            query = query.where(M.seq > after_seq)
-        if before_seq is not None:
-            query = query.where(M.seq < before_seq)
-        backwards = before_seq is not None and after_seq is None and limit is not None
-        if backwards:
-            query = query.order_by(None).order_by(M.seq.desc())
-        if limit is not None:
-            query = query.limit(limit)
-
-        if not include_ancestors:
-            load = DirectLoad(
-                sid,
-                _codec.LOAD_COLUMNS,
-                after_seq,
-                before_seq,
-                limit,
-                backwards,
-                live_only=not include_retracted,
-            )
-            rows = self._db.read_direct(lambda driver: self._db.dialect.load_direct(driver, load))
-            if rows:
-                messages = _codec.stored_messages(rows)
-                if backwards:
-                    messages.reverse()
-                return messages
-            # Nothing (or no such path): below, which tells an empty page from NotFound.
-
-        def work(conn: Connection) -> list[StoredMessage]:
-            ancestors: list[StoredMessage] = []
-            if include_ancestors:
-                for session in self._chain(conn, sid)[:-1]:
-                    ancestors += self._messages(conn, transcript.where(M.session_id == session.id))
-            messages = self._messages(conn, query)
-            if not messages:
-                self._get(conn, sid)  # an empty transcript, or NotFound
-            if backwards:
-                messages.reverse()
-            return ancestors + messages
-
-        return self._db.read(work)
+        return self._loader.messages(
+            session_id,
+            after_seq=after_seq,
+            before_seq=before_seq,
+            limit=limit,
+            include_ancestors=include_ancestors,
+            include_retracted=include_retracted,
+        )
 
     @_observe.instrument_load
     def load_openai(
@@ -705,49 +560,14 @@ class SessionRepository(SessionStore, TranscriptEditor, SessionOperations):
         include_key: bool = False,
         include_retracted: bool = False,
     ) -> list[dict[str, Any]]:
-        sid = check_session_id(session_id)
-        after_seq = check_seq(after_seq, "after_seq")
-        before_seq = check_seq(before_seq, "before_seq")
-        if limit is not None:
-            limit = check_limit(limit)
-        include_key = check_bool(include_key, "include_key")
-        include_retracted = check_bool(include_retracted, "include_retracted")
-        backwards = before_seq is not None and after_seq is None and limit is not None
-        load = DirectLoad(
-            sid,
-            _codec.LOAD_COLUMNS,
-            after_seq,
-            before_seq,
-            limit,
-            backwards,
-            live_only=not include_retracted,
+        return self._loader.wire(
+            session_id,
+            after_seq=after_seq,
+            before_seq=before_seq,
+            limit=limit,
+            include_key=include_key,
+            include_retracted=include_retracted,
         )
-        rows = self._db.read_direct(lambda driver: self._db.dialect.load_direct(driver, load))
-        if rows:
-            if backwards:
-                rows.reverse()
-            return wire_dicts(rows, include_key=include_key)
-        query = select(*_codec.load_columns).where(M.session_id == sid)
-        if not include_retracted:
-            query = query.where(M.superseded.is_(None))
-        if after_seq is not None:
-            query = query.where(M.seq > after_seq)
-        if before_seq is not None:
-            query = query.where(M.seq < before_seq)
-        query = query.order_by(M.seq.desc() if backwards else M.seq).limit(limit)
-
-        def work(conn: Connection) -> list[dict[str, Any]]:
-            found = list(conn.execute(query))
-            if not found:
-                self._get(conn, sid)  # an empty transcript, or NotFound
-            if backwards:
-                found.reverse()
-            return wire_dicts(found, include_key=include_key)
-
-        return self._db.read(work)
-
-    def _messages(self, conn: Connection, query: Any) -> list[StoredMessage]:
-        return _codec.stored_messages(conn.execute(query))
 
     def close(self) -> None:
         self._db.dispose()
@@ -918,17 +738,6 @@ def choose_embedder(embedder: object) -> Embedder | None:
         return check_embedder(embedder)
     except TypeError as exc:
         raise ArgumentTypeError("embedder", str(exc)) from None
-
-
-def _search_offset(cursor: object) -> int:
-    """``search``'s cursor (the hits already read: an ``int``, or its digits as text,
-    as a command line hands it over) as an offset."""
-    if isinstance(cursor, str):
-        text = cursor.strip()
-        if not text.isascii() or not text.isdigit():
-            raise InvalidArgument("cursor", "must be the number of hits already read")
-        cursor = int(text)
-    return 0 if cursor is None else check_int(cursor, "cursor")
 
 
 #: The ways appends keep the search index (see :func:`open_repository`).

@@ -754,7 +754,9 @@ def test_runner_resumes_after_an_outage_parked_in_the_outbox(
     outbox = f"sqlite:///{tmp_path / 'outbox.db'}"
 
     async def first_process() -> str:
-        service = SessionRepoSessionService(url=database_url, outbox=outbox, deadline=0.5)
+        # A second for the attempt and the park: on a loaded 2-core machine half of one
+        # was once too little for both (the turn then raised BackendUnavailable).
+        service = SessionRepoSessionService(url=database_url, outbox=outbox, deadline=1.0)
         async with service:
             model = ScriptedModel(model="scripted", replies=["hello", "noted: Mochi"])
             runner = _runner(service, model)

@@ -194,9 +194,9 @@ def test_search_catch_up_is_bounded_and_says_so(
 ) -> None:
     monkeypatch.setattr(semantic_module, "CATCH_UP_SESSIONS", 2)
     store.append("many", [{"role": "user", "content": f"recipe {i} for pasta"} for i in range(5)])
-    import sessionrepo.store.repository as repository_module
+    import sessionrepo.store.searching as searching_module
 
-    monkeypatch.setattr(repository_module, "SEARCH_CATCH_UP", 2)
+    monkeypatch.setattr(searching_module, "SEARCH_CATCH_UP", 2)
     first = store.search("cook dinner", mode="hybrid")
     assert not first.complete
     assert "no vectors yet" in (first.notice or "")

@@ -18,7 +18,7 @@ from sessionrepo import open_repository
 from sessionrepo.models.privacy import RetentionPolicy
 from sessionrepo.models.tables import embeddings_table
 from sessionrepo.search.query import SearchFilters
-from sessionrepo.store import repository as repository_module
+from sessionrepo.store import searching as searching_module
 from sessionrepo.store import semantic as semantic_module
 from sessionrepo.store.semantic import VectorCache
 from tests.conftest import open_for_api
@@ -76,7 +76,7 @@ def _fill(store: Any) -> None:
 @pytest.fixture
 def no_search_catch_up(monkeypatch: pytest.MonkeyPatch) -> None:
     """Searches embed nothing themselves: what they find was embedded before."""
-    monkeypatch.setattr(repository_module, "SEARCH_CATCH_UP", 0)
+    monkeypatch.setattr(searching_module, "SEARCH_CATCH_UP", 0)
 
 
 def test_loaded_once_then_kept_up_from_what_others_write(
