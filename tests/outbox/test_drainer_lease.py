@@ -155,7 +155,9 @@ def test_an_async_drainer_renews_its_claim_while_its_replay_waits(
     lock) for longer than the lease keeps its claim, and no other drainer takes the
     session meanwhile."""
     outbox_url = f"sqlite:///{tmp_path / 'outbox.db'}"
-    lease = 0.6
+    # A renewal every third of it: at 0.6 s a loaded 2-core CI machine once starved the
+    # heartbeat for a whole lease.
+    lease = 1.2
 
     async def main() -> None:
         async with (

@@ -380,7 +380,9 @@ def test_primary_down_from_the_start_parks_everything_then_drains_in_order(
 
 # -- 3. frozen primary --------------------------------------------------------------------
 
-FROZEN_DEADLINE = 1.5
+#: Its reserve for parking is a quarter (0.625 s): 1.5 s left 0.375 s, which a loaded
+#: 2-core CI machine once missed (the write raised BackendUnavailable, nothing parked).
+FROZEN_DEADLINE = 2.5
 
 
 def _check_sessions(
