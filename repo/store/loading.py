@@ -8,6 +8,7 @@ transaction only to tell an empty page from a missing session, or for the ancest
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, Final
 
 from sqlalchemy import Connection, Select, select
@@ -72,19 +73,10 @@ class TranscriptLoader:
         if include_ancestors and (after_seq, before_seq, limit) != (None, None, None):
             raise InvalidArgument("include_ancestors", "cannot be combined with a cursor")
         include_retracted = check_bool(include_retracted, "include_retracted")
-        backwards = before_seq is not None and after_seq is None and limit is not None
+        backwards = _backwards(after_seq, before_seq, limit)
 
         if not include_ancestors:
-            load = DirectLoad(
-                sid,
-                _codec.LOAD_COLUMNS,
-                after_seq,
-                before_seq,
-                limit,
-                backwards,
-                live_only=not include_retracted,
-            )
-            rows = self._db.read_direct(lambda driver: self._db.dialect.load_direct(driver, load))
+            rows = self._direct(sid, after_seq, before_seq, limit, include_retracted)
             if rows:
                 messages = _codec.stored_messages(rows)
                 if backwards:
@@ -128,17 +120,8 @@ class TranscriptLoader:
             limit = check_limit(limit)
         include_key = check_bool(include_key, "include_key")
         include_retracted = check_bool(include_retracted, "include_retracted")
-        backwards = before_seq is not None and after_seq is None and limit is not None
-        load = DirectLoad(
-            sid,
-            _codec.LOAD_COLUMNS,
-            after_seq,
-            before_seq,
-            limit,
-            backwards,
-            live_only=not include_retracted,
-        )
-        rows = self._db.read_direct(lambda driver: self._db.dialect.load_direct(driver, load))
+        backwards = _backwards(after_seq, before_seq, limit)
+        rows = self._direct(sid, after_seq, before_seq, limit, include_retracted)
         if rows:
             if backwards:
                 rows.reverse()
@@ -157,6 +140,35 @@ class TranscriptLoader:
 
         return self._db.read(work)
 
+    def _direct(
+        self,
+        sid: str,
+        after_seq: int | None,
+        before_seq: int | None,
+        limit: int | None,
+        include_retracted: bool,
+    ) -> list[Sequence[Any]]:
+        """The page's rows by the dialect's one-statement load, in the order it read them
+        (backwards for :func:`_backwards`); empty also where the session is missing or
+        the dialect has no such load."""
+        load = DirectLoad(
+            sid,
+            _codec.LOAD_COLUMNS,
+            after_seq,
+            before_seq,
+            limit,
+            _backwards(after_seq, before_seq, limit),
+            live_only=not include_retracted,
+        )
+        rows = self._db.read_direct(lambda driver: self._db.dialect.load_direct(driver, load))
+        return rows or []
+
+
+def _backwards(after_seq: int | None, before_seq: int | None, limit: int | None) -> bool:
+    """Whether a page is the last ``limit`` rows before ``before_seq``, read backwards
+    (the caller reverses them)."""
+    return before_seq is not None and after_seq is None and limit is not None
+
 
 def _transcript(include_retracted: bool) -> _Rows:
     """Every message of the sessions a ``where`` picks, in order."""
@@ -172,6 +184,6 @@ def _page(query: _Rows, after_seq: int | None, before_seq: int | None, limit: in
         query = query.where(M.seq > after_seq)
     if before_seq is not None:
         query = query.where(M.seq < before_seq)
-    if before_seq is not None and after_seq is None and limit is not None:
+    if _backwards(after_seq, before_seq, limit):
         query = query.order_by(None).order_by(M.seq.desc())
     return query.limit(limit)
