@@ -25,7 +25,7 @@ endif
 
 # Every user-facing extra, plus the dev dependency group (PEP 735: test, bench and the lint
 # tools), which needs pip 25.1 or newer.
-EXTRAS := web,metrics,tracing,openai-agents,langchain,adk,semantic
+EXTRAS := web,metrics,tracing,openai-agents,langchain,adk,semantic,sqlite-vec
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -102,6 +102,25 @@ CITUS_CI_TESTS := tests/dialects/test_citus.py tests/citus tests/tenancy/test_is
 test-citus: $(STAMP)
 	$(BIN)/python tests/citus_cluster.py run -- $(BIN)/python -m pytest $(CITUS_TESTS)
 
+# make test-sqlite-vec  the semantic search tests on SQLite with sqlite-vec loaded (issue 29),
+#                       on a Python whose sqlite3 loads extensions: SQLITE_VEC_PYTHON, by
+#                       default Debian's /usr/bin/python3 (pyenv's builds, as this project's
+#                       own Python may be, have no enable_load_extension: there these tests
+#                       skip, saying so), in a venv of its own with the package installed
+#                       from this tree. About a minute.
+SQLITE_VEC_PYTHON ?= /usr/bin/python3
+VEC_VENV := .venv-sqlite-vec
+SQLITE_VEC_TESTS ?= tests/search/test_semantic_sqlite_vec.py tests/search/test_semantic.py \
+	tests/search/test_semantic_cache.py -k "sqlite or not postgres"
+.PHONY: test-sqlite-vec
+test-sqlite-vec:
+	$(SQLITE_VEC_PYTHON) -c 'import sqlite3, sys; hasattr(sqlite3.Connection, "enable_load_extension") or sys.exit("$(SQLITE_VEC_PYTHON): its sqlite3 cannot load extensions")'
+	test -x $(VEC_VENV)/bin/python || $(SQLITE_VEC_PYTHON) -m venv $(VEC_VENV)
+	$(VEC_VENV)/bin/python -m pip install --quiet --upgrade 'pip>=25.1'
+	$(VEC_VENV)/bin/python -m pip install --quiet '.[semantic,sqlite-vec]' --group test
+	$(VEC_VENV)/bin/python -m pip install --quiet --no-deps --force-reinstall .
+	$(VEC_VENV)/bin/python -m pytest -n $(TEST_WORKERS) $(SQLITE_VEC_TESTS)
+
 # make test-frameworks   the frameworks' own session tests (OpenAI Agents SDK, LangChain, Google
 #                        ADK; the installed releases' test files, from their sdists on PyPI)
 #                        against sessionrepo's adapters, on SQLite and PostgreSQL
@@ -112,4 +131,4 @@ test-frameworks: $(STAMP)
 	$(BIN)/python tests/frameworks/run.py $(FRAMEWORK_ARGS)
 
 clean:
-	rm -rf $(VENV) build .mypy_cache .ruff_cache .pytest_cache .hypothesis
+	rm -rf $(VENV) $(VEC_VENV) build .mypy_cache .ruff_cache .pytest_cache .hypothesis

@@ -15,8 +15,10 @@ rate is measured apart, below). Then times ``search(mode="semantic")``:
 - ``all``: the whole store, 10 queries, each warmed up once (its vector remembered, so
   the scan is what is timed), 5 runs each: p50/p95;
 - ``one_session`` (``session_id=``), ``one_user`` (``user_id=``), ``hybrid``;
-- ``no_cache``: the whole store with ``semantic_memory=0`` (every query reads every
-  vector from the database: what a query cost before the vectors were kept).
+- ``no_cache``: ``semantic_memory=0`` (every query reads every vector from the
+  database: a store past its bound), the whole store, a user's, one session's; on
+  SQLite through sqlite-vec where this Python loads it, and then also
+  ``no_cache_without_sqlite_vec``, the same queries scanned in Python.
 
 Also: ``numpy_scan_ms``, the matrix-vector product alone over a matrix of that size,
 and, when the ``semantic`` extra is installed, ``model_rate_per_s``: the default
@@ -39,9 +41,10 @@ ten found; ``scores``: the share scoring at least the exact tenth, where message
 Queries whose vectors do not fit the repository's bound (1,000,000 at the default) are
 the index's.
 
-Index extensions: Python's ``sqlite3`` here cannot load extensions (built without
-``enable_load_extension``), so ``sqlite-vec`` cannot be used; the result records what
-was found (``extensions``).
+Extensions: sqlite-vec is used where this Python's ``sqlite3`` loads it (the
+``sqlite-vec`` extra installed and ``enable_load_extension`` built in: run this with
+``make test-sqlite-vec``'s venv, ``.venv-sqlite-vec/bin/python``, for it); the result
+records what was found (``extensions``).
 """
 
 from __future__ import annotations
@@ -62,6 +65,7 @@ from typing import Any
 
 import numpy as np
 
+import sessionrepo.dialects.sqlite.vectors as sqlite_vectors
 from sessionrepo import CallableEmbedder, open_repository
 from sessionrepo.search.embedders import default_embedder
 
@@ -232,14 +236,45 @@ def run(
     finally:
         repository.close()
     if ann is None:  # with the index, a query without the cache is the index's: "all"
-        uncached = open_repository(url, embedder=embedder, semantic_memory=0)
-        try:
-            report["no_cache"] = _timed(
-                lambda q: uncached.search(q, mode="semantic"), queries[:3], 1
-            )
-        finally:
-            uncached.close()
+        if url.startswith("sqlite") and _sqlite_vec_loads():
+            report["no_cache"] = _uncached(url, embedder, queries[:5], 3)
+            loader = sqlite_vectors.load_sqlite_vec
+            sqlite_vectors.load_sqlite_vec = lambda driver_connection: None  # as where it cannot
+            try:
+                report["no_cache_without_sqlite_vec"] = _uncached(url, embedder, queries[:3], 1)
+            finally:
+                sqlite_vectors.load_sqlite_vec = loader
+        else:
+            report["no_cache"] = _uncached(url, embedder, queries[:3], 1)
     return report
+
+
+def _uncached(
+    url: str, embedder: Any, queries: Sequence[str], runs: int
+) -> dict[str, dict[str, float]]:
+    """The queries of a repository that keeps no vector (each reads them all)."""
+    uncached = open_repository(url, embedder=embedder, semantic_memory=0)
+    try:
+        uncached.search(queries[0], mode="semantic")  # its vector remembered, the pool warm
+        return {
+            "all": _timed(lambda q: uncached.search(q, mode="semantic"), queries, runs),
+            "one_user": _timed(
+                lambda q: uncached.search(q, mode="semantic", user_id="user3"), queries, runs
+            ),
+            "one_session": _timed(
+                lambda q: uncached.search(q, mode="semantic", session_id="s7"), queries, runs
+            ),
+        }
+    finally:
+        uncached.close()
+
+
+def _sqlite_vec_loads() -> bool:
+    connection = sqlite3.connect(":memory:")
+    try:
+        return sqlite_vectors.load_sqlite_vec(connection) is not None
+    finally:
+        connection.close()
 
 
 def _catch_up_rate(repository: Any, after: int, messages: int = 5_000) -> int:
@@ -329,12 +364,17 @@ def model_rate(messages: int) -> dict[str, Any]:
 
 def extensions() -> dict[str, str]:
     found = {}
-    loadable = hasattr(sqlite3.connect(":memory:"), "enable_load_extension")
-    found["sqlite-vec"] = (
-        "Python's sqlite3 can load extensions"
-        if loadable
-        else "not usable: Python's sqlite3 is built without enable_load_extension"
-    )
+    connection = sqlite3.connect(":memory:")
+    try:
+        version = sqlite_vectors.load_sqlite_vec(connection)
+    finally:
+        connection.close()
+    if version is not None:
+        found["sqlite-vec"] = f"{version}, loaded"
+    elif not hasattr(sqlite3.Connection, "enable_load_extension"):
+        found["sqlite-vec"] = "not usable: Python's sqlite3 is built without enable_load_extension"
+    else:
+        found["sqlite-vec"] = "not loaded: the sqlite-vec package is not installed"
     return found
 
 
@@ -408,8 +448,9 @@ def main(argv: list[str] | None = None) -> None:
         "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "cpus": os.cpu_count(),
         "load_average_before": [round(x, 1) for x in os.getloadavg()],
-        "vectors": "stand-in embedder (512 dimensions, from a hash of each text): "
-        "the model is skipped for the scale run; its rate is model_rate",
+        "vectors": f"stand-in embedder ({args.vectors}, 512 dimensions: "
+        + ("a hash of each text" if args.vectors == "hash" else "the sum of its words'")
+        + "): the model is skipped for the scale run; its rate is model_rate",
         "extensions": extensions(),
     }
     backends = args.backends.split(",")

@@ -204,7 +204,7 @@ def _names(requirements: list[Requirement]) -> set[str]:
 
 #: The extras a user may ask for; the developers' dependencies (test, dev, bench) are PEP 735
 #: groups in pyproject.toml, which a wheel never publishes.
-USER_EXTRAS = {"web", "metrics", "tracing", "semantic", *FRAMEWORKS}
+USER_EXTRAS = {"web", "metrics", "tracing", "semantic", "sqlite-vec", *FRAMEWORKS}
 
 
 def test_the_wheel_publishes_only_the_user_facing_extras(wheel: Path) -> None:

@@ -609,10 +609,11 @@ class SearchRole(ABC):
     ) -> list[NearVector] | None:
         """At least ``depth`` of the stored vectors (``message_embeddings``) nearest to
         ``target`` (int8 bytes; nearest: the largest int8 dot product) whose messages
-        pass ``filters``, in no particular order, by an index extension over them
-        (approximate: an index's answer), whatever their messages' state (the caller
-        scores and checks each). ``None``: no such index for vectors of this size and
-        these filters here (the default), or it found fewer than ``depth``, so the
+        pass ``filters``, in no particular order, by an extension over them (pgvector's
+        index: approximate; sqlite-vec's scan: exact up to its distance's order),
+        whatever their messages' state (the caller scores and checks each). Fewer than
+        ``depth``: all there are. ``None``: no such extension for vectors of this size
+        and these filters here (the default), or an index's answer came short, so the
         caller scans them."""
         return None
 

@@ -24,9 +24,10 @@ stamps its rows with it (the state row's lock orders those commits), so a proces
 keeps the vectors in memory (:class:`VectorCache`, bounded in bytes) reads them whole
 once and then only the rows written since. A search scores every current vector that
 passes the filters by int8 dot product (brute force, numpy) from that cache (or, when it
-is off or the vectors do not fit: the dialect's vector index, pgvector's HNSW where
-migration 0021 made one, for its nearest rows that pass the filters; else the vectors
-that pass them, read from the database), then reads only its best rows,
+is off or the vectors do not fit: the dialect's nearest rows that pass the filters, by
+pgvector's HNSW index where migration 0021 made one, by sqlite-vec's scan in C where
+Python's sqlite3 loads it; else the vectors that pass them, read from the database and
+scored here), then reads only its best rows,
 each checked against the database (live, its text the one embedded, the filters met;
 those found gone are dropped from the cache), and returns them with a snippet. The
 state, the load of the vectors and the hits are read on the driver's own connection

@@ -4,8 +4,9 @@
   error codes' meaning;
 - :mod:`.append`: the append's SQL, on SQLAlchemy's connection and on sqlite3's own;
 - :mod:`.search`: the FTS5 search index;
+- :mod:`.vectors`: the nearest vectors by sqlite-vec, where it loads;
 - :mod:`.probes`: the PRAGMAs ``sessionrepo doctor`` judges;
-- :mod:`.dialect`: :class:`SQLiteDialect`, the four joined.
+- :mod:`.dialect`: :class:`SQLiteDialect`, the roles joined.
 """
 
 from sessionrepo.dialects.sqlite.dialect import SQLiteDialect

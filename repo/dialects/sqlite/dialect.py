@@ -1,4 +1,4 @@
-"""The SQLite dialect: its four roles joined, and what it can do."""
+"""The SQLite dialect: its roles joined, and what it can do."""
 
 from __future__ import annotations
 
@@ -8,10 +8,17 @@ from sessionrepo.dialects.sqlite.engine import SQLiteEngine
 from sessionrepo.dialects.sqlite.erasure import SQLiteErasure
 from sessionrepo.dialects.sqlite.probes import SQLiteProbes
 from sessionrepo.dialects.sqlite.search import SQLiteSearch
+from sessionrepo.dialects.sqlite.vectors import SQLiteVectors
 
 
 class SQLiteDialect(
-    SQLiteEngine, SQLiteAppend, SQLiteSearch, SQLiteProbes, SQLiteErasure, BackendDialect
+    SQLiteEngine,
+    SQLiteAppend,
+    SQLiteSearch,
+    SQLiteVectors,
+    SQLiteProbes,
+    SQLiteErasure,
+    BackendDialect,
 ):
     """SQLite in WAL mode through the standard library driver (``aiosqlite`` for asyncio)."""
 
