@@ -21,7 +21,7 @@ from sessionrepo.store import codec as _codec
 from sessionrepo.store.arguments import check_bool, check_limit, check_seq, check_session_id
 from sessionrepo.store.database import Database
 from sessionrepo.store.transaction import fetch_session
-from sessionrepo.store.wire import wire_dicts
+from sessionrepo.store.wire import wire_columns, wire_dicts, wire_selected
 
 M = messages_table.c
 #: A statement reading the load's columns.
@@ -76,7 +76,14 @@ class TranscriptLoader:
         backwards = _backwards(after_seq, before_seq, limit)
 
         if not include_ancestors:
-            rows = self._direct(sid, after_seq, before_seq, limit, include_retracted)
+            rows = self._direct(
+                _codec.LOAD_COLUMNS,
+                sid,
+                after_seq=after_seq,
+                before_seq=before_seq,
+                limit=limit,
+                include_retracted=include_retracted,
+            )
             if rows:
                 messages = _codec.stored_messages(rows)
                 if backwards:
@@ -84,7 +91,7 @@ class TranscriptLoader:
                 return messages
             # Nothing (or no such path): below, which tells an empty page from NotFound.
 
-        transcript = _transcript(include_retracted)
+        transcript = _transcript(_codec.load_columns, include_retracted)
         query = _page(transcript.where(M.session_id == sid), after_seq, before_seq, limit)
 
         def work(conn: Connection) -> list[StoredMessage]:
@@ -121,13 +128,25 @@ class TranscriptLoader:
         include_key = check_bool(include_key, "include_key")
         include_retracted = check_bool(include_retracted, "include_retracted")
         backwards = _backwards(after_seq, before_seq, limit)
-        rows = self._direct(sid, after_seq, before_seq, limit, include_retracted)
+        rows = self._direct(
+            wire_columns(include_key=include_key),
+            sid,
+            after_seq=after_seq,
+            before_seq=before_seq,
+            limit=limit,
+            include_retracted=include_retracted,
+        )
         if rows:
             if backwards:
                 rows.reverse()
             return wire_dicts(rows, include_key=include_key)
         query = _page(
-            _transcript(include_retracted).where(M.session_id == sid), after_seq, before_seq, limit
+            _transcript(wire_selected(include_key=include_key), include_retracted).where(
+                M.session_id == sid
+            ),
+            after_seq,
+            before_seq,
+            limit,
         )
 
         def work(conn: Connection) -> list[dict[str, Any]]:
@@ -142,18 +161,20 @@ class TranscriptLoader:
 
     def _direct(
         self,
+        columns: Sequence[str],
         sid: str,
+        *,
         after_seq: int | None,
         before_seq: int | None,
         limit: int | None,
         include_retracted: bool,
     ) -> list[Sequence[Any]]:
-        """The page's rows by the dialect's one-statement load, in the order it read them
+        """The page's ``columns`` by the dialect's one-statement load, in the order it read them
         (backwards for :func:`_backwards`); empty also where the session is missing or
         the dialect has no such load."""
         load = DirectLoad(
             sid,
-            _codec.LOAD_COLUMNS,
+            columns,
             after_seq,
             before_seq,
             limit,
@@ -170,9 +191,9 @@ def _backwards(after_seq: int | None, before_seq: int | None, limit: int | None)
     return before_seq is not None and after_seq is None and limit is not None
 
 
-def _transcript(include_retracted: bool) -> _Rows:
-    """Every message of the sessions a ``where`` picks, in order."""
-    transcript = select(*_codec.load_columns).order_by(M.seq)
+def _transcript(columns: Sequence[Any], include_retracted: bool) -> _Rows:
+    """``columns`` of every message of the sessions a ``where`` picks, in order."""
+    transcript = select(*columns).order_by(M.seq)
     return transcript if include_retracted else transcript.where(M.superseded.is_(None))
 
 
