@@ -4,7 +4,8 @@ session id co-located with ``sessions``, and an append is that one call, sent to
 worker holding the session's shard group and committed there in one phase; the locked
 path (the fallback, and a schema migrated before 0016) is routed too. The function of 0022
 counts the session's open day on its row, and its downgrade moves that count into the
-rollup. (The call racing an erasure: tests/citus/test_erasure.py.)
+rollup. (The call racing an erasure: tests/citus/test_erasure.py; 0023's update-first
+path: tests/citus/test_append_update_first.py.)
 
 Needs ``SESSIONREPO_TEST_CITUS_URL`` (``python tests/citus_cluster.py start`` prints
 one); skipped without it (failed with ``SESSIONREPO_REQUIRE_CITUS=1``).

@@ -1,7 +1,10 @@
-"""The append on Citus: one call of ``sessionrepo_append`` (migrations 0014, 0016 and
-0022), a PL/pgSQL function distributed by its session id argument and co-located with
-``sessions``, so the coordinator delegates the call whole to the worker holding the
-session's shard group: one round trip to one worker, committed there in one phase. It
+"""The append on Citus: one call of ``sessionrepo_append`` (migrations 0014, 0016, 0022
+and 0023), a PL/pgSQL function distributed by its session id argument and co-located
+with ``sessions``, so the coordinator delegates the call whole to the worker holding the
+session's shard group: one round trip to one worker, committed there in one phase. Its
+common append (a session that exists, new messages of its open day) takes the session's
+lock by updating its row, then inserts; what must write nothing, or meets a stored key,
+is rolled back inside the call and done the longer way (migration 0023 says how). It
 screens erasures as PostgreSQL's statement does: after the session's lock it looks the
 session's tombstone hash up in ``erased_sessions``, a reference table the worker holds
 whole (``Capabilities.screens_erasure``, as PostgreSQL's). The locked path (each of its
@@ -94,7 +97,7 @@ def _array_type(column: Column[Any]) -> str:
     return {"timestamp with time zone": "timestamptz"}.get(name, name)
 
 
-#: The function migration 0014 makes (0016 its signature, 0022 its body now), and its
+#: The function migration 0014 makes (0016 its signature, 0023 its body now), and its
 #: arguments in order: the session id, one array per message column and the rows' tool
 #: calls, a new session's columns (but its id), then the append's options (the last, the
 #: session's tombstone hash). ``tests/citus`` checks them against the function the
