@@ -54,7 +54,6 @@ from sqlalchemy import (
     Connection,
     TextClause,
     and_,
-    bindparam,
     column,
     delete,
     func,
@@ -64,6 +63,7 @@ from sqlalchemy import (
 )
 
 from sessionrepo.dialects import BackendDialect
+from sessionrepo.dialects.hits import bind_times
 from sessionrepo.errors import SemanticSearchUnavailable
 from sessionrepo.models.message import parse_uuid, utcnow
 from sessionrepo.models.search import SearchHit
@@ -1164,13 +1164,6 @@ def _filter_sql(filters: SearchFilters, params: dict[str, Any]) -> str:
     return "".join(sql)
 
 
-def _typed(statement: Any, params: dict[str, Any]) -> Any:
-    for name in ("f_since", "f_until"):
-        if name in params:  # bound as the column's type (SQLite stores its own text form)
-            statement = statement.bindparams(bindparam(name, type_=M.timestamp.type))
-    return statement
-
-
 def _vectors(
     conn: Connection, filters: SearchFilters
 ) -> tuple[list[tuple[str, int]], list[bytes], bytes]:
@@ -1189,7 +1182,7 @@ def _vectors(
     )
     params: dict[str, Any] = {}
     sql += _filter_sql(filters, params)
-    rows = conn.execute(_typed(text(sql), params), params).all()
+    rows = conn.execute(bind_times(text(sql), params), params).all()
     return (
         [(row[0], row[1]) for row in rows],
         [bytes(row[2]) for row in rows],
@@ -1303,7 +1296,7 @@ def _hit_rows(
         return {(row[0], int(row[1])): _decoded_hit(row) for row in rows}
 
     def read(conn: Connection) -> dict[tuple[str, int], Any]:
-        statement = _typed(text(sql), params).columns(*_HIT_COLUMNS)
+        statement = bind_times(text(sql), params).columns(*_HIT_COLUMNS)
         return {(row.session_id, row.seq): row for row in conn.execute(statement, params)}
 
     return database.read(read)

@@ -32,12 +32,12 @@ import logging
 import sqlite3
 from typing import Any, Final
 
-from sqlalchemy import Connection, bindparam, text
+from sqlalchemy import Connection, text
 from sqlalchemy.util import await_
 
 from sessionrepo.dialects.aiosqlite_compat import on_connection_thread
 from sessionrepo.dialects.base import NearVector, SearchRole
-from sessionrepo.models.tables import messages_table
+from sessionrepo.dialects.hits import bind_times
 from sessionrepo.search.query import SearchFilters
 
 __all__ = ["SQLiteVectors", "load_sqlite_vec", "sqlite_vec_version"]
@@ -142,14 +142,8 @@ class SQLiteVectors(SearchRole):
         if sqlite_vec_version(connection) is None:
             return None
         sql, params = _nearest_sql(filters)
-        statement = text(sql)
-        for name in ("f_since", "f_until"):
-            if name in params:  # bound as the column is (SQLite stores its own text form)
-                statement = statement.bindparams(
-                    bindparam(name, type_=messages_table.c.timestamp.type)
-                )
         rows = connection.execute(
-            statement,
+            bind_times(text(sql), params),
             {
                 **params,
                 "target": target,
