@@ -361,6 +361,22 @@ def citus_server() -> Iterator[CitusServer]:
     server.close()
 
 
+@pytest.fixture
+def citus_url(citus_server: CitusServer) -> Iterator[str]:
+    """A migrated schema of its own on the Citus coordinator, given back at the end."""
+    url = citus_server.new_schema()
+    yield url
+    citus_server.release(url)
+
+
+@pytest.fixture
+def empty_citus_url(citus_server: CitusServer) -> Iterator[str]:
+    """A schema of its own on the Citus coordinator, not migrated, dropped at the end."""
+    url = citus_server.new_schema(migrated=False)
+    yield url
+    citus_server.drop(url)
+
+
 @pytest.fixture(scope="session")
 def sqlite_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("template") / "template.db"

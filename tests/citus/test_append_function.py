@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 
 import psycopg
@@ -36,25 +36,10 @@ from sessionrepo.errors import QueuedBehindOutbox
 from sessionrepo.store.codec import message_row
 from sessionrepo.store.database import Database
 from sessionrepo.store.schema import downgrade, upgrade
-from tests.conftest import CitusServer
 
 from support.citus_remote import RemoteCommands, assert_one_worker
 
 pytestmark = pytest.mark.citus
-
-
-@pytest.fixture
-def citus_url(citus_server: CitusServer) -> Iterator[str]:
-    url = citus_server.new_schema()
-    yield url
-    citus_server.release(url)
-
-
-@pytest.fixture
-def empty_citus_url(citus_server: CitusServer) -> Iterator[str]:
-    url = citus_server.new_schema(migrated=False)
-    yield url
-    citus_server.drop(url)
 
 
 def _conninfo(url: str) -> str:

@@ -24,7 +24,7 @@ from __future__ import annotations
 import functools
 import threading
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -37,7 +37,6 @@ from sessionrepo.dialects.citus.append import APPEND_FUNCTION
 from sessionrepo.errors import QueuedBehindOutbox
 from sessionrepo.store.database import Database
 from sessionrepo.store.schema import downgrade, upgrade
-from tests.conftest import CitusServer
 
 from support.citus_remote import RemoteCommands, assert_one_worker
 
@@ -51,20 +50,6 @@ _ROW = (
 #: When the tests' messages were made: their UTC day is the session's open day, whenever
 #: the tests run.
 _MADE = datetime(2026, 11, 2, 9, tzinfo=UTC)
-
-
-@pytest.fixture
-def citus_url(citus_server: CitusServer) -> Iterator[str]:
-    url = citus_server.new_schema()
-    yield url
-    citus_server.release(url)
-
-
-@pytest.fixture
-def empty_citus_url(citus_server: CitusServer) -> Iterator[str]:
-    url = citus_server.new_schema(migrated=False)
-    yield url
-    citus_server.drop(url)
 
 
 def _conninfo(url: str) -> str:

@@ -10,23 +10,15 @@ one); skipped without it (failed with ``SESSIONREPO_REQUIRE_CITUS=1``).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import pytest
 
 from sessionrepo import Message, NotFound, open_async_repository, open_repository
-from tests.conftest import CitusServer
 
 from support.citus_remote import RemoteCommands, assert_one_worker
 
 pytestmark = pytest.mark.citus
-
-
-@pytest.fixture
-def citus_url(citus_server: CitusServer) -> Iterator[str]:
-    url = citus_server.new_schema()
-    yield url
-    citus_server.release(url)
 
 
 def _alone(name: str, commands: list[tuple[str, str]]) -> str:

@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import re
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
@@ -40,7 +40,6 @@ from sessionrepo.dialects.citus.append import APPEND_FUNCTION
 from sessionrepo.dialects.postgresql.erasure import ERASED_TABLES
 from sessionrepo.models.message import utcnow
 from sessionrepo.models.privacy import ErasureReport, RetentionPolicy
-from tests.conftest import CitusServer
 
 from support.citus_remote import RemoteCommands, assert_one_worker
 from support.polling import eventually
@@ -55,13 +54,6 @@ _SESSION_TABLES = {
     "search_backlog": "session_id",
     "pending_outbox": "session_id",
 }
-
-
-@pytest.fixture
-def citus_url(citus_server: CitusServer) -> Iterator[str]:
-    url = citus_server.new_schema()
-    yield url
-    citus_server.release(url)
 
 
 def _conninfo(url: str, port: int | None = None) -> str:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -19,7 +19,6 @@ from typing import Any
 import psycopg
 import pytest
 from click.testing import CliRunner
-from conftest import CitusServer
 from sqlalchemy import text
 from sqlalchemy.engine import make_url
 
@@ -67,20 +66,6 @@ EXPECTED = {
     # Migration 0018 (tenants).
     "tenants": None,
 }
-
-
-@pytest.fixture
-def citus_url(citus_server: CitusServer) -> Iterator[str]:
-    url = citus_server.new_schema()
-    yield url
-    citus_server.release(url)
-
-
-@pytest.fixture
-def empty_citus_url(citus_server: CitusServer) -> Iterator[str]:
-    url = citus_server.new_schema(migrated=False)
-    yield url
-    citus_server.drop(url)
 
 
 def _conninfo(url: str) -> str:
