@@ -21,6 +21,7 @@ from sessionrepo.store.schema import alembic_config, downgrade, upgrade
 from tests.conftest import PostgresServer, open_for_api
 
 from support.embedders import ConceptEmbedder
+from support.vector_spy import NearestSpy
 
 
 def _pgvector_missing(conninfo: str) -> str | None:
@@ -60,21 +61,6 @@ def ann_url(request: pytest.FixtureRequest) -> Iterator[str]:
 @pytest.fixture(params=["sync", "async"])
 def api(request: pytest.FixtureRequest) -> str:
     return str(request.param)
-
-
-class _Spy:
-    """What the dialect's index answered, call by call (``None``: no index used)."""
-
-    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
-        self.answers: list[Any] = []
-        original = PostgresVectors.nearest_vectors
-
-        def spied(dialect: Any, connection: Any, target: bytes, depth: int, filters: Any) -> Any:
-            answer = original(dialect, connection, target, depth, filters)
-            self.answers.append(answer)
-            return answer
-
-        monkeypatch.setattr(PostgresVectors, "nearest_vectors", spied)
 
 
 _TEXTS = [
@@ -126,7 +112,7 @@ def test_an_uncached_query_is_answered_by_the_index_with_the_exact_hits(
     embedder = ConceptEmbedder(dimension=512)
     exact = open_for_api(ann_url, api, request, embedder=embedder)  # vectors kept: the exact scan
     _fill(exact)
-    spy = _Spy(monkeypatch)
+    spy = NearestSpy(monkeypatch, PostgresVectors)
     expected = exact.search("planning a trip to japan", mode="semantic", limit=5)
     assert spy.answers == []  # kept in memory: scanned, the index not asked
     indexed = open_for_api(ann_url, api, request, embedder=embedder, semantic_memory=0)
@@ -165,7 +151,7 @@ def test_what_the_index_still_holds_of_a_retracted_or_erased_message_is_never_a_
     embedder = ConceptEmbedder(dimension=512)
     store = open_for_api(ann_url, api, request, embedder=embedder, semantic_memory=0)
     _fill(store)
-    spy = _Spy(monkeypatch)
+    spy = NearestSpy(monkeypatch, PostgresVectors)
     assert _keys(store.search("sick cat at the vet", mode="semantic", limit=2))[0][0] == "pet"
     store.retract("pet", [store.load_transcript("pet")[0].client_msg_uuid])
     hits = store.search("sick cat at the vet", mode="semantic", limit=3)
@@ -182,7 +168,7 @@ def test_a_store_of_another_dimension_scans_without_the_index(
 ) -> None:
     store = open_for_api(ann_url, api, request, embedder=ConceptEmbedder(), semantic_memory=0)
     _fill(store)
-    spy = _Spy(monkeypatch)
+    spy = NearestSpy(monkeypatch, PostgresVectors)
     hits = store.search("planning a trip to japan", mode="semantic", limit=2)
     assert {h.session_id for h in hits} == {"trip"}
     assert spy.answers == [None]  # asked, and the index is not for 16 dimensions

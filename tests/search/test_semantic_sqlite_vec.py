@@ -24,6 +24,7 @@ from sessionrepo.dialects.sqlite.vectors import SQLiteVectors, load_sqlite_vec
 from tests.conftest import open_for_api
 
 from support.embedders import ConceptEmbedder
+from support.vector_spy import NearestSpy
 
 
 def _sqlite_vec_missing() -> str | None:
@@ -51,21 +52,6 @@ def vec_url(tmp_path: Path) -> str:
 @pytest.fixture(params=["sync", "async"])
 def api(request: pytest.FixtureRequest) -> str:
     return str(request.param)
-
-
-class _Spy:
-    """What the dialect's sqlite-vec scan answered, call by call (``None``: not used)."""
-
-    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
-        self.answers: list[Any] = []
-        original = SQLiteVectors.nearest_vectors
-
-        def spied(dialect: Any, connection: Any, target: bytes, depth: int, filters: Any) -> Any:
-            answer = original(dialect, connection, target, depth, filters)
-            self.answers.append(answer)
-            return answer
-
-        monkeypatch.setattr(SQLiteVectors, "nearest_vectors", spied)
 
 
 _TEXTS = [
@@ -123,7 +109,7 @@ def test_an_uncached_query_is_answered_by_sqlite_vec_with_the_exact_hits(
     embedder = ConceptEmbedder(dimension=512)
     exact = open_for_api(vec_url, api, request, embedder=embedder)  # vectors kept in memory
     _fill(exact)
-    spy = _Spy(monkeypatch)
+    spy = NearestSpy(monkeypatch, SQLiteVectors)
     expected = exact.search("planning a trip to japan", mode="semantic", limit=5)
     assert spy.answers == []  # kept in memory: scanned there, sqlite-vec not asked
     scanned = open_for_api(vec_url, api, request, embedder=embedder, semantic_memory=0)
@@ -148,7 +134,7 @@ def test_what_it_still_reads_of_a_retracted_or_erased_message_is_never_a_hit(
         vec_url, api, request, embedder=ConceptEmbedder(dimension=512), semantic_memory=0
     )
     _fill(store)
-    spy = _Spy(monkeypatch)
+    spy = NearestSpy(monkeypatch, SQLiteVectors)
     assert _keys(store.search("sick cat at the vet", mode="semantic", limit=2))[0][0] == "pet"
     store.retract("pet", [store.load_transcript("pet")[0].client_msg_uuid])
     hits = store.search("sick cat at the vet", mode="semantic", limit=3)
@@ -165,7 +151,7 @@ def test_a_store_of_any_dimension_is_scanned_by_it(
 ) -> None:
     store = open_for_api(vec_url, api, request, embedder=ConceptEmbedder(), semantic_memory=0)
     _fill(store)
-    spy = _Spy(monkeypatch)
+    spy = NearestSpy(monkeypatch, SQLiteVectors)
     hits = store.search("planning a trip to japan", mode="semantic", limit=2)
     assert {h.session_id for h in hits} == {"trip"}
     assert len(spy.answers) == 1
@@ -181,7 +167,7 @@ def test_where_it_cannot_load_the_query_scans_as_without_it(
     embedder = ConceptEmbedder(dimension=512)
     exact = open_for_api(url, api, request, embedder=embedder)
     _fill(exact)
-    spy = _Spy(monkeypatch)
+    spy = NearestSpy(monkeypatch, SQLiteVectors)
     scanned = open_for_api(url, api, request, embedder=embedder, semantic_memory=0)
     for filters in ({}, {"user_id": "ana"}, {"role": "user"}):
         hits = scanned.search("my feline is unwell", mode="semantic", limit=5, **filters)
