@@ -236,7 +236,7 @@ def run(
     finally:
         repository.close()
     if ann is None:  # with the index, a query without the cache is the index's: "all"
-        if url.startswith("sqlite") and _sqlite_vec_loads():
+        if url.startswith("sqlite") and _sqlite_vec_version() is not None:
             report["no_cache"] = _uncached(url, embedder, queries[:5], 3)
             loader = sqlite_vectors.load_sqlite_vec
             sqlite_vectors.load_sqlite_vec = lambda driver_connection: None  # as where it cannot
@@ -269,10 +269,11 @@ def _uncached(
         uncached.close()
 
 
-def _sqlite_vec_loads() -> bool:
+def _sqlite_vec_version() -> str | None:
+    """sqlite-vec's version where this Python loads it, else ``None``."""
     connection = sqlite3.connect(":memory:")
     try:
-        return sqlite_vectors.load_sqlite_vec(connection) is not None
+        return sqlite_vectors.load_sqlite_vec(connection)
     finally:
         connection.close()
 
@@ -364,11 +365,7 @@ def model_rate(messages: int) -> dict[str, Any]:
 
 def extensions() -> dict[str, str]:
     found = {}
-    connection = sqlite3.connect(":memory:")
-    try:
-        version = sqlite_vectors.load_sqlite_vec(connection)
-    finally:
-        connection.close()
+    version = _sqlite_vec_version()
     if version is not None:
         found["sqlite-vec"] = f"{version}, loaded"
     elif not hasattr(sqlite3.Connection, "enable_load_extension"):
