@@ -792,7 +792,9 @@ class ResilientWriter(Protocol):
         primary *rejects* a bounded number of times (``max_attempts``) is set aside as
         dead (kept, visible in :meth:`status`, retryable with :meth:`retry_dead`; never
         deleted); outages never make a message dead. Several drainers, in several
-        processes, never replay the same row at the same time.
+        processes, never replay the same row at the same time: a session another
+        process's drainer holds is left to it (``remaining`` counts its rows), while a
+        batch this writer's own background drainer is replaying is waited for.
 
         Args:
             session_id: drain only this session.

@@ -102,6 +102,12 @@ class Drainer:
         #: When the writer last took a write (monotonic): the catch-up yields to writes.
         self.last_write = 0.0
         self._index_retry_at = 0.0
+        #: Held by each claim and its replay: a drain a caller asks for and the
+        #: background round interleave batch by batch, so neither finds a session leased
+        #: by the other (the lease is for other drainers) and reports it as pending.
+        self._one_batch: contextlib.AbstractContextManager[object] = (
+            _aio.Lock() if calls.asynchronous else threading.Lock()
+        )
         self._stop = threading.Event()
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
@@ -178,6 +184,17 @@ class Drainer:
         ignore_backoff: bool,
     ) -> bool:
         """Claim and replay one batch; ``False`` when no session was due."""
+        with self._one_batch:
+            return self._claim_and_replay(totals, done, holding, session_id, ignore_backoff)
+
+    def _claim_and_replay(
+        self,
+        totals: dict[str, int],
+        done: set[str],
+        holding: set[str],
+        session_id: str | None,
+        ignore_backoff: bool,
+    ) -> bool:
         try:
             claimed = self._outbox.claim(
                 self.owner,

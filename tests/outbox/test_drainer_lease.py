@@ -5,6 +5,9 @@ outbox's disk is full.
   lease of a few seconds, because the live drainer renews its lease every second (a
   heartbeat) instead of taking a long one: another writer's drain then replays the
   session. The child holds the claim, renewed, when it is killed; the test proves both.
+- A drain a caller asks for while the writer's own background round replays the same
+  session waits for that replay (one batch) instead of finding the session leased and
+  reporting its rows as still pending: the lease keeps *other* drainers out.
 - With the outbox's disk full (SQLite's ``SQLITE_FULL``: every connection of the outbox
   capped at the pages the file has, ``PRAGMA max_page_count``, so a write that needs a
   new page is refused, as on a full disk), a claim, which lengthens rows, is refused;
@@ -16,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import signal
+import threading
 import time
 from collections.abc import Callable, Iterator
 from datetime import datetime, timedelta
@@ -36,6 +40,7 @@ from sessionrepo import (
 )
 from sessionrepo.models.message import utcnow
 from sessionrepo.models.tables import outbox_table
+from sessionrepo.store import bridge
 
 from support import outbox_workers as workers
 from support.harness import SPAWN, holding_the_write_lock, until_primary_back
@@ -195,6 +200,92 @@ def test_an_async_drainer_renews_its_claim_while_its_replay_waits(
                     other.close()
             stored = [str(m.client_msg_uuid) for m in await repository.load_transcript("s")]
             assert stored[1:] == keys_of(later)
+
+    asyncio.run(main())
+
+
+def _held_after_commit(writer: Any, go: threading.Event, *, on_loop: bool) -> threading.Event:
+    """Hold the first replay that reaches the primary's commit (the background round's)
+    until ``go``: its rows are stored but still leased, not yet taken out of the outbox.
+    Returns the event set once it is held."""
+    held = threading.Event()
+
+    def hook(step: str) -> None:
+        if step != "drain_after_primary_commit" or held.is_set():
+            return
+        held.set()
+        give_up = time.monotonic() + CHILD_TIMEOUT
+        while not go.is_set() and time.monotonic() < give_up:
+            if on_loop:  # an asyncio writer's round is a task on the loop
+                bridge.sleep(0.01)
+            else:
+                go.wait(0.01)
+
+    writer.fault_hook = hook
+    return held
+
+
+def _parked_while_down(database_url: str, outbox_url: str, batch: list[Any]) -> None:
+    with open_repository(database_url) as repository:
+        flaky = FlakyRepository(repository)
+        flaky.down = True
+        with TranscriptWriter(flaky, outbox_url=outbox_url) as parker:
+            assert parker.write("s", batch).status == "parked"
+
+
+def test_a_drain_waits_for_the_background_rounds_replay(database_url: str, tmp_path: Path) -> None:
+    outbox_url = f"sqlite:///{tmp_path / 'outbox.db'}"
+    batch = [make_message("s", index) for index in range(3)]
+    _parked_while_down(database_url, outbox_url, batch)
+    with (
+        open_repository(database_url) as repository,
+        TranscriptWriter(repository, outbox_url=outbox_url) as writer,
+    ):
+        go = threading.Event()
+        held = _held_after_commit(writer, go, on_loop=False)
+        writer.start(interval=60.0)  # startup recovery: the round replays at once
+        assert held.wait(CHILD_TIMEOUT), "the background round never replayed"
+        reports: list[Any] = []
+        asked = threading.Thread(target=lambda: reports.append(writer.drain()))
+        asked.start()
+        asked.join(0.3)  # (it has claimed, or is waiting to, by now on any machine)
+        go.set()
+        asked.join(CHILD_TIMEOUT)
+        assert not asked.is_alive()
+        (report,) = reports
+        # Stored by the round, so nothing for this drain to replay, and nothing left.
+        assert (report.replayed, report.remaining) == (0, 0)
+        assert writer.pending() == 0
+        assert _stored(repository, "s") == keys_of(batch)
+
+
+def test_an_async_drain_waits_for_the_background_rounds_replay(
+    database_url: str, tmp_path: Path
+) -> None:
+    outbox_url = f"sqlite:///{tmp_path / 'outbox.db'}"
+    batch = [make_message("s", index) for index in range(3)]
+    _parked_while_down(database_url, outbox_url, batch)
+
+    async def main() -> None:
+        async with (
+            await open_async_repository(database_url) as repository,
+            AsyncTranscriptWriter(repository, outbox_url=outbox_url) as writer,
+        ):
+            go = threading.Event()
+            held = _held_after_commit(writer, go, on_loop=True)
+            writer.start(interval=60.0)
+            give_up = time.monotonic() + CHILD_TIMEOUT
+            while not held.is_set():
+                assert time.monotonic() < give_up, "the background round never replayed"
+                await asyncio.sleep(0.01)
+            asked = asyncio.ensure_future(writer.drain())
+            await asyncio.sleep(0.3)
+            go.set()
+            report = await asyncio.wait_for(asked, CHILD_TIMEOUT)
+            assert (report.replayed, report.remaining) == (0, 0)
+            assert await writer.pending() == 0
+            stored = [str(m.client_msg_uuid) for m in await repository.load_transcript("s")]
+            assert stored == keys_of(batch)
 
     asyncio.run(main())
 
