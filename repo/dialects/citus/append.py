@@ -1,9 +1,10 @@
-"""The append on Citus: one call of ``sessionrepo_append`` (migrations 0014, 0016, 0022
-and 0023), a PL/pgSQL function distributed by its session id argument and co-located
-with ``sessions``, so the coordinator delegates the call whole to the worker holding the
-session's shard group: one round trip to one worker, committed there in one phase. Its
-common append (a session that exists, new messages of its open day) takes the session's
-lock by updating its row, then inserts; what must write nothing, or meets a stored key,
+"""The append on Citus: one call of ``sessionrepo_append`` (migrations 0014, 0016, 0022,
+0023, and 0024, which lets its statements keep their plans between calls), a PL/pgSQL
+function distributed by its session id argument and co-located with ``sessions``, so the
+coordinator delegates the call whole to the worker holding the session's shard group: one
+round trip to one worker, committed there in one phase. Its common append (a session
+that exists, new messages of its open day) takes the session's lock by updating its row,
+then inserts; what must write nothing, or meets a stored key,
 is rolled back inside the call and done the longer way (migration 0023 says how). It
 screens erasures as PostgreSQL's statement does: after the session's lock it looks the
 session's tombstone hash up in ``erased_sessions``, a reference table the worker holds
