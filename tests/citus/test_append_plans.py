@@ -60,8 +60,7 @@ def _plan_modes(url: str) -> dict[str, str | None]:
         node = make_url(url) if port is None else make_url(url).set(host=host, port=port)
         (config,) = _query(
             node.render_as_string(hide_password=False),
-            "SELECT proconfig FROM pg_proc WHERE proname = %s "
-            "AND pronamespace = %s::regnamespace",
+            "SELECT proconfig FROM pg_proc WHERE proname = %s AND pronamespace = %s::regnamespace",
             [APPEND_FUNCTION, schema],
         )
         settings = dict(item.split("=", 1) for item in config[0] or ())
@@ -79,17 +78,17 @@ def _shards(url: str) -> int:
 
 
 @contextmanager
-def _role_setting(url: str, setting: str) -> Iterator[None]:
-    """The test's role set to ``setting`` (on every node: Citus propagates it) for the
-    connections opened inside."""
+def _role_setting(url: str, name: str, value: str) -> Iterator[None]:
+    """The test's role with ``name`` set to ``value`` (on every node: Citus propagates
+    it) for the connections opened inside."""
     role = make_url(url).username
     with psycopg.connect(_conninfo(url), autocommit=True) as conn:
-        conn.execute(f'ALTER ROLE "{role}" SET {setting}')
+        conn.execute(f'ALTER ROLE "{role}" SET {name} = {value}')
     try:
         yield
     finally:
         with psycopg.connect(_conninfo(url), autocommit=True) as conn:
-            conn.execute(f'ALTER ROLE "{role}" RESET {setting.split("=")[0].strip()}')
+            conn.execute(f'ALTER ROLE "{role}" RESET {name}')
 
 
 def test_the_function_names_its_own_plan_mode_on_every_node(citus_url: str) -> None:
@@ -110,8 +109,7 @@ def test_with_plans_reused_every_message_lands_in_its_own_sessions_shard(
             for sid in sessions:
                 size = (1, 3)[turn % 2]
                 batch = [
-                    Message(role="user", content=f"{sid} turn {turn} part {n}")
-                    for n in range(size)
+                    Message(role="user", content=f"{sid} turn {turn} part {n}") for n in range(size)
                 ]
                 repository.append(sid, batch)
                 if turn == 5:
@@ -135,16 +133,18 @@ def test_with_plans_reused_every_message_lands_in_its_own_sessions_shard(
 
 def test_a_role_forcing_generic_plans_does_not_reach_the_function(citus_url: str) -> None:
     sid = "fg-" + uuid.uuid4().hex[:8]
-    with _role_setting(citus_url, "plan_cache_mode = force_generic_plan"):
-        with open_repository(citus_url) as repository:
-            (mode,) = repository.database.read(
-                lambda conn: conn.exec_driver_sql("SHOW plan_cache_mode").one()
-            )
-            assert mode == "force_generic_plan"  # the role's setting is in force
-            for turn in range(3):
-                batch = [Message(role="user", content=f"turn {turn} part {n}") for n in range(4)]
-                repository.append(sid, batch)
-            stored = repository.load_transcript(sid)
+    with (
+        _role_setting(citus_url, "plan_cache_mode", "force_generic_plan"),
+        open_repository(citus_url) as repository,
+    ):
+        (mode,) = repository.database.read(
+            lambda conn: conn.exec_driver_sql("SHOW plan_cache_mode").one()
+        )
+        assert mode == "force_generic_plan"  # the role's setting is in force
+        for turn in range(3):
+            batch = [Message(role="user", content=f"turn {turn} part {n}") for n in range(4)]
+            repository.append(sid, batch)
+        stored = repository.load_transcript(sid)
     assert [m.seq for m in stored] == list(range(1, 13))
 
 
