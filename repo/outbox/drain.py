@@ -102,6 +102,10 @@ class Drainer:
         #: When the writer last took a write (monotonic): the catch-up yields to writes.
         self.last_write = 0.0
         self._index_retry_at = 0.0
+        #: Cleared while a search index catch-up runs: one that outlasts its round's
+        #: deadline goes on in the background, and no round starts another until it ends.
+        self._index_idle = threading.Event()
+        self._index_idle.set()
         #: Held by each claim and its replay: a drain a caller asks for and the
         #: background round interleave batch by batch, so neither finds a session leased
         #: by the other (the lease is for other drainers) and reports it as pending.
@@ -485,9 +489,14 @@ class Drainer:
         # While writes are flowing, one short transaction per round: the catch-up takes
         # the write lock (SQLite) and must not hold the gateway's writes up; search
         # catches up what is left when it is asked.
-        # Not while the primary is known down, nor before a failed one's backoff ends.
+        # Not while the primary is known down, nor before a failed one's backoff ends,
+        # nor while the last one still runs.
         now = time.monotonic()
-        if self._outage.down() is not None or now < self._index_retry_at:
+        if (
+            self._outage.down() is not None
+            or now < self._index_retry_at
+            or not self._index_idle.is_set()
+        ):
             return wait
         flowing = now - self.last_write < _WRITES_FLOWING
         limit = 1 if flowing else 2000
@@ -497,24 +506,51 @@ class Drainer:
         # competes with one batch at most (see the README's Performance section).
         embed = 0 if flowing else _EMBED_PER_ROUND
 
-        def catch_up() -> tuple[int, int]:
-            indexed = self._repository.catch_up_search_index(limit=limit)
-            embedded = self._repository.catch_up_semantic_index(limit=embed) if embed else 0
-            return indexed, embedded
+        def catch_up() -> tuple[int, int] | None:
+            # Its outcome is told here, not by the round, which may have stopped waiting.
+            self._index_idle.clear()
+            try:
+                indexed = self._repository.catch_up_search_index(limit=limit)
+                embedded = self._repository.catch_up_semantic_index(limit=embed) if embed else 0
+                self._index_failures.end()
+                return indexed, embedded
+            except Exception as exc:
+                self._index_failed(exc, interval)
+                return None
+            finally:
+                self._index_idle.set()
 
         try:
-            indexed, embedded = self._calls.primary.run(catch_up, timeout=self._calls.deadline)
-        except Exception as exc:
-            failures = self._index_failures.event(describe(exc), exc)
-            backoff = min(self._backoff[1], interval * 2 ** min(failures - 1, 30))
-            self._index_retry_at = time.monotonic() + backoff
+            done = self._calls.primary.run(catch_up, timeout=self._calls.deadline)
+        except TimeoutError:
+            # A large backlog (a bulk import, the semantic index's embedding), or a
+            # primary that does not answer, which the writes' probe reports: not a failure
+            # of the index. Started, it goes on; not started yet, it never starts.
+            index_log.debug(
+                "search index catch-up still running after %gs; it finishes in the background",
+                self._calls.deadline,
+            )
             return wait
-        self._index_failures.end()
+        except Exception as exc:  # the call could not be made at all
+            self._index_failed(exc, interval)
+            return wait
+        if done is None:
+            return wait
+        indexed, embedded = done
         more = indexed >= limit or (embed and embedded >= embed)
         return min(wait, 0.05) if more and not flowing else wait
 
+    def _index_failed(self, exc: BaseException, interval: float) -> None:
+        """A catch-up failed: logged (once an episode), and the next one waits a backoff
+        that doubles from the drainer's interval up to ``backoff_cap``."""
+        failures = self._index_failures.event(describe(exc), exc)
+        backoff = min(self._backoff[1], interval * 2 ** min(failures - 1, 30))
+        self._index_retry_at = time.monotonic() + backoff
+
     def stop(self, timeout: float | None) -> None:
-        """Stop the background loop, waiting up to ``timeout`` seconds for its round."""
+        """Stop the background loop, waiting up to ``timeout`` seconds for its round, and
+        up to the deadline for a catch-up that outlasted its round (so that it ends, and
+        says how, before the writer does)."""
         thread, self._thread = self._thread, None
         if thread is None:
             return
@@ -523,6 +559,7 @@ class Drainer:
         thread.join(timeout)
         if thread.is_alive():
             log.warning("the outbox drainer did not stop within %ss; leaving it", timeout)
+        self._index_idle.wait(self._calls.deadline)
 
 
 def _count(totals: dict[str, int], stored: AppendResult) -> None:

@@ -25,7 +25,9 @@ minutes); tracebacks are logged at DEBUG only. The loggers (:data:`LOGGERS`):
     The drainer's search index catch-up, the same way: ``search index catch-up failed:
     <error>; retrying with backoff``. While it fails it is tried again after a backoff
     that doubles from the drainer's interval up to ``backoff_cap``; while the primary is
-    known down, not at all.
+    known down, not at all. One that outlasts the writer's deadline (a large backlog) is
+    not a failure: it finishes in the background (DEBUG ``search index catch-up still
+    running after 5s``) and no other starts meanwhile.
 """
 
 from __future__ import annotations
