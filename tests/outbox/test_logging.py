@@ -314,3 +314,31 @@ def test_a_catch_up_past_the_deadline_finishes_in_the_background_async(
             await asyncio.to_thread(_outlasting_catch_up, records, held, rounds)
 
     asyncio.run(main())
+
+
+def test_close_waits_for_a_catch_up_still_running(
+    records: list[logging.LogRecord], database_url: str, tmp_path: Path
+) -> None:
+    """A writer closed while its drainer's catch-up runs past its round waits (up to the
+    deadline) for it to end, so that nothing of it runs on, or logs, after ``close``."""
+    with open_repository(database_url) as repository:
+        writer = TranscriptWriter(repository, **{**_writer_options(tmp_path), "deadline": 0.3})
+        held = _HeldCatchUp(repository.catch_up_search_index, on_loop=False)
+        repository.catch_up_search_index = held  # type: ignore[method-assign]
+        try:
+            writer.start(interval=0.05)
+            eventually(
+                lambda: any(
+                    line.startswith("search index catch-up still running")
+                    for line in _index_lines(records, logging.DEBUG)
+                ),
+                "the catch-up past its round",
+                timeout=DRAINER_TIMEOUT,
+            )
+            assert not held.ended.is_set()
+            # It ends a tenth of a second into the close, well within the deadline.
+            threading.Timer(0.1, held.release.set).start()
+        finally:
+            writer.close()
+        assert held.ended.is_set()
+        assert held.started == 1
