@@ -163,8 +163,10 @@ class Drainer:
         done: set[str] = set()
         holding: set[str] = set()
         with self._renewing(holding):
-            while self._drain_one(totals, done, holding, session_id, ignore_backoff):
-                pass
+            while True:
+                with self._one_batch:  # a claim and its replay, as one
+                    if not self._drain_one(totals, done, holding, session_id, ignore_backoff):
+                        break
         if totals["erased"]:
             # Their rows are deleted: no copy of an erased message may stay in the
             # outbox file's bytes (its WAL) either.
@@ -188,17 +190,6 @@ class Drainer:
         ignore_backoff: bool,
     ) -> bool:
         """Claim and replay one batch; ``False`` when no session was due."""
-        with self._one_batch:
-            return self._claim_and_replay(totals, done, holding, session_id, ignore_backoff)
-
-    def _claim_and_replay(
-        self,
-        totals: dict[str, int],
-        done: set[str],
-        holding: set[str],
-        session_id: str | None,
-        ignore_backoff: bool,
-    ) -> bool:
         try:
             claimed = self._outbox.claim(
                 self.owner,
