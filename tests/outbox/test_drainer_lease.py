@@ -40,10 +40,9 @@ from sessionrepo import (
 )
 from sessionrepo.models.message import utcnow
 from sessionrepo.models.tables import outbox_table
-from sessionrepo.store import bridge
 
 from support import outbox_workers as workers
-from support.harness import SPAWN, holding_the_write_lock, until_primary_back
+from support.harness import SPAWN, held_until, holding_the_write_lock, until_primary_back
 from support.outbox_workers import FlakyRepository, keys_of, make_message
 
 #: Upper bound for a child to start and report (a healthy one takes a second or two).
@@ -214,12 +213,7 @@ def _held_after_commit(writer: Any, go: threading.Event, *, on_loop: bool) -> th
         if step != "drain_after_primary_commit" or held.is_set():
             return
         held.set()
-        give_up = time.monotonic() + CHILD_TIMEOUT
-        while not go.is_set() and time.monotonic() < give_up:
-            if on_loop:  # an asyncio writer's round is a task on the loop
-                bridge.sleep(0.01)
-            else:
-                go.wait(0.01)
+        held_until(go, CHILD_TIMEOUT, on_loop=on_loop)
 
     writer.fault_hook = hook
     return held

@@ -30,9 +30,8 @@ from sessionrepo import (
     open_repository,
 )
 from sessionrepo.outbox.writer import LOGGERS
-from sessionrepo.store import bridge
 
-from support.harness import holding_the_write_lock, until_primary_back
+from support.harness import held_until, holding_the_write_lock, until_primary_back
 from support.outbox_workers import make_message
 from support.paths import ROOT
 from support.polling import eventually
@@ -222,12 +221,7 @@ class _HeldCatchUp:
         if self.started > 1:
             return int(self._catch_up(limit=limit))
         try:
-            give_up = time.monotonic() + DRAINER_TIMEOUT
-            while not self.release.is_set() and time.monotonic() < give_up:
-                if self._on_loop:  # an asyncio writer's catch-up is a task on the loop
-                    bridge.sleep(0.01)
-                else:
-                    self.release.wait(0.01)
+            held_until(self.release, DRAINER_TIMEOUT, on_loop=self._on_loop)
             if self.fail:
                 raise BackendUnavailable("the index's disk went away (injected)")
             return int(self._catch_up(limit=limit))

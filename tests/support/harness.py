@@ -17,6 +17,8 @@ from typing import Any
 import psycopg
 import pytest
 
+from sessionrepo.store import bridge
+
 from support.polling import eventually
 
 #: How the tests start a child process: a fresh interpreter, as a separate gateway
@@ -117,6 +119,18 @@ async def holding_the_write_lock_off_the_loop(
             yield
         finally:
             await loop.run_in_executor(thread, held.__exit__, None, None, None)
+
+
+def held_until(event: threading.Event, timeout: float, *, on_loop: bool) -> None:
+    """Block the caller until ``event`` is set (at most ``timeout`` seconds): a fault
+    hook's hold. ``on_loop``: the caller is sessionrepo's code on an asyncio writer's
+    loop (a task), which must let the loop run while it waits."""
+    give_up = time.monotonic() + timeout
+    while not event.is_set() and time.monotonic() < give_up:
+        if on_loop:
+            bridge.sleep(0.01)
+        else:
+            event.wait(0.01)
 
 
 def until_primary_back(writer: Any, seconds: float = 15.0) -> None:
