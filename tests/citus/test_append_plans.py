@@ -24,7 +24,6 @@ from __future__ import annotations
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
 
 import psycopg
 import pytest
@@ -35,21 +34,14 @@ from sessionrepo.dialects.citus.append import APPEND_FUNCTION
 from sessionrepo.store.database import Database
 from sessionrepo.store.schema import downgrade, upgrade
 
+from support.sql import conninfo, query
+
 pytestmark = pytest.mark.citus
-
-
-def _conninfo(url: str) -> str:
-    return make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
-
-
-def _query(url: str, sql: str, params: Any = ()) -> list[tuple[Any, ...]]:
-    with psycopg.connect(_conninfo(url), autocommit=True) as conn:
-        return [tuple(row) for row in conn.execute(sql, params).fetchall()]
 
 
 def _plan_modes(url: str) -> dict[str, str | None]:
     """The function's own ``plan_cache_mode`` on each node (``None``: not set)."""
-    nodes = _query(
+    nodes = query(
         url,
         "SELECT nodename, nodeport FROM pg_dist_node WHERE noderole = 'primary' "
         "AND isactive ORDER BY nodeport",
@@ -58,7 +50,7 @@ def _plan_modes(url: str) -> dict[str, str | None]:
     modes: dict[str, str | None] = {}
     for host, port in [("coordinator", None), *nodes]:
         node = make_url(url) if port is None else make_url(url).set(host=host, port=port)
-        (config,) = _query(
+        (config,) = query(
             node.render_as_string(hide_password=False),
             "SELECT proconfig FROM pg_proc WHERE proname = %s AND pronamespace = %s::regnamespace",
             [APPEND_FUNCTION, schema],
@@ -69,7 +61,7 @@ def _plan_modes(url: str) -> dict[str, str | None]:
 
 
 def _shards(url: str) -> int:
-    ((count,),) = _query(
+    ((count,),) = query(
         url,
         "SELECT count(*) FROM pg_dist_shard WHERE logicalrelid = %s::regclass",
         [f"{make_url(url).username}.messages"],
@@ -82,12 +74,12 @@ def _role_setting(url: str, name: str, value: str) -> Iterator[None]:
     """The test's role with ``name`` set to ``value`` (on every node: Citus propagates
     it) for the connections opened inside."""
     role = make_url(url).username
-    with psycopg.connect(_conninfo(url), autocommit=True) as conn:
+    with psycopg.connect(conninfo(url), autocommit=True) as conn:
         conn.execute(f'ALTER ROLE "{role}" SET {name} = {value}')
     try:
         yield
     finally:
-        with psycopg.connect(_conninfo(url), autocommit=True) as conn:
+        with psycopg.connect(conninfo(url), autocommit=True) as conn:
             conn.execute(f'ALTER ROLE "{role}" RESET {name}')
 
 
@@ -121,7 +113,7 @@ def test_with_plans_reused_every_message_lands_in_its_own_sessions_shard(
         }
     assert routed == sent
     scanned = dict(
-        _query(
+        query(
             citus_url,
             "SELECT session_id, count(*) FROM messages WHERE session_id LIKE %s "
             "GROUP BY session_id",

@@ -30,7 +30,6 @@ from typing import Any
 
 import psycopg
 import pytest
-from sqlalchemy.engine import make_url
 
 from sessionrepo import AppendResult, ConflictError, Message, TranscriptWriter, open_repository
 from sessionrepo.dialects.citus.append import APPEND_FUNCTION
@@ -39,6 +38,7 @@ from sessionrepo.store.database import Database
 from sessionrepo.store.schema import downgrade, upgrade
 
 from support.citus_remote import RemoteCommands, assert_one_worker
+from support.sql import conninfo, execute, query
 
 pytestmark = pytest.mark.citus
 
@@ -52,33 +52,19 @@ _ROW = (
 _MADE = datetime(2026, 11, 2, 9, tzinfo=UTC)
 
 
-def _conninfo(url: str) -> str:
-    return make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
-
-
-def _query(url: str, sql: str, params: Any = ()) -> list[tuple[Any, ...]]:
-    with psycopg.connect(_conninfo(url), autocommit=True) as conn:
-        return [tuple(row) for row in conn.execute(sql, params).fetchall()]
-
-
-def _execute(url: str, sql: str, params: Any = ()) -> None:
-    with psycopg.connect(_conninfo(url), autocommit=True) as conn:
-        conn.execute(sql, params)
-
-
 def _row(url: str, sid: str) -> tuple[Any, ...]:
     """The session row's append columns."""
-    (row,) = _query(url, f"SELECT {_ROW} FROM sessions WHERE id = %s", [sid])
+    (row,) = query(url, f"SELECT {_ROW} FROM sessions WHERE id = %s", [sid])
     return row
 
 
 def _seqs(url: str, sid: str) -> list[int]:
-    rows = _query(url, "SELECT seq FROM messages WHERE session_id = %s ORDER BY seq", [sid])
+    rows = query(url, "SELECT seq FROM messages WHERE session_id = %s ORDER BY seq", [sid])
     return [int(seq) for (seq,) in rows]
 
 
 def _backlog(url: str, sid: str) -> list[tuple[int, int]]:
-    rows = _query(
+    rows = query(
         url,
         "SELECT first_seq, count FROM search_backlog WHERE session_id = %s ORDER BY first_seq",
         [sid],
@@ -134,7 +120,7 @@ def test_new_messages_are_numbered_from_the_update_and_counted_once(citus_url: s
     assert (after[0] - before[0], after[1] - before[1], after[2] - before[2]) == (11, 11, 1)
     assert (after[5], after[6] - before[6]) == (before[5], 11)
     rollup = "SELECT count(*) FROM usage_rollup WHERE session_id = %s"
-    assert _query(citus_url, rollup, [sid]) == [(0,)]
+    assert query(citus_url, rollup, [sid]) == [(0,)]
     assert _backlog(citus_url, sid) == [(1, 1), (2, 1), (3, 10)]
 
 
@@ -222,7 +208,7 @@ def test_a_call_that_writes_nothing_leaves_the_row_as_it_was(citus_url: str) -> 
         # behind the memory's back: the call answers 'm', the whole batch is sent again.
         transcript = _messages("kept", 3)
         repository.append(lost, transcript)
-        _execute(citus_url, "DELETE FROM messages WHERE session_id = %s AND seq = 3", [lost])
+        execute(citus_url, "DELETE FROM messages WHERE session_id = %s AND seq = 3", [lost])
         before = _row(citus_url, lost)
         newer = [*transcript, *_messages("newer", 1)]
         sent = remote.during(lambda: results.append(repository.append(lost, newer)))
@@ -291,7 +277,7 @@ def _bodies(url: str) -> list[str]:
         f"SELECT prosrc FROM pg_proc WHERE proname = '{APPEND_FUNCTION}' "
         "AND pronamespace = '{0}'::regnamespace"
     )
-    with psycopg.connect(_conninfo(url), autocommit=True) as conn:
+    with psycopg.connect(conninfo(url), autocommit=True) as conn:
         schema = str(conn.execute("SELECT current_schema()").fetchone()[0])  # type: ignore[index]
         sql = probe.format(schema)
         here = str(conn.execute(sql).fetchone()[0])  # type: ignore[index]
